@@ -1,0 +1,157 @@
+"""Command line: parse, build the config, run, report. The one place that exits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import typing
+from collections.abc import Sequence
+from dataclasses import MISSING, fields
+
+from .config import EvalConfig, TASKS, field_docs, parse_value
+from .dist import dist_env
+from .errors import ConfigError, DataError, EvalError, Interrupted, ModelError, RunStateError
+
+logger = logging.getLogger("seq2seq_eval")
+
+# Errors every rank hits identically (they come from the same flags and files): rank 0 alone
+# reports them, so an 8-rank launch prints one line, not eight.
+_REPLICATED = (ConfigError, DataError, ModelError, RunStateError, Interrupted)
+
+_FLAGS = {"fp16", "bf16", "debug", "resume", "dry_run", "pseudo_target"}
+
+
+def _field_type(name: str) -> type:
+    hint = typing.get_type_hints(EvalConfig)[name]
+    for t in (int, float, str):
+        if hint is t or t in typing.get_args(hint):
+            return t
+    return str
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: with prefix matching, a misspelt "--num_beam 4" would be taken for a
+    # real option (or swallowed), instead of failing as an unknown generate option.
+    parser = argparse.ArgumentParser(
+        prog="seq2seq_eval",
+        description="Evaluate a Hugging Face seq2seq model with beam search, sharded over torchrun ranks. "
+        "Any other --key value is passed to model.generate(). "
+        "Subcommand: `seq2seq_eval score --task T --predictions F --references F`.",
+        allow_abbrev=False,
+    )
+    docs = field_docs()
+    for f in fields(EvalConfig):
+        if f.name == "generate_kwargs":
+            continue
+        names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
+        default = f.default if f.default is not MISSING else None
+        help_text = docs.get(f.name, "")
+        if f.name in _FLAGS:
+            parser.add_argument(*names, dest=f.name, action="store_true", help=help_text)
+            continue
+        if default not in (None, ""):
+            help_text += f" (default: {default})"
+        kwargs: dict = {"dest": f.name, "type": _field_type(f.name), "default": argparse.SUPPRESS, "help": help_text}
+        if f.name == "task":
+            kwargs["choices"] = TASKS
+        parser.add_argument(*names, **kwargs)
+    # torch.distributed.launch passes --local_rank; rank and local rank come from the environment.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_generate_kwargs(rest: Sequence[str]) -> tuple[tuple[str, object], ...]:
+    """Leftover `--key value` / `--key=value` pairs, values parsed as int, float, bool or str."""
+    pairs = []
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        if not token.startswith("--") or len(token) == 2:
+            raise ConfigError(f"unexpected argument {token!r}; expected --key value pairs for model.generate()")
+        if "=" in token:
+            key, value = token[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(rest) or rest[i + 1].startswith("--"):
+                raise ConfigError(f"{token} needs a value (generate options are --key value pairs)")
+            key, value = token[2:], rest[i + 1]
+            i += 2
+        pairs.append((key.replace("-", "_"), parse_value(value)))
+    return tuple(pairs)
+
+
+def build_config(argv: Sequence[str]) -> EvalConfig:
+    parser = build_parser()
+    ns, rest = parser.parse_known_args(argv)
+    values = {k: v for k, v in vars(ns).items() if k != "local_rank" and v is not None}
+    values["generate_kwargs"] = parse_generate_kwargs(rest)
+    return EvalConfig(**values)
+
+
+def score_main(argv: Sequence[str]) -> dict:
+    from . import metrics
+    from .data import read_lines
+
+    parser = argparse.ArgumentParser(prog="seq2seq_eval score", allow_abbrev=False,
+                                     description="Score existing one-line-per-example files.")
+    parser.add_argument("--task", required=True, choices=TASKS)
+    parser.add_argument("--predictions", required=True)
+    parser.add_argument("--references", required=True)
+    args = parser.parse_args(argv)
+    from pathlib import Path
+
+    preds = read_lines(Path(args.predictions))
+    refs = read_lines(Path(args.references))
+    if len(preds) != len(refs):
+        raise DataError(
+            f"{args.predictions}: {len(preds)} lines but {args.references} has {len(refs)}; expected one prediction per reference"
+        )
+    return metrics.score(args.task, preds, refs)
+
+
+def _setup_logging(is_main: bool, debug: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s: %(message)s", "%H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.INFO if is_main else logging.WARNING)
+    logger.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        env = dist_env()
+    except EvalError as e:
+        print(f"seq2seq_eval: error: {e}", file=sys.stderr)
+        return e.exit_code
+    try:
+        if argv[:1] == ["score"]:
+            print(json.dumps(score_main(argv[1:]), indent=1, sort_keys=True, ensure_ascii=False))
+            return 0
+        cfg = build_config(argv)
+        _setup_logging(env.is_main, cfg.debug)
+        from .runner import run
+
+        if not cfg.debug:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+
+        outcome = run(cfg, env)
+    except EvalError as e:
+        if debug:
+            raise
+        if env.is_main or not isinstance(e, _REPLICATED):
+            where = f"[rank {env.rank}] " if env.world_size > 1 and not env.is_main else ""
+            print(f"seq2seq_eval: error: {where}{e}", file=sys.stderr)
+        return e.exit_code
+    if outcome.plan_text and env.is_main:
+        print(outcome.plan_text)
+    if outcome.metrics is not None:
+        print(outcome.table)
+        for path in outcome.written:
+            logger.info("wrote %s", path)
+    return 0

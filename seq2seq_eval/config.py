@@ -1,0 +1,175 @@
+"""The one frozen run configuration, built once by the CLI and passed down."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+TASKS = ("translation", "summarization")
+
+# The embedded default (model and sample data shipped in the repo) lets a newcomer run the tool
+# with no arguments and no network. It exists only in a source checkout (or editable install).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EMBEDDED_MODEL = REPO_ROOT / "data_samples" / "model"
+EMBEDDED_DATA = {task: REPO_ROOT / "data_samples" / task for task in TASKS}
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value as int, float, bool, None or string (the legacy script's rules)."""
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    for cast in (int, float):
+        try:
+            value = cast(text)
+        except ValueError:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            return text
+        return value
+    return text
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Everything a run needs. Field docstrings double as `--help` text."""
+
+    model_name: str = str(EMBEDDED_MODEL)
+    """Local path or Hugging Face hub name of a seq2seq model (default: the embedded model)."""
+    data_dir: str = ""
+    """Folder with {type_path}.source/.target, or a .jsonl file (default: the embedded sample set of --task)."""
+    save_dir: str = "eval_results"
+    """Where the metrics, generations and pseudolabels are written."""
+    type_path: str = "test"
+    """Split name: reads {data_dir}/{type_path}.source and .target."""
+    task: str = "translation"
+    """translation (BLEU) or summarization (ROUGE)."""
+    bs: int = 8
+    """Examples per batch (ignored when --max_tokens is given)."""
+    max_tokens: int | None = None
+    """Fill batches up to this many padded source tokens instead of a fixed --bs."""
+    max_source_length: int = 1024
+    """Sources are truncated to this many tokens."""
+    n_obs: int | None = None
+    """Evaluate only the first n_obs examples."""
+    num_return_sequences: int = 1
+    """>1 writes N candidates per example (pseudolabels) instead of scoring."""
+    sync_timeout: float = 600.0
+    """Seconds rank 0 waits for the other ranks' files (and for collectives) before failing."""
+    tmp_dir: str = ""
+    """Per-run working folder with journals and rank files (default: {save_dir}_tmp)."""
+    prefix: str | None = None
+    """Text prepended to every source (default: the model config's task prefix, if any)."""
+    src_lang: str | None = None
+    """Source language code for multilingual tokenizers (mBART-50, NLLB, M2M100)."""
+    tgt_lang: str | None = None
+    """Target language code; also forces the first generated token for multilingual models."""
+    fp16: bool = False
+    """Run the model in float16."""
+    bf16: bool = False
+    """Run the model in bfloat16."""
+    debug: bool = False
+    """Keep the temp dir, write the ordered references, log from every rank, show tracebacks."""
+    resume: bool = False
+    """Continue a run whose temp dir holds finished batches (same model, data and settings)."""
+    dry_run: bool = False
+    """Validate flags, data and model, print the batch plan, and exit without generating."""
+    pseudo_target: bool = False
+    """With --num_return_sequences: also write the best candidates as {type_path}.pseudo.target."""
+    dataset: str | None = None
+    """Hugging Face dataset name or local path (json/csv/parquet file or save_to_disk folder)."""
+    dataset_config: str | None = None
+    """Configuration name passed to datasets.load_dataset."""
+    split: str | None = None
+    """Dataset split (default: --type_path)."""
+    source_column: str | None = None
+    """Source column; dotted paths like translation.en reach into nested columns."""
+    target_column: str | None = None
+    """Target column (dotted paths allowed)."""
+    id_column: str | None = None
+    """Id column (default: 'id' when present, else the row number)."""
+    generate_kwargs: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
+    """Extra --key value pairs passed to model.generate() (e.g. --num_beams 4)."""
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ConfigError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        _check_min("--bs", self.bs, 1)
+        if self.max_tokens is not None:
+            _check_min("--max_tokens", self.max_tokens, 1)
+        _check_min("--max_source_length", self.max_source_length, 1)
+        if self.n_obs is not None:
+            _check_min("--n_obs", self.n_obs, 1)
+        _check_min("--num_return_sequences", self.num_return_sequences, 1)
+        if not (isinstance(self.sync_timeout, (int, float)) and math.isfinite(self.sync_timeout) and self.sync_timeout > 0):
+            raise ConfigError(f"--sync_timeout must be a number of seconds > 0, got {self.sync_timeout!r}")
+        if self.fp16 and self.bf16:
+            raise ConfigError("--fp16 and --bf16 are mutually exclusive; pass one")
+        gen = dict(self.generate_kwargs)
+        if len(gen) != len(self.generate_kwargs):
+            raise ConfigError("a generate option was given twice")
+        if "num_beams" in gen:
+            beams = gen["num_beams"]
+            if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
+                raise ConfigError(f"--num_beams must be an integer >= 1, got {beams!r}")
+            if self.num_return_sequences > beams:
+                raise ConfigError(
+                    f"--num_return_sequences ({self.num_return_sequences}) must not exceed "
+                    f"--num_beams ({beams}): beam search returns at most num_beams sequences"
+                )
+        if self.pseudo_target and self.num_return_sequences < 2:
+            raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")
+        if self.dataset is None and any(
+            v is not None
+            for v in (self.dataset_config, self.split, self.source_column, self.target_column, self.id_column)
+        ):
+            raise ConfigError("--dataset_config/--split/--*_column need --dataset")
+        if not self.data_dir and self.dataset is None:
+            object.__setattr__(self, "data_dir", str(EMBEDDED_DATA[self.task]))
+        if not self.tmp_dir:
+            object.__setattr__(self, "tmp_dir", f"{self.save_dir.rstrip('/')}_tmp")
+
+    @property
+    def gen_kwargs(self) -> dict[str, Any]:
+        return dict(self.generate_kwargs)
+
+    @property
+    def pseudolabels(self) -> bool:
+        return self.num_return_sequences > 1
+
+    @property
+    def metric_name(self) -> str:
+        return "bleu" if self.task == "translation" else "rouge"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["generate_kwargs"] = dict(self.generate_kwargs)
+        return d
+
+
+def _check_min(flag: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{flag} must be an integer >= {minimum}, got {value!r}")
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's docstring, read from this module's source (used for --help)."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(EvalConfig))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = str(nxt.value.value)  # type: ignore[union-attr]
+    return docs
+
+
+CONFIG_FIELDS = {f.name: f for f in fields(EvalConfig)}

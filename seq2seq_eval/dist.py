@@ -1,0 +1,120 @@
+"""Where this process sits in the job: rank, local rank, world size. Read in one place.
+
+torchrun exports RANK/LOCAL_RANK/WORLD_SIZE; `srun` without torchrun exports SLURM_PROCID/
+SLURM_LOCALID/SLURM_NTASKS; a plain `python -m seq2seq_eval` has neither and is rank 0 of 1.
+Everything else in the package asks `DistEnv` and never reads these variables itself, so one
+process and N processes share one code path.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+logger = logging.getLogger("seq2seq_eval")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    launcher: str = "single"  # "torchrun", "slurm" or "single"
+    restart_count: int = 0  # >0 when torchrun restarted the worker group (--max_restarts)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _int(environ: Mapping[str, str], key: str) -> int:
+    value = environ[key]
+    try:
+        return int(value)
+    except ValueError as e:
+        raise ConfigError(f"environment variable {key} must be an integer, got {value!r}") from e
+
+
+def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
+    environ = os.environ if environ is None else environ
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        env = DistEnv(
+            rank=_int(environ, "RANK"),
+            local_rank=_int(environ, "LOCAL_RANK") if "LOCAL_RANK" in environ else 0,
+            world_size=_int(environ, "WORLD_SIZE"),
+            launcher="torchrun",
+            restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT")
+            if "TORCHELASTIC_RESTART_COUNT" in environ
+            else 0,
+        )
+    elif "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
+        env = DistEnv(
+            rank=_int(environ, "SLURM_PROCID"),
+            local_rank=_int(environ, "SLURM_LOCALID") if "SLURM_LOCALID" in environ else 0,
+            world_size=_int(environ, "SLURM_NTASKS"),
+            launcher="slurm",
+        )
+    else:
+        return DistEnv()
+    if env.world_size < 1 or not 0 <= env.rank < env.world_size:
+        raise ConfigError(f"rank {env.rank} is outside world size {env.world_size}")
+    return env
+
+
+class ProcessGroup:
+    """A thin wrapper over torch.distributed that becomes the identity with one process.
+
+    It is used only for the few decisions every rank must share (may this run proceed, is the
+    data prepared). Results travel through files, not collectives, so a dead rank can never leave
+    the others hanging in a collective during the long generation phase.
+    """
+
+    def __init__(self, env: DistEnv, backend: str, timeout_s: float) -> None:
+        self.env = env
+        self._active = False
+        if env.world_size == 1:
+            return
+        import torch.distributed as tdist
+
+        if env.launcher == "slurm":
+            # srun sets no rendezvous address; SLURM users pass MASTER_ADDR/MASTER_PORT (README recipe).
+            os.environ.setdefault("RANK", str(env.rank))
+            os.environ.setdefault("WORLD_SIZE", str(env.world_size))
+            os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
+            if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
+                raise ConfigError(
+                    "started by srun with SLURM_NTASKS>1 but MASTER_ADDR/MASTER_PORT are not set; "
+                    "export them (see the README's SLURM recipe) or launch through torchrun"
+                )
+        # The timeout bounds every collective: a rank that never arrives fails the others
+        # after --sync_timeout instead of hanging the job for torch's default 30 minutes.
+        tdist.init_process_group(
+            backend=backend,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+        self._active = True
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if not self._active:
+            return obj
+        import torch.distributed as tdist
+
+        box = [obj if self.env.is_main else None]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self) -> None:
+        if self._active:
+            import torch.distributed as tdist
+
+            tdist.destroy_process_group()
+            self._active = False

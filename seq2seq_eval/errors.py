@@ -1,0 +1,39 @@
+"""Typed errors. The library raises them; only the CLI turns them into an exit code and one line."""
+
+
+class EvalError(Exception):
+    """Base class: something the user can fix, reported as one line without a traceback."""
+
+    exit_code = 1
+
+
+class ConfigError(EvalError):
+    """A flag or option has a value outside its allowed range."""
+
+    exit_code = 2
+
+
+class DataError(EvalError):
+    """An input file or record is missing or malformed."""
+
+
+class ModelError(EvalError):
+    """The model or tokenizer cannot be loaded or used for seq2seq generation."""
+
+
+class RunStateError(EvalError):
+    """The temp dir holds files that do not belong to this run, or another run holds it."""
+
+
+class MergeError(EvalError):
+    """Rank outputs do not add up to exactly the planned examples."""
+
+
+class SyncTimeoutError(EvalError):
+    """Rank 0 waited --sync_timeout seconds and some rank files never arrived."""
+
+
+class Interrupted(EvalError):
+    """The process received SIGINT/SIGTERM; finished batches are kept in the journal."""
+
+    exit_code = 130

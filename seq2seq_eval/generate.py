@@ -1,0 +1,233 @@
+"""Model loading, the effective generation settings, tokenizing once, and generating a batch."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import EvalConfig
+from .errors import ConfigError, ModelError
+
+logger = logging.getLogger("seq2seq_eval")
+
+
+@dataclass(frozen=True)
+class BatchOutput:
+    preds: list[list[str]]  # per example, num_return_sequences candidates (best first)
+    scores: list[list[float]] | None  # beam sequence scores, per candidate, when num_return_sequences > 1
+    n_tokens: list[int]  # generated tokens per example, summed over its candidates
+
+
+def _looks_local(name: str) -> bool:
+    """A hub name is "name" or "org/name"; anything else can only be meant as a path."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith("/")
+
+
+def resolve_device(local_rank: int) -> "Any":
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def load_tokenizer(cfg: EvalConfig) -> Any:
+    from transformers import AutoTokenizer
+
+    name = cfg.model_name
+    if _looks_local(name) and not os.path.exists(os.path.expanduser(name)):
+        raise ModelError(f"--model_name {name}: no such path; expected a model folder or a hub model name")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(name))
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"--model_name {name}: cannot load a tokenizer ({_first_line(e)})") from e
+    if cfg.src_lang is not None:
+        _set_lang(tokenizer, "src_lang", cfg.src_lang)
+    if cfg.tgt_lang is not None:
+        _set_lang(tokenizer, "tgt_lang", cfg.tgt_lang)
+    return tokenizer
+
+
+def _set_lang(tokenizer: Any, attr: str, code: str) -> None:
+    if not hasattr(tokenizer, attr):
+        raise ConfigError(f"--{attr} {code}: tokenizer {type(tokenizer).__name__} has no language setting")
+    try:
+        setattr(tokenizer, attr, code)
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"--{attr} {code}: not a language code of {type(tokenizer).__name__}") from e
+
+
+def forced_bos_token_id(tokenizer: Any, tgt_lang: str) -> int:
+    """The target language's token id, by the conventions of M2M100 (get_lang_id) and of
+    mBART-50/NLLB (the language code is itself a token)."""
+    if hasattr(tokenizer, "get_lang_id"):
+        try:
+            return int(tokenizer.get_lang_id(tgt_lang))
+        except KeyError as e:
+            raise ConfigError(f"--tgt_lang {tgt_lang}: not a language code of {type(tokenizer).__name__}") from e
+    token_id = tokenizer.convert_tokens_to_ids(tgt_lang)
+    if token_id is None or token_id == tokenizer.unk_token_id:
+        raise ConfigError(f"--tgt_lang {tgt_lang}: not a token of {type(tokenizer).__name__}")
+    return int(token_id)
+
+
+def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
+    """The model's config and its base generation config, without loading any weights: enough
+    to validate a run (--dry_run) and to compute the exact settings the real run will use."""
+    from transformers import AutoConfig, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
+
+    name = os.path.expanduser(cfg.model_name)
+    if _looks_local(cfg.model_name) and not os.path.exists(name):
+        raise ModelError(f"--model_name {cfg.model_name}: no such path; expected a model folder or a hub model name")
+    try:
+        config = AutoConfig.from_pretrained(name)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"--model_name {cfg.model_name}: cannot load a model config ({_first_line(e)})") from e
+    if type(config) not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING:
+        raise ModelError(
+            f"--model_name {cfg.model_name}: a {config.model_type!r} model is not a seq2seq model; "
+            "expected an encoder-decoder model such as BART, T5, Marian, mBART or Pegasus"
+        )
+    try:
+        base = GenerationConfig.from_pretrained(name)
+    except OSError:
+        base = GenerationConfig.from_model_config(config)
+    return config, base
+
+
+def load_model(cfg: EvalConfig, device: Any) -> Any:
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    name = os.path.expanduser(cfg.model_name)
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"--model_name {cfg.model_name}: cannot load the model ({_first_line(e)})") from e
+    if cfg.fp16:
+        model = model.to(torch.float16)
+    elif cfg.bf16:
+        model = model.to(torch.bfloat16)
+    return model.to(device).eval()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def task_params(model_config: Any, task: str) -> dict[str, Any]:
+    """The model config's task_specific_params for `task` (keys like "translation_en_to_de"
+    count for "translation" when there is exactly one of them)."""
+    tsp = getattr(model_config, "task_specific_params", None) or {}
+    if task in tsp:
+        return dict(tsp[task])
+    matches = [k for k in tsp if k.startswith(task)]
+    return dict(tsp[matches[0]]) if len(matches) == 1 else {}
+
+
+def generation_config_for(model_config: Any, base: Any, tokenizer: Any, cfg: EvalConfig) -> Any:
+    """The effective generation settings: the model's defaults, then its task-specific
+    parameters, then the user's flags. Unknown user flags are errors, not silently ignored."""
+    from transformers import GenerationConfig
+
+    known = set(GenerationConfig().to_dict())
+    user = cfg.gen_kwargs
+    unknown = sorted(set(user) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown generate option --{unknown[0]}; expected a model.generate() setting "
+            "such as --num_beams, --max_length, --max_new_tokens, --length_penalty, --no_repeat_ngram_size"
+        )
+    gc = copy.deepcopy(base)
+    for key, value in task_params(model_config, cfg.task).items():
+        if key in known:
+            setattr(gc, key, value)
+    for key, value in user.items():
+        setattr(gc, key, value)
+    if "num_beams" not in user and (gc.num_beams or 1) < cfg.num_return_sequences:
+        gc.num_beams = cfg.num_return_sequences
+    if (gc.num_beams or 1) < cfg.num_return_sequences:
+        raise ConfigError(
+            f"--num_return_sequences ({cfg.num_return_sequences}) must not exceed num_beams ({gc.num_beams})"
+        )
+    gc.num_return_sequences = cfg.num_return_sequences
+    if cfg.tgt_lang is not None and getattr(model_config, "model_type", "") != "t5":
+        gc.forced_bos_token_id = forced_bos_token_id(tokenizer, cfg.tgt_lang)
+    try:
+        gc.validate(strict=True)
+    except ValueError as e:
+        raise ConfigError(f"invalid generate options: {_first_line(e)}") from e
+    return gc
+
+
+def source_prefix(model_config: Any, cfg: EvalConfig) -> str:
+    if cfg.prefix is not None:
+        return cfg.prefix
+    return task_params(model_config, cfg.task).get("prefix") or getattr(model_config, "prefix", None) or ""
+
+
+def encode_sources(tokenizer: Any, sources: Sequence[str], prefix: str, max_source_length: int) -> list[list[int]]:
+    """Tokenize every source once, unpadded; batches are padded from these ids later."""
+    enc = tokenizer([prefix + s for s in sources], truncation=True, max_length=max_source_length)
+    return [list(ids) for ids in enc["input_ids"]]
+
+
+class Generator:
+    """Generates one batch at a time on one device."""
+
+    def __init__(self, model: Any, tokenizer: Any, generation_config: Any, device: Any, seed: int = 0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        # Output options live in the (copied) generation config: transformers 5 warns when
+        # generation_config and loose generate kwargs are mixed.
+        self.gc = copy.deepcopy(generation_config)
+        self.gc.return_dict_in_generate = True
+        self.gc.output_scores = int(generation_config.num_return_sequences or 1) > 1
+        self.device = device
+        self.seed = seed
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.pad_id = int(pad)
+        self.n_return = int(generation_config.num_return_sequences or 1)
+
+    def __call__(self, batch_ids: Sequence[Sequence[int]], batch_index: int) -> BatchOutput:
+        import torch
+
+        width = max(len(ids) for ids in batch_ids)
+        input_ids = torch.full((len(batch_ids), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch_ids), width), dtype=torch.long)
+        for row, ids in enumerate(batch_ids):
+            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention[row, : len(ids)] = 1
+        # Seeded per batch, not per rank: sampling options then give the same text whichever
+        # rank runs the batch, keeping outputs independent of the world size.
+        torch.manual_seed(self.seed + batch_index)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids.to(self.device, non_blocking=True),
+                attention_mask=attention.to(self.device, non_blocking=True),
+                generation_config=self.gc,
+            )
+        # One transfer per batch; everything after this is host-side.
+        sequences = out.sequences.cpu()
+        counts = (sequences[:, 1:] != self.pad_id).sum(dim=1).tolist()
+        texts = [t.strip() for t in self.tokenizer.batch_decode(
+            sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )]
+        k = self.n_return
+        preds = [texts[i * k : (i + 1) * k] for i in range(len(batch_ids))]
+        n_tokens = [sum(counts[i * k : (i + 1) * k]) for i in range(len(batch_ids))]
+        scores = None
+        if k > 1:
+            seq_scores = getattr(out, "sequences_scores", None)
+            if seq_scores is not None:
+                flat = seq_scores.float().cpu().tolist()
+                scores = [flat[i * k : (i + 1) * k] for i in range(len(batch_ids))]
+        return BatchOutput(preds, scores, n_tokens)

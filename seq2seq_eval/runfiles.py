@@ -1,0 +1,272 @@
+"""The temp dir: manifest, run lock, per-rank batch journals, and the final rank files.
+
+Layout of {tmp_dir}:
+    manifest.json           what run these files belong to (model, data, settings, batch plan)
+    run.lock                flock'ed by rank 0 while a run is live
+    journal_rank_<k>.jsonl  one line per finished batch, appended and fsynced as it finishes
+    rank_<k>_output.json    rank k's records and stats, written atomically when it is done
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import EvalError, RunStateError, SyncTimeoutError
+
+logger = logging.getLogger("seq2seq_eval")
+
+MANIFEST = "manifest.json"
+LOCK = "run.lock"
+
+
+def rank_file(tmp_dir: Path, rank: int) -> Path:
+    return tmp_dir / f"rank_{rank}_output.json"
+
+
+def journal_file(tmp_dir: Path, rank: int) -> Path:
+    return tmp_dir / f"journal_rank_{rank}.jsonl"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_error(path: Path, e: OSError) -> EvalError:
+    reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+    return EvalError(f"{path}: cannot write ({reason}); the previous version, if any, is unchanged")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary name in the same folder, fsync, then rename over `path`.
+
+    A reader sees the old file or the new one, never half of one; if the disk fills up the
+    temporary file is removed and the old file stays as it was. The rename is atomic only within
+    one filesystem, hence the temporary file beside the target rather than in /tmp.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        # The rename itself is durable only once the directory entry is flushed.
+        _fsync_dir(path.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _write_error(path, e) from e
+
+
+def dumps(obj: Any) -> bytes:
+    return (json.dumps(obj, ensure_ascii=False, sort_keys=True, indent=1) + "\n").encode("utf-8")
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_atomic(path, dumps(obj))
+
+
+# ---------------------------------------------------------------- manifest and lock
+
+
+def compare_manifests(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    keys = sorted(set(old) | set(new))
+    return [k for k in keys if old.get(k) != new.get(k)]
+
+
+class RunLock:
+    """An exclusive flock on {tmp_dir}/run.lock, held by rank 0 for the whole run.
+
+    flock rather than a pid file: the kernel drops it when the holder dies, however it dies
+    (SIGKILL, OOM, node reboot), so a crashed run never blocks the next one.
+    """
+
+    def __init__(self, tmp_dir: Path) -> None:
+        self.path = tmp_dir / LOCK
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RunStateError(f"{self.path}: cannot create the run lock ({e.strerror}); is --tmp_dir writable?") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            os.close(fd)
+            holder = ""
+            try:
+                holder = f" (held by {self.path.read_text().strip()})"
+            except OSError:
+                pass
+            raise RunStateError(
+                f"{self.path.parent}: another run is using this temp dir{holder}; wait for it to finish, "
+                "or give this run another --save_dir/--tmp_dir"
+            ) from e
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> int:
+    """Rank 0, holding the lock: make the temp dir ready for this run. Returns how many journal
+    files a resumed run found.
+
+    Without --resume a temp dir holding an earlier run's files is an error, so two unrelated runs
+    can never be merged; with --resume its manifest must match this run's exactly.
+    """
+    path = tmp_dir / MANIFEST
+    journals = sorted(tmp_dir.glob("journal_rank_*.jsonl"))
+    if path.exists():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise RunStateError(f"{path}: unreadable manifest ({e}); remove {tmp_dir} to start over") from e
+        if not resume:
+            raise RunStateError(
+                f"{tmp_dir} holds an earlier run's files ({len(journals)} journal(s)); "
+                f"pass --resume to continue it, or remove {tmp_dir} to start over"
+            )
+        differ = compare_manifests(old, manifest)
+        if differ:
+            raise RunStateError(
+                f"--resume: {tmp_dir} belongs to a run with different {', '.join(differ)}; "
+                f"rerun with the same settings, or remove {tmp_dir} to start over"
+            )
+    else:
+        if journals:
+            raise RunStateError(f"{tmp_dir} holds journals but no manifest; remove {tmp_dir} to start over")
+        write_json_atomic(path, dict(manifest))
+    # Rank files are re-derived from the journals at the end of every run; an old one left by a
+    # run with another world size must never be merged into this one.
+    for stale in tmp_dir.glob("rank_*_output.json"):
+        stale.unlink()
+    return len(journals)
+
+
+# ---------------------------------------------------------------- journals
+
+
+class Journal:
+    """Append-only record of finished batches, one JSON line each, fsynced per batch, so a
+    crash loses at most the batch in flight."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._drop_torn_tail()
+        self._f = open(path, "ab")
+
+    def _drop_torn_tail(self) -> None:
+        # A crash mid-write leaves a last line without its newline; appending after it would
+        # glue the next record onto garbage.
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(keep)
+
+    def append(self, entry: Mapping[str, Any]) -> None:
+        line = json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+        try:
+            self._f.write(line)
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            raise _write_error(self.path, e) from e
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_journals(tmp_dir: Path) -> dict[int, dict[str, Any]]:
+    """Finished batches from every journal in the temp dir, whichever world size wrote them."""
+    done: dict[int, dict[str, Any]] = {}
+    for path in sorted(tmp_dir.glob("journal_rank_*.jsonl")):
+        for line in path.read_bytes().split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                index = int(entry["batch"])
+            except (ValueError, KeyError, TypeError):
+                # A torn line from a crash while it was written: that batch simply runs again.
+                logger.debug("%s: skipping an unreadable journal line", path)
+                continue
+            done.setdefault(index, entry)
+    return done
+
+
+# ---------------------------------------------------------------- rank files
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    rank: int
+    records: list[dict[str, Any]]
+    stats: dict[str, Any]
+    path: Path
+
+
+def write_rank_output(tmp_dir: Path, rank: int, records: Sequence[Mapping[str, Any]], stats: Mapping[str, Any]) -> Path:
+    path = rank_file(tmp_dir, rank)
+    write_json_atomic(path, {"rank": rank, "records": list(records), "stats": dict(stats)})
+    return path
+
+
+def read_rank_output(path: Path, rank: int) -> RankOutput:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        records, stats = data["records"], data["stats"]
+        if not isinstance(records, list) or not all(isinstance(r, dict) and "id" in r for r in records):
+            raise ValueError("records must be a list of objects with an 'id'")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise RunStateError(f"{path}: unreadable rank file ({e})") from e
+    return RankOutput(rank, records, stats, path)
+
+
+def wait_for_rank_files(
+    tmp_dir: Path,
+    world_size: int,
+    timeout_s: float,
+    poll_s: float = 0.1,
+    describe_missing: Callable[[list[int]], str] | None = None,
+) -> list[Path]:
+    """Poll until every rank's file exists or `timeout_s` passes.
+
+    Rank files are renamed into place complete, so existence means readable. We sleep between
+    polls rather than spin: a 0.1 s poll costs well under 1% of a core and adds at most 0.1 s to
+    the tail; a collective barrier would instead hang on a dead rank.
+    """
+    deadline = time.monotonic() + timeout_s
+    paths = [rank_file(tmp_dir, r) for r in range(world_size)]
+    while True:
+        missing = [r for r, p in enumerate(paths) if not p.exists()]
+        if not missing:
+            return paths
+        if time.monotonic() >= deadline:
+            detail = describe_missing(missing) if describe_missing else ""
+            raise SyncTimeoutError(
+                f"waited {timeout_s:g} s (--sync_timeout) for rank files; missing from rank(s) "
+                f"{', '.join(map(str, missing))}{detail}"
+            )
+        time.sleep(poll_s)
+
