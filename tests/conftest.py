@@ -1,0 +1,90 @@
+"""Shared fixtures: offline hub, a tiny model the tests build, data sets, and a torchrun launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiny_model import build_tiny_t5  # noqa: E402
+
+WORDS = (
+    "the cat dog sat on mat a big small red blue runs fast slow house tree élan über naïve "
+    "Zürich 42 7 1999 , . ! ? ; café piñata"
+).split()
+
+
+def make_corpus(n: int, seed: int) -> tuple[list[str], list[str]]:
+    rng = random.Random(seed)
+    src = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 40))) for _ in range(n)]
+    tgt = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12))) for _ in range(n)]
+    return src, tgt
+
+
+def write_legacy(folder: Path, src: list[str], tgt: list[str] | None, type_path: str = "test") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{type_path}.source").write_text("".join(s + "\n" for s in src), encoding="utf-8")
+    if tgt is not None:
+        (folder / f"{type_path}.target").write_text("".join(t + "\n" for t in tgt), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    src, tgt = make_corpus(200, seed=1)
+    return build_tiny_t5(tmp_path_factory.mktemp("tiny") / "model", src + tgt)
+
+
+@pytest.fixture(scope="session")
+def data23(tmp_path_factory) -> Path:
+    """23 examples: divisible neither by the batch size 4 nor by world sizes 2 or 3."""
+    src, tgt = make_corpus(23, seed=2)
+    return write_legacy(tmp_path_factory.mktemp("data23"), src, tgt)
+
+
+def torchrun(nproc: int, args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None,
+             extra: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Real ranks: torchrun (standalone rendezvous on loopback, gloo on CPU)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           *(extra or []), "-m", "seq2seq_eval", *args]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env))
+
+
+def single(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m seq2seq_eval` with no launcher: one process."""
+    return subprocess.run([sys.executable, "-m", "seq2seq_eval", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=_env(env))
+
+
+def _env(extra: dict | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+    env["HF_HUB_OFFLINE"] = "1"
+    # Same thread count for every world size (torchrun sets 1 only when nproc > 1).
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def metrics_of(save_dir: Path, name: str = "test_bleu.json") -> dict:
+    return json.loads((save_dir / name).read_text())
+
+
+def metric_values(m: dict) -> dict:
+    """The score keys only (timings and dates legitimately differ between runs)."""
+    return {k: v for k, v in m.items() if k not in ("throughput", "provenance", "seconds_per_sample", "n_gpus")}
+
+
+def assert_ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout[-3000:]}\nSTDERR:\n{proc.stderr[-5000:]}"
