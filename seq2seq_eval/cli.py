@@ -31,10 +31,17 @@ def _field_type(name: str) -> type:
     return str
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting: one line, from one place."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: with prefix matching, a misspelt "--num_beam 4" would be taken for a
     # real option (or swallowed), instead of failing as an unknown generate option.
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="seq2seq_eval",
         description="Evaluate a Hugging Face seq2seq model with beam search, sharded over torchrun ranks. "
         "Any other --key value is passed to model.generate(). "
@@ -94,7 +101,7 @@ def score_main(argv: Sequence[str]) -> dict:
     from . import metrics
     from .data import read_lines
 
-    parser = argparse.ArgumentParser(prog="seq2seq_eval score", allow_abbrev=False,
+    parser = _Parser(prog="seq2seq_eval score", allow_abbrev=False,
                                      description="Score existing one-line-per-example files.")
     parser.add_argument("--task", required=True, choices=TASKS)
     parser.add_argument("--predictions", required=True)

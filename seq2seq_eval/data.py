@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,12 +156,17 @@ def check_unique_ids(ids: Sequence[ExampleId], origin: str) -> None:
         seen.add(i)
 
 
-def load_examples(cfg: EvalConfig) -> Examples:
+def load_examples(cfg: EvalConfig, main_first: Callable | None = None) -> Examples:
+    """`main_first(fn)` runs fn on rank 0 before the other ranks: a datasets split is then
+    prepared (downloaded, converted to Arrow) once, and the others read rank 0's cache."""
     need_targets = not cfg.pseudolabels
     if cfg.dataset is not None:
         from .hf_data import load_hf_examples
 
-        examples = load_hf_examples(cfg, need_targets)
+        def load() -> Examples:
+            return load_hf_examples(cfg, need_targets)
+
+        examples = main_first(load) if main_first is not None else load()
     else:
         path = Path(cfg.data_dir)
         if path.suffix == ".jsonl" or path.is_file():

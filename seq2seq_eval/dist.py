@@ -13,9 +13,12 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from .errors import ConfigError
+from .errors import ConfigError, EvalError
+
+T = TypeVar("T")
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -111,6 +114,27 @@ class ProcessGroup:
         box = [obj if self.env.is_main else None]
         tdist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def main_first(self, fn: Callable[[], T], error_type: type[EvalError]) -> T:
+        """Run `fn` on rank 0 first, then on the others (e.g. to build a datasets cache once).
+
+        Rank 0's failure is broadcast, so the other ranks fail with the same message instead of
+        waiting forever at a barrier rank 0 will never reach.
+        """
+        if not self._active:
+            return fn()
+        if self.env.is_main:
+            try:
+                result = fn()
+            except EvalError as e:
+                self.broadcast(str(e))
+                raise
+            self.broadcast(None)
+            return result
+        error = self.broadcast(None)
+        if error is not None:
+            raise error_type(error)
+        return fn()
 
     def close(self) -> None:
         if self._active:

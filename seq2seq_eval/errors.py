@@ -33,6 +33,10 @@ class SyncTimeoutError(EvalError):
     """Rank 0 waited --sync_timeout seconds and some rank files never arrived."""
 
 
+class RunFailed(EvalError):
+    """The run cannot complete (a rank died); finished batches are kept for --resume."""
+
+
 class Interrupted(EvalError):
     """The process received SIGINT/SIGTERM; finished batches are kept in the journal."""
 

@@ -83,7 +83,12 @@ class BleuResult:
 
 @dataclass(frozen=True)
 class RougeResult:
-    """Mean ROUGE F-measure over examples, with a seeded bootstrap 95% interval."""
+    """Mean ROUGE F-measure over examples, with a seeded bootstrap 95% interval.
+
+    The score is the plain mean. (Hugging Face's legacy ``calculate_rouge`` reports
+    rouge-score's BootstrapAggregator "mid", the median of unseeded bootstrap means, which
+    differs from the mean in the last digits and from run to run.)
+    """
 
     scores: dict[str, float]
     """Per key of ``ROUGE_KEYS``: mean F-measure x 100 (unrounded)."""

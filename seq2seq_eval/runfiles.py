@@ -125,35 +125,43 @@ class RunLock:
             self._fd = None
 
 
-def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> int:
-    """Rank 0, holding the lock: make the temp dir ready for this run. Returns how many journal
-    files a resumed run found.
+def check_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> bool:
+    """Whether the temp dir already belongs to this run (read-only; raises if it may not be used).
 
     Without --resume a temp dir holding an earlier run's files is an error, so two unrelated runs
     can never be merged; with --resume its manifest must match this run's exactly.
     """
     path = tmp_dir / MANIFEST
     journals = sorted(tmp_dir.glob("journal_rank_*.jsonl"))
-    if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise RunStateError(f"{path}: unreadable manifest ({e}); remove {tmp_dir} to start over") from e
-        if not resume:
-            raise RunStateError(
-                f"{tmp_dir} holds an earlier run's files ({len(journals)} journal(s)); "
-                f"pass --resume to continue it, or remove {tmp_dir} to start over"
-            )
-        differ = compare_manifests(old, manifest)
-        if differ:
-            raise RunStateError(
-                f"--resume: {tmp_dir} belongs to a run with different {', '.join(differ)}; "
-                f"rerun with the same settings, or remove {tmp_dir} to start over"
-            )
-    else:
+    if not path.exists():
         if journals:
             raise RunStateError(f"{tmp_dir} holds journals but no manifest; remove {tmp_dir} to start over")
+        return False
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise RunStateError(f"{path}: unreadable manifest ({e}); remove {tmp_dir} to start over") from e
+    if not resume:
+        raise RunStateError(
+            f"{tmp_dir} holds an earlier run's files ({len(journals)} journal(s)); "
+            f"pass --resume to continue it, or remove {tmp_dir} to start over"
+        )
+    differ = compare_manifests(old, manifest)
+    if differ:
+        raise RunStateError(
+            f"--resume: {tmp_dir} belongs to a run with different {', '.join(differ)}; "
+            f"rerun with the same settings, or remove {tmp_dir} to start over"
+        )
+    return True
+
+
+def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> int:
+    """Rank 0, holding the lock: make the temp dir ready for this run. Returns how many journal
+    files a resumed run found."""
+    path = tmp_dir / MANIFEST
+    if not check_tmp_dir(tmp_dir, manifest, resume):
         write_json_atomic(path, dict(manifest))
+    journals = sorted(tmp_dir.glob("journal_rank_*.jsonl"))
     # Rank files are re-derived from the journals at the end of every run; an old one left by a
     # run with another world size must never be merged into this one.
     for stale in tmp_dir.glob("rank_*_output.json"):

@@ -20,7 +20,7 @@ from . import metrics as metric_fns
 from .config import EvalConfig
 from .data import Examples, load_examples
 from .dist import DistEnv, ProcessGroup, dist_env
-from .errors import EvalError, Interrupted, RunStateError
+from .errors import EvalError, Interrupted, RunFailed, RunStateError
 from .generate import (
     Generator,
     encode_sources,
@@ -36,6 +36,7 @@ from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_
 from .report import now_iso, package_versions, summary_table, write_outputs
 from .runfiles import (
     Journal,
+    check_tmp_dir,
     RunLock,
     journal_file,
     prepare_tmp_dir,
@@ -90,8 +91,10 @@ def _model_identity(model_config: Any, model_name: str) -> dict[str, Any]:
     return identity
 
 
-def prepare(cfg: EvalConfig) -> Prepared:
-    examples = load_examples(cfg)
+def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
+    from .errors import DataError
+
+    examples = load_examples(cfg, (lambda fn: pg.main_first(fn, DataError)) if pg is not None else None)
     model_config, base_gc = load_model_config(cfg)
     tokenizer = load_tokenizer(cfg)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
@@ -168,8 +171,10 @@ class _Signals:
 def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     env = env or dist_env()
     t_start = time.perf_counter()
-    prep = prepare(cfg)
     if cfg.dry_run:
+        # A dry run is one process that never joins a group: it validates and prints the plan.
+        prep = prepare(cfg)
+        check_tmp_dir(Path(cfg.tmp_dir), prep.manifest, cfg.resume)
         return Outcome(plan_text=describe_plan(prep, env.world_size))
     device = resolve_device(env.local_rank)
     if device.type == "cuda":
@@ -179,8 +184,10 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     pg = ProcessGroup(env, "nccl" if device.type == "cuda" else "gloo", cfg.sync_timeout)
     lock: RunLock | None = None
     tmp_dir = Path(cfg.tmp_dir)
+    prep: Prepared | None = None
     try:
         with _Signals():
+            prep = prepare(cfg, pg)
             lock = _claim_tmp_dir(cfg, env, pg, prep, tmp_dir)
             model = load_model(cfg, device)
             t_loaded = time.perf_counter()
@@ -195,13 +202,27 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
                 return Outcome()
             return _finish(cfg, env, prep, tmp_dir, stats, t_start)
     except Interrupted as e:
+        if prep is None:
+            raise
         if env.is_main:
             raise Interrupted(f"{e}; {_missing_summary(cfg, env, prep, tmp_dir)}") from e
+        if _main_rank_is_gone(tmp_dir):
+            # Rank 0 died (its flock went with it) and cannot report; the first surviving rank to
+            # take the lock says what is missing, the others stay quiet.
+            raise RunFailed(f"rank 0 is gone; {_missing_summary(cfg, env, prep, tmp_dir)}") from e
         raise
     finally:
         if lock is not None:
             lock.release()
         pg.close()
+
+
+def _main_rank_is_gone(tmp_dir: Path) -> bool:
+    try:
+        RunLock(tmp_dir).acquire()  # kept until this process exits
+    except EvalError:
+        return False
+    return True
 
 
 def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, prep: Prepared, tmp_dir: Path) -> RunLock | None:
