@@ -95,13 +95,16 @@ class ProcessGroup:
                     "started by srun with SLURM_NTASKS>1 but MASTER_ADDR/MASTER_PORT are not set; "
                     "export them (see the README's SLURM recipe) or launch through torchrun"
                 )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store, _, _ = next(tdist.rendezvous("env://", rank=env.rank, world_size=env.world_size, timeout=timeout))
+        # Keys are namespaced by torchrun's restart count: a worker group restarted after a
+        # failure must never read the peer addresses its dead predecessors published (seen as
+        # gloo "connectFullMesh ... Connection refused" on the first restart).
+        store = tdist.PrefixStore(f"seq2seq_eval/restart_{env.restart_count}", store)
         # The timeout bounds every collective: a rank that never arrives fails the others
         # after --sync_timeout instead of hanging the job for torch's default 30 minutes.
         tdist.init_process_group(
-            backend=backend,
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            backend=backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout
         )
         self._active = True
 

@@ -55,6 +55,9 @@ def load_tokenizer(cfg: EvalConfig) -> Any:
 def _set_lang(tokenizer: Any, attr: str, code: str) -> None:
     if not hasattr(tokenizer, attr):
         raise ConfigError(f"--{attr} {code}: tokenizer {type(tokenizer).__name__} has no language setting")
+    # Checked first: mBART-50's and NLLB's setters accept any string and would silently prefix
+    # every source with <unk> instead of a language code.
+    lang_token_id(tokenizer, code, f"--{attr}")
     try:
         setattr(tokenizer, attr, code)
     except (KeyError, ValueError) as e:
@@ -62,17 +65,34 @@ def _set_lang(tokenizer: Any, attr: str, code: str) -> None:
 
 
 def forced_bos_token_id(tokenizer: Any, tgt_lang: str) -> int:
-    """The target language's token id, by the conventions of M2M100 (get_lang_id) and of
-    mBART-50/NLLB (the language code is itself a token)."""
+    """The target language's token id: the first token every generated sequence must carry."""
+    return lang_token_id(tokenizer, tgt_lang, "--tgt_lang")
+
+
+def lang_token_id(tokenizer: Any, code: str, flag: str) -> int:
+    """A language code's token id, by the conventions of M2M100 (get_lang_id: "ro" is the token
+    "__ro__") and of mBART-50/NLLB (the code is itself a token: "ro_RO", "ron_Latn")."""
     if hasattr(tokenizer, "get_lang_id"):
         try:
-            return int(tokenizer.get_lang_id(tgt_lang))
+            return int(tokenizer.get_lang_id(code))
         except KeyError as e:
-            raise ConfigError(f"--tgt_lang {tgt_lang}: not a language code of {type(tokenizer).__name__}") from e
-    token_id = tokenizer.convert_tokens_to_ids(tgt_lang)
+            raise ConfigError(f"{flag} {code}: not a language code of {type(tokenizer).__name__}{_known_langs(tokenizer)}") from e
+    token_id = tokenizer.convert_tokens_to_ids(code)
     if token_id is None or token_id == tokenizer.unk_token_id:
-        raise ConfigError(f"--tgt_lang {tgt_lang}: not a token of {type(tokenizer).__name__}")
+        raise ConfigError(f"{flag} {code}: not a language code of {type(tokenizer).__name__}{_known_langs(tokenizer)}")
     return int(token_id)
+
+
+def _known_langs(tokenizer: Any, shown: int = 6) -> str:
+    codes = list(getattr(tokenizer, "lang_code_to_id", None) or [])
+    if not codes:  # NLLB keeps its codes only as special tokens
+        standard = {str(t) for t in (tokenizer.bos_token, tokenizer.eos_token, tokenizer.unk_token,
+                                     tokenizer.pad_token, getattr(tokenizer, "mask_token", None)) if t}
+        codes = [t for t in tokenizer.all_special_tokens if t not in standard]
+    if not codes:
+        return ""
+    more = f", ... ({len(codes)} in all)" if len(codes) > shown else ""
+    return f"; expected one of {', '.join(codes[:shown])}{more}"
 
 
 def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:

@@ -338,11 +338,16 @@ def _missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Pat
     if missing_ranks is None:
         missing_ranks = [r for r in range(env.world_size) if not (tmp_dir / f"rank_{r}_output.json").exists()]
     done = read_journals(tmp_dir) if tmp_dir.exists() else {}
+    deal = assign_batches(prep.batches, env.world_size)
+    left = {
+        r: sum(len(prep.batches[i].members) for i in deal[r] if i not in done) for r in missing_ranks
+    }
+    per_rank = ", ".join(f"rank {r}: {n}" for r, n in left.items())
     unfinished = sum(len(b.members) for b in prep.batches if b.index not in done)
     return (
-        f"rank(s) {', '.join(map(str, missing_ranks)) or 'none'} did not finish; {unfinished} of "
-        f"{len(prep.examples)} examples still to generate ({len(done)} of {len(prep.batches)} batches are kept "
-        f"in {tmp_dir}); resume with: {resume_command(env)}"
+        f"rank(s) {', '.join(map(str, missing_ranks)) or 'none'} did not finish ({per_rank} examples left); "
+        f"{unfinished} of {len(prep.examples)} examples still to generate ({len(done)} of {len(prep.batches)} "
+        f"batches are kept in {tmp_dir}); resume with: {resume_command(env)}"
     )
 
 

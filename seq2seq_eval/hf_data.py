@@ -1,0 +1,303 @@
+"""Examples from a Hugging Face `datasets` split: a local data file, a save_to_disk folder, or a hub dataset.
+
+--dataset is read as:
+  - a local .json/.jsonl/.csv/.parquet file: the file *is* the requested split, whatever its name;
+  - a folder written by `save_to_disk`: `datasets.load_from_disk` (a DatasetDict must hold the split);
+  - anything else (a hub name, or a folder of data files): `datasets.load_dataset(name, --dataset_config)`.
+
+Columns come from --source_column/--target_column/--id_column; a dotted path such as
+`translation.en` reaches into a nested dict column. Without them, common layouts are recognised:
+CNN/DailyMail (article, highlights), XSum (document, summary), plain (source, target), and WMT
+(a `translation` dict keyed by language, picked with --src_lang/--tgt_lang).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .config import EvalConfig
+from .data import Example, ExampleId, Examples
+from .errors import DataError
+
+logger = logging.getLogger("seq2seq_eval")
+
+FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+"""Local data file extension -> the `datasets` builder that reads it."""
+
+LAYOUTS = (("article", "highlights"), ("document", "summary"), ("source", "target"))
+"""(source, target) column pairs recognised when no column is named: CNN/DailyMail, XSum, plain."""
+
+TRANSLATION_COLUMN = "translation"
+"""The WMT layout's column: one dict per row, keyed by language code."""
+
+
+def load_hf_examples(cfg: EvalConfig, need_targets: bool) -> Examples:
+    """The examples of split `--split` (default `--type_path`) of `--dataset`."""
+    if cfg.dataset is None:
+        raise DataError("load_hf_examples needs --dataset")
+    split = cfg.split or cfg.type_path
+    where = f"dataset {cfg.dataset}" + (f" ({cfg.dataset_config})" if cfg.dataset_config else "") + f" split {split}"
+    logger.info("loading %s", where)
+    with _progress_bars(cfg.debug):
+        ds = load_split(cfg.dataset, cfg.dataset_config, split)
+    if len(ds) == 0:
+        raise DataError(f"{where}: no rows; expected at least one example")
+    if cfg.n_obs is not None and cfg.n_obs < len(ds):
+        # Before reading any column: --n_obs 100 on a 300k-row split reads 100 rows.
+        ds = ds.select(range(cfg.n_obs))
+    features = ds.features
+    src_col, tgt_col = resolve_columns(features, cfg, where, need_targets)
+    sources = _texts(ds, src_col, where)
+    targets: Sequence[str | None]
+    if tgt_col is not None and _has_path(features, tgt_col):
+        targets = _texts(ds, tgt_col, where)
+    elif need_targets:
+        raise DataError(
+            f"{where}: no target column{f' {tgt_col!r}' if tgt_col else ''}; expected references to score against "
+            f"(pass --target_column); columns: {', '.join(column_paths(features))}"
+        )
+    else:
+        targets = [None] * len(sources)
+    ids = _ids(ds, cfg.id_column, where)
+    items = tuple(Example(i, s, t) for i, s, t in zip(ids, sources, targets))
+    return Examples(items, where)
+
+
+def load_split(name: str, config: str | None, split: str) -> Any:
+    """One split as a `datasets.Dataset`; every failure is a one-line DataError."""
+    import datasets
+    from datasets.exceptions import DatasetsError
+
+    path = Path(name).expanduser()
+    try:
+        if path.suffix.lower() in FILE_BUILDERS and (path.is_file() or _looks_local(name)):
+            if not path.is_file():
+                raise DataError(f"--dataset {name}: file not found")
+            # data_files={split: file}: a lone file is the requested split, so `test.jsonl` needs no --split.
+            return datasets.load_dataset(
+                FILE_BUILDERS[path.suffix.lower()], data_files={split: str(path)}, split=split
+            )
+        if path.is_file():
+            raise DataError(
+                f"--dataset {name}: unsupported file type {path.suffix or '(none)'!r}; "
+                f"expected one of {', '.join(sorted(FILE_BUILDERS))} or a save_to_disk folder"
+            )
+        if path.is_dir() and _is_saved_dataset(path):
+            saved = datasets.load_from_disk(str(path))
+            if isinstance(saved, datasets.DatasetDict):
+                return _pick_split(saved, split, name)
+            return saved  # a saved single Dataset stands for the requested split
+        if _looks_local(name) and not path.exists():
+            raise DataError(f"--dataset {name}: no such file or folder")
+        # A hub name, or a folder of data files: check the split before preparing anything, so a
+        # typo does not first download every split of a large dataset.
+        builder = datasets.load_dataset_builder(name, config)
+        available = list(builder.info.splits or {}) or list(builder.config.data_files or {})
+        if available and split not in available:
+            raise DataError(_missing_split(name, split, available))
+        builder.download_and_prepare()
+        return builder.as_dataset(split=split)
+    except DataError:
+        raise
+    except (OSError, ValueError, KeyError, DatasetsError) as e:
+        raise DataError(f"--dataset {name}: cannot load split {split} ({_reason(e)})") from e
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or Path(name).suffix.lower() in FILE_BUILDERS
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return (path / "dataset_dict.json").is_file() or (path / "state.json").is_file()
+
+
+def _pick_split(dd: Mapping[str, Any], split: str, name: str) -> Any:
+    if split not in dd:
+        raise DataError(_missing_split(name, split, list(dd)))
+    return dd[split]
+
+
+def _missing_split(name: str, split: str, available: Sequence[Any]) -> str:
+    names = ", ".join(str(s) for s in available)
+    return f"--dataset {name}: no split {split!r}; available splits: {names} (pass --split)"
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of the message; of its cause for DatasetGenerationError, whose own message
+    ("An error occurred while generating the dataset") does not say what is wrong."""
+    from datasets.exceptions import DatasetGenerationError
+
+    if isinstance(e, DatasetGenerationError) and e.__cause__ is not None:
+        e = e.__cause__
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+@contextlib.contextmanager
+def _progress_bars(show: bool) -> Iterator[None]:
+    """datasets' "Generating test split" bars, once per rank, only with --debug; restored after."""
+    import datasets
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    if not show:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled and not show:
+            datasets.enable_progress_bars()
+
+
+# --- columns -------------------------------------------------------------------------------
+
+
+def column_paths(features: Mapping[str, Any]) -> list[str]:
+    """Every column, plus `col.key` for each key of a nested dict column (recursively)."""
+    paths: list[str] = []
+
+    def walk(prefix: str, feature: Any) -> None:
+        paths.append(prefix)
+        for key, sub in _nested(feature).items():
+            walk(f"{prefix}.{key}", sub)
+
+    for name, feature in features.items():
+        walk(name, feature)
+    return paths
+
+
+def _nested(feature: Any) -> dict[str, Any]:
+    """The keys of a dict-valued feature: a struct, or a datasets.Translation of languages."""
+    if isinstance(feature, Mapping):
+        return dict(feature)
+    languages = getattr(feature, "languages", None)
+    if type(feature).__name__ == "Translation" and languages:
+        return {lang: None for lang in languages}
+    return {}
+
+
+def _has_path(features: Mapping[str, Any], path: str) -> bool:
+    return path in features or path in column_paths(features)
+
+
+def resolve_columns(
+    features: Mapping[str, Any], cfg: EvalConfig, where: str, need_targets: bool = True
+) -> tuple[str, str | None]:
+    """(source path, target path or None). Named columns must exist; a recognised layout fills in
+    the others. A defaulted target that is absent is None: the caller raises if it needs one."""
+    for flag, path in (("--source_column", cfg.source_column), ("--target_column", cfg.target_column),
+                       ("--id_column", cfg.id_column)):
+        if path is not None and not _has_path(features, path):
+            raise DataError(f"{where}: no column {path!r} ({flag}); columns: {', '.join(column_paths(features))}")
+    src = cfg.source_column or default_source(features, cfg, where)
+    tgt = cfg.target_column or default_target(features, cfg, where, src, need_targets)
+    return src, tgt
+
+
+def _languages(features: Mapping[str, Any]) -> list[str]:
+    return list(_nested(features[TRANSLATION_COLUMN])) if TRANSLATION_COLUMN in features else []
+
+
+def default_source(features: Mapping[str, Any], cfg: EvalConfig, where: str) -> str:
+    languages = _languages(features)
+    if languages:
+        if cfg.src_lang is None:
+            raise DataError(
+                f"{where}: column {TRANSLATION_COLUMN!r} holds languages {', '.join(languages)}; pass "
+                f"--source_column {TRANSLATION_COLUMN}.<lang> and --target_column {TRANSLATION_COLUMN}.<lang> "
+                "(or --src_lang and --tgt_lang)"
+            )
+        return f"{TRANSLATION_COLUMN}.{_language_key(cfg.src_lang, languages, '--src_lang', where)}"
+    for src, _ in LAYOUTS:
+        if src in features:
+            return src
+    raise DataError(
+        f"{where}: no known source column (tried {', '.join(s for s, _ in LAYOUTS)}, {TRANSLATION_COLUMN}); "
+        f"pass --source_column and --target_column; columns: {', '.join(column_paths(features))}"
+    )
+
+
+def default_target(
+    features: Mapping[str, Any], cfg: EvalConfig, where: str, source: str, need_targets: bool
+) -> str | None:
+    """The target that goes with `source`: the other language of a translation dict, the partner
+    of a recognised source column, else the first recognised target column present."""
+    languages = _languages(features)
+    if languages and source.startswith(f"{TRANSLATION_COLUMN}."):
+        if cfg.tgt_lang is None:
+            if not need_targets:
+                return None
+            raise DataError(
+                f"{where}: column {TRANSLATION_COLUMN!r} holds languages {', '.join(languages)}; "
+                f"pass --target_column {TRANSLATION_COLUMN}.<lang> (or --tgt_lang)"
+            )
+        return f"{TRANSLATION_COLUMN}.{_language_key(cfg.tgt_lang, languages, '--tgt_lang', where)}"
+    partner = dict(LAYOUTS).get(source)
+    if partner is not None and partner in features:
+        return partner
+    for _, tgt in LAYOUTS:
+        if tgt in features:
+            return tgt
+    return partner
+
+
+def _language_key(code: str, languages: Sequence[str], flag: str, where: str) -> str:
+    """The translation dict's key for a tokenizer language code: exact, else its language part
+    (mBART-50's en_XX and NLLB's eng_Latn name WMT's "en" and "eng")."""
+    if code in languages:
+        return code
+    base = code.replace("-", "_").split("_")[0].lower()
+    if base in languages:
+        return base
+    raise DataError(
+        f"{where}: {flag} {code} is not a language of column {TRANSLATION_COLUMN!r} "
+        f"(it holds {', '.join(languages)}); pass --source_column/--target_column {TRANSLATION_COLUMN}.<lang>"
+    )
+
+
+def _values(ds: Any, path: str) -> list[Any]:
+    """The values at a column path, one per row; None where a nested key is missing in a row."""
+    if path in ds.column_names:
+        return list(ds[path])
+    top, *keys = path.split(".")
+    values = []
+    for value in ds[top]:
+        for key in keys:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        values.append(value)
+    return values
+
+
+def _texts(ds: Any, path: str, where: str) -> list[str]:
+    values = _values(ds, path)
+    for row, value in enumerate(values):
+        if not isinstance(value, str) or not value.strip():
+            raise DataError(f"{where} row {row} column {path!r}: expected a non-empty string, got {_short(value)}")
+    return values
+
+
+def _ids(ds: Any, id_column: str | None, where: str) -> list[ExampleId]:
+    """Ids from --id_column, else an "id" column when present, else the 0-based row number."""
+    column = id_column or ("id" if "id" in ds.column_names else None)
+    if column is None:
+        return list(range(len(ds)))
+    ids = _values(ds, column)
+    first_row: dict[ExampleId, int] = {}
+    for row, value in enumerate(ids):
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise DataError(f"{where} row {row} column {column!r}: an id must be a string or an integer, got {_short(value)}")
+        if value in first_row:
+            raise DataError(
+                f"{where} row {row} column {column!r}: duplicated id {value!r} (first in row {first_row[value]}); "
+                "expected unique ids"
+            )
+        first_row[value] = row
+    return ids
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
