@@ -33,11 +33,27 @@ def slow_case(tiny_model, tmp_path_factory):
     return root, args, reference
 
 
+_LAUNCHED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_processes():
+    """A failed test must not leave a torchrun group running on the 2 shared cores."""
+    yield
+    while _LAUNCHED:
+        proc = _LAUNCHED.pop()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def launch(nproc: int, args: list[str], cwd: Path, tag: str, max_restarts: int = 0) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            f"--max_restarts={max_restarts}", "-m", "seq2seq_eval", *args]
-    return subprocess.Popen(cmd, cwd=cwd, env=_env({"S2S_TEST_TAG": tag}), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=_env({"S2S_TEST_TAG": tag}), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _LAUNCHED.append(proc)
+    return proc
 
 
 def same_result(save: Path, reference: Path) -> None:
