@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         if f.name in _FLAGS:
             parser.add_argument(*names, dest=f.name, action="store_true", help=help_text)
             continue
-        if default not in (None, ""):
+        if default not in (None, "") and "(default" not in help_text:
             help_text += f" (default: {default})"
         kwargs: dict = {"dest": f.name, "type": _field_type(f.name), "default": argparse.SUPPRESS, "help": help_text}
         if f.name == "task":
