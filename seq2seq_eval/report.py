@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
@@ -39,8 +40,12 @@ def write_outputs(
     examples: Sequence[Example],
     records: Sequence[Mapping[str, Any]],
     metrics: Mapping[str, Any] | None,
+    tail_since: float | None = None,
 ) -> list[Path]:
-    """Write every output atomically, so a failure midway leaves no half file behind."""
+    """Write every output atomically, so a failure midway leaves no half file behind. The
+    metric file goes last: its presence means the run completed. With `tail_since` (a
+    perf_counter time), the seconds from then to just before that last write are recorded as
+    throughput.time_breakdown.tail."""
     save_dir = Path(cfg.save_dir)
     save_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -75,8 +80,12 @@ def write_outputs(
         write_atomic(path, "".join(_one_line(e.target or "") + "\n" for e in examples).encode("utf-8"))
         written.append(path)
     if metrics is not None:
-        path = save_dir / f"{cfg.type_path}_{cfg.metric_name}.json"
-        write_atomic(path, dumps(dict(metrics)))
+        metrics = dict(metrics)
+        if tail_since is not None and "throughput" in metrics:
+            metrics["throughput"]["time_breakdown"]["tail"] = time.perf_counter() - tail_since
+        name = f"{cfg.type_path}_{cfg.metric_name}.json" if not cfg.pseudolabels else f"{cfg.type_path}_run_info.json"
+        path = save_dir / name
+        write_atomic(path, dumps(metrics))
         written.append(path)
     return written
 

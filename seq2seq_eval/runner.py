@@ -275,7 +275,7 @@ def _generate_rank(
     records: list[dict[str, Any]] = []
     stats = {
         "rank": env.rank, "examples": 0, "batches": len(mine), "resumed_batches": 0,
-        "generated_tokens": 0, "source_tokens": 0, "padded_source_tokens": 0,
+        "generated_examples": 0, "generated_tokens": 0, "new_generated_tokens": 0, "source_tokens": 0, "padded_source_tokens": 0,
         "generation_seconds": 0.0, "device": str(device),
     }
     bar = tqdm(
@@ -305,6 +305,8 @@ def _generate_rank(
                     batch_records.append(rec)
                 journal.append({"batch": index, "records": batch_records, "seconds": dt})
                 stats["generation_seconds"] += dt
+                stats["generated_examples"] += len(batch.members)
+                stats["new_generated_tokens"] += sum(out.n_tokens)
                 stats["source_tokens"] += sum(len(prep.input_ids[m]) for m in batch.members)
                 stats["padded_source_tokens"] += batch.padded_tokens
             records.extend(batch_records)
@@ -367,10 +369,12 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
         metrics = dict(metric_fns.combine(cfg.task, [r["metric_stats"] for r in records]))
     t_end = time.perf_counter()
     gen_seconds = max(s["generation_seconds"] for s in per_rank)
-    tokens = sum(s["generated_tokens"] for s in per_rank)
+    # Rates cover what this run generated; batches reused from a journal cost no time here.
+    generated = sum(s["generated_examples"] for s in per_rank)
+    tokens = sum(s["new_generated_tokens"] for s in per_rank)
     padded = sum(s["padded_source_tokens"] for s in per_rank)
     throughput = {
-        "samples_per_second": n / gen_seconds if gen_seconds else None,
+        "samples_per_second": generated / gen_seconds if gen_seconds else None,
         "generated_tokens_per_second": tokens / gen_seconds if gen_seconds else None,
         "generation_seconds": gen_seconds,
         "source_padding_efficiency": sum(s["source_tokens"] for s in per_rank) / padded if padded else None,
@@ -389,7 +393,7 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
     summary: dict[str, Any] = dict(metrics or {})
     summary.update({
         "n_obs": n,
-        "seconds_per_sample": gen_seconds / n if n else None,
+        "seconds_per_sample": gen_seconds / generated if generated else None,
         "n_gpus": env.world_size,
         "throughput": throughput,
         "provenance": {
@@ -405,14 +409,8 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
             "device_type": my_stats["device"].split(":")[0],
         },
     })
-    written = write_outputs(cfg, prep.examples.items, records, summary if metrics is not None else None)
-    if cfg.pseudolabels:
-        # No metric file in this mode; the run's figures still go somewhere a script can read.
-        from .runfiles import write_json_atomic
-
-        info = Path(cfg.save_dir) / f"{cfg.type_path}_run_info.json"
-        write_json_atomic(info, summary)
-        written.append(info)
+    # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
+    written = write_outputs(cfg, prep.examples.items, records, summary, tail_since=t_merge)
     if not cfg.debug:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return Outcome(metrics=summary, written=written, table=summary_table(summary, per_rank))
