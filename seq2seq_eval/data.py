@@ -172,6 +172,12 @@ def load_examples(cfg: EvalConfig, main_first: Callable | None = None) -> Exampl
         if path.suffix == ".jsonl" or path.is_file():
             if not path.exists():
                 raise DataError(f"--data_dir {path}: file not found")
+            if path.suffix in (".source", ".target"):
+                # Otherwise read as JSON Lines and reported as "line 1: malformed JSON".
+                raise DataError(
+                    f"--data_dir {path}: a .source/.target file; expected the folder that holds "
+                    f"{cfg.type_path}.source and {cfg.type_path}.target (or a .jsonl file)"
+                )
             examples = load_jsonl(path, need_targets)
         else:
             examples = load_legacy(path, cfg.type_path, need_targets)

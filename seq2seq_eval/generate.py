@@ -229,12 +229,17 @@ class Generator:
         # Seeded per batch, not per rank: sampling options then give the same text whichever
         # rank runs the batch, keeping outputs independent of the world size.
         torch.manual_seed(self.seed + batch_index)
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=input_ids.to(self.device, non_blocking=True),
-                attention_mask=attention.to(self.device, non_blocking=True),
-                generation_config=self.gc,
-            )
+        try:
+            with torch.inference_mode():
+                out = self.model.generate(
+                    input_ids=input_ids.to(self.device, non_blocking=True),
+                    attention_mask=attention.to(self.device, non_blocking=True),
+                    generation_config=self.gc,
+                )
+        except (ValueError, TypeError) as e:
+            # GenerationConfig.validate() passes some values generate() then rejects (max_length 1,
+            # temperature 0 with sampling, a string where a number belongs): one line, not a traceback.
+            raise ConfigError(f"model.generate() rejected the generate options: {_first_line(e)}") from e
         # One transfer per batch; everything after this is host-side.
         sequences = out.sequences.cpu()
         counts = (sequences[:, 1:] != self.pad_id).sum(dim=1).tolist()

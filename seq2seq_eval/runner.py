@@ -281,6 +281,7 @@ def _generate_rank(
     bar = tqdm(
         total=sum(len(prep.batches[i].members) for i in mine),
         desc=f"rank {env.rank}", unit="ex", disable=not (env.is_main or cfg.debug), file=sys.stderr,
+        leave=False,  # the summary table follows; an error line must stand alone
     )
     try:
         for index in mine:

@@ -1,0 +1,198 @@
+"""The bad-input catalogue, through real `python -m seq2seq_eval` processes.
+
+Every bad input must give exactly one line on stderr (`seq2seq_eval: error: ...`) naming the
+file and 1-based line, or the flag and the value; a non-zero exit; no traceback unless --debug;
+and nothing in --save_dir that could be mistaken for a result.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import make_corpus, single, write_legacy
+
+PREFIX = "seq2seq_eval: error: "
+RESULT_PATTERNS = ("*_bleu.json", "*_rouge.json", "*_generations.txt", "*pseudolabel*", "*.pseudo.target")
+
+# Placeholders in the table: {m} the tiny T5, {d} the folder of bad inputs, {ok} a valid data dir.
+# Each case: id, arguments, fragments its one error line must contain, exit code.
+CASES = [
+    # ---- data: legacy .source/.target layout
+    ("missing-data-dir", ["--data_dir", "{d}/nope"], ["--data_dir {d}/nope: no such directory"], 1),
+    ("missing-source", ["--data_dir", "{d}/no_source"],
+     ["{d}/no_source/test.source: file not found", "expected test.source in --data_dir"], 1),
+    ("data-dir-is-a-source-file", ["--data_dir", "{d}/uneven/test.source"],
+     ["--data_dir {d}/uneven/test.source: a .source/.target file", "expected the folder"], 1),
+    ("missing-target", ["--data_dir", "{d}/no_target"],
+     ["{d}/no_target/test.target: file not found", "references"], 1),
+    ("line-counts-differ", ["--data_dir", "{d}/uneven"],
+     ["{d}/uneven/test.target: 2 lines but test.source has 3"], 1),
+    ("empty-source-line", ["--data_dir", "{d}/empty_source"],
+     ["{d}/empty_source/test.source line 2: empty source"], 1),
+    ("empty-reference", ["--data_dir", "{d}/empty_reference"],
+     ["{d}/empty_reference/test.target line 3: empty reference"], 1),
+    ("invalid-utf8", ["--data_dir", "{d}/bad_utf8"],
+     ["{d}/bad_utf8/test.target line 2: invalid UTF-8", "byte 0xff"], 1),
+    # ---- data: JSON Lines (a blank line still counts, as in an editor)
+    ("malformed-jsonl", ["--data_dir", "{d}/malformed.jsonl"], ["{d}/malformed.jsonl line 3: malformed JSON"], 1),
+    ("missing-field", ["--data_dir", "{d}/missing_field.jsonl"],
+     ["{d}/missing_field.jsonl line 2: missing field 'target'"], 1),
+    ("duplicated-id", ["--data_dir", "{d}/dup_id.jsonl"],
+     ["{d}/dup_id.jsonl line 3: duplicated id 'b' (first on line 2)"], 1),
+    # ---- flags (all fail in argument parsing, before torch is imported)
+    ("task-unknown", ["--task", "translate"], ["--task", "'translate'", "translation", "summarization"], 2),
+    ("bs-zero", ["--bs", "0"], ["--bs must be an integer >= 1, got 0"], 2),
+    ("bs-negative", ["--bs", "-3"], ["--bs must be an integer >= 1, got -3"], 2),
+    ("bs-not-a-number", ["--bs", "eight"], ["--bs", "'eight'"], 2),
+    ("bs-no-value", ["--bs"], ["--bs", "expected one argument"], 2),
+    ("max-tokens-zero", ["--max_tokens", "0"], ["--max_tokens must be an integer >= 1, got 0"], 2),
+    ("max-source-length-zero", ["--max_source_length", "0"], ["--max_source_length must be an integer >= 1, got 0"], 2),
+    ("max-source-length-alias", ["--max-source-length", "-1"], ["--max_source_length must be an integer >= 1, got -1"], 2),
+    ("n-obs-zero", ["--n_obs", "0"], ["--n_obs must be an integer >= 1, got 0"], 2),
+    ("num-beams-zero", ["--num_beams", "0"], ["--num_beams must be an integer >= 1, got 0"], 2),
+    ("num-beams-negative", ["--num_beams", "-2"], ["--num_beams must be an integer >= 1, got -2"], 2),
+    ("num-beams-not-a-number", ["--num_beams", "four"], ["--num_beams must be an integer >= 1, got 'four'"], 2),
+    ("num-beams-fraction", ["--num_beams=2.5"], ["--num_beams must be an integer >= 1, got 2.5"], 2),
+    ("sync-timeout-zero", ["--sync_timeout", "0"], ["--sync_timeout must be a number of seconds > 0, got 0"], 2),
+    ("sync-timeout-negative", ["--sync_timeout", "-5"], ["--sync_timeout must be a number of seconds > 0, got -5"], 2),
+    ("sync-timeout-not-a-number", ["--sync_timeout", "soon"], ["--sync_timeout", "'soon'"], 2),
+    ("sync-timeout-nan", ["--sync_timeout", "nan"], ["--sync_timeout must be a number of seconds > 0, got nan"], 2),
+    ("return-sequences-over-beams", ["--num_return_sequences", "3", "--num_beams", "2"],
+     ["--num_return_sequences (3) must not exceed --num_beams (2)"], 2),
+    ("generate-option-no-value", ["--num_beams"], ["--num_beams needs a value"], 2),
+    ("stray-argument", ["--bs", "4", "extra"], ["unexpected argument 'extra'"], 2),
+    # ---- generate options the model config must be read to check
+    ("generate-option-misspelt", ["--num_beem", "4"], ["unknown generate option --num_beem", "--num_beams"], 2),
+    # with prefix matching on, --max_source would silently set --max_source_length
+    ("no-prefix-matching", ["--max_source", "8"], ["unknown generate option --max_source"], 2),
+    # ---- model
+    ("model-path-missing", ["--model_name", "{d}/no_model"], ["--model_name {d}/no_model: no such path"], 1),
+    ("model-gpt2", ["--model_name", "{d}/gpt2"], ["--model_name {d}/gpt2: a 'gpt2' model is not a seq2seq model"], 1),
+    ("model-bert", ["--model_name", "{d}/bert"], ["--model_name {d}/bert: a 'bert' model is not a seq2seq model"], 1),
+    # ---- temp dir: we may run as root, so use a parent that is a regular file rather than permissions
+    ("tmp-dir-not-writable", ["--tmp_dir", "{d}/a_file/tmp"], ["--tmp_dir {d}/a_file/tmp: not writable"], 1),
+]
+
+# Options GenerationConfig.validate() accepts but model.generate() rejects: they can only fail
+# once generation starts, after the model is loaded and the temp dir claimed.
+LATE_CASES = [
+    ("max-length-1", ["--max_length", "1"],
+     ["model.generate() rejected the generate options", "`max_length` is set to 1"], 2),
+]
+
+DEBUG_CASES = [
+    ("debug-data-error", ["--data_dir", "{d}/empty_source", "--debug"],
+     "DataError: {d}/empty_source/test.source line 2: empty source"),
+    ("debug-config-error", ["--bs", "0", "--debug"], "ConfigError: --bs must be an integer >= 1, got 0"),
+]
+
+
+def _write_bad_inputs(d: Path) -> None:
+    d.mkdir(parents=True)
+    write_legacy(d / "no_source", ["unused"], ["unused"])
+    (d / "no_source" / "test.source").unlink()
+    write_legacy(d / "no_target", ["a b", "c d"], None)
+    write_legacy(d / "uneven", ["a", "b", "c"], ["a", "b"])
+    write_legacy(d / "empty_source", ["the cat", "", "a dog"], ["x", "y", "z"])
+    write_legacy(d / "empty_reference", ["the cat", "a dog", "a mat"], ["x", "y", "   "])
+    write_legacy(d / "bad_utf8", ["a", "b", "c"], None)
+    (d / "bad_utf8" / "test.target").write_bytes(b"caf\xc3\xa9\r\nbad \xff byte\r\nok\r\n")
+    (d / "malformed.jsonl").write_text('{"source": "a", "target": "b"}\n\n{"source": "a", "target"\n', encoding="utf-8")
+    (d / "missing_field.jsonl").write_text('{"source": "a", "target": "b"}\n{"source": "c"}\n', encoding="utf-8")
+    (d / "dup_id.jsonl").write_text(
+        "".join('{"id": "%s", "source": "s", "target": "t"}\n' % i for i in ("a", "b", "b")), encoding="utf-8"
+    )
+    (d / "a_file").write_text("a regular file, not a folder\n", encoding="utf-8")
+    _write_not_seq2seq_models(d)
+
+
+def _write_not_seq2seq_models(d: Path) -> None:
+    """A decoder-only and an encoder-only model, as tiny as transformers allows, built offline.
+    Special token ids inside the vocabulary: transformers warns about them otherwise."""
+    import torch
+    from transformers import BertConfig, BertModel, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2,
+                               bos_token_id=0, eos_token_id=0)).save_pretrained(d / "gpt2")
+    BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, max_position_embeddings=32)).save_pretrained(d / "bert")
+
+
+@pytest.fixture(scope="module")
+def names(tiny_model, tmp_path_factory) -> dict[str, Path]:
+    """What the table's placeholders stand for."""
+    root = tmp_path_factory.mktemp("bad_inputs")
+    _write_bad_inputs(root / "inputs")
+    src, tgt = make_corpus(3, seed=4)
+    return {"m": tiny_model, "d": root / "inputs", "ok": write_legacy(root / "ok", src, tgt), "root": root}
+
+
+@pytest.fixture(scope="module")
+def runs(names) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Every case once. Each is a fresh interpreter that imports torch (a few seconds), so they
+    run side by side; the processes share nothing but the read-only inputs."""
+    root = names["root"]
+
+    def launch(case_id: str, args: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+        save = root / f"save_{case_id}"
+        argv = ["--model_name", "{m}", "--data_dir", "{ok}", *args, "--save_dir", str(save)]
+        # Later flags win in argparse, so a case's own --model_name/--data_dir replace the defaults.
+        return single([a.format(**names) for a in argv], cwd=root, timeout=180), save
+
+    table = [(c[0], c[1]) for c in CASES + LATE_CASES + DEBUG_CASES]
+    workers = min(4, (os.cpu_count() or 1) + 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {case_id: pool.submit(launch, case_id, args) for case_id, args in table}
+        return {case_id: f.result() for case_id, f in futures.items()}
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _assert_no_results(save: Path) -> None:
+    found = [p.name for pattern in RESULT_PATTERNS for p in save.glob(pattern)] if save.exists() else []
+    assert found == [], f"a failed run left result-like files in {save}: {found}"
+
+
+@pytest.mark.parametrize("case_id, args, fragments, exit_code", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gives_one_clear_line(runs, names, case_id, args, fragments, exit_code):
+    proc, save = runs[case_id]
+    lines = _lines(proc.stderr)
+    assert len(lines) == 1, f"expected one stderr line, got:\n{proc.stderr}"
+    line = lines[0]
+    assert line.startswith(PREFIX), line
+    for fragment in fragments:
+        assert fragment.format(**names) in line, f"{fragment.format(**names)!r} not in {line!r}"
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == exit_code, f"exit {proc.returncode}: {line}"
+    assert proc.stdout.strip() == ""
+    _assert_no_results(save)
+
+
+@pytest.mark.parametrize("case_id, args, fragments, exit_code", LATE_CASES, ids=[c[0] for c in LATE_CASES])
+def test_generate_rejects_an_option(runs, names, case_id, args, fragments, exit_code):
+    """No traceback and no result; the last line is the error. (Rank 0's progress bar has
+    started by then and leaves its own line: runner.py closes it before the error is printed.)"""
+    proc, save = runs[case_id]
+    line = _lines(proc.stderr)[-1]
+    assert line.startswith(PREFIX), proc.stderr
+    for fragment in fragments:
+        assert fragment in line, f"{fragment!r} not in {line!r}"
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == exit_code
+    _assert_no_results(save)
+
+
+@pytest.mark.parametrize("case_id, args, exception", DEBUG_CASES, ids=[c[0] for c in DEBUG_CASES])
+def test_debug_shows_the_traceback(runs, names, case_id, args, exception):
+    proc, save = runs[case_id]
+    assert proc.returncode != 0
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert exception.format(**names) in proc.stderr
+    _assert_no_results(save)

@@ -1,0 +1,209 @@
+"""Planning is a pure function of (lengths, settings, world size): tested with no model."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import pytest
+
+from seq2seq_eval.plan import (
+    Batch,
+    assign_batches,
+    estimate_cost,
+    make_batches,
+    padding_efficiency,
+    plan_digest,
+    sort_by_length,
+)
+
+
+def members(batches: list[Batch]) -> list[tuple[int, ...]]:
+    return [b.members for b in batches]
+
+
+def random_lengths(seed: int, n: int = 60) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randint(1, 50) for _ in range(n)]
+
+
+def batch(index: int, cost: float) -> Batch:
+    return Batch(index=index, members=(index,), padded_len=1, cost=cost)
+
+
+# ---------------------------------------------------------------- make_batches
+
+
+def test_sort_longest_first_ties_by_position():
+    assert sort_by_length([3, 1, 4, 1, 5]) == [4, 2, 0, 1, 3]
+    assert sort_by_length([2, 2, 2]) == [0, 1, 2]
+    assert sort_by_length([]) == []
+
+
+@pytest.mark.parametrize(
+    "lengths, bs, expected, padded",
+    [
+        ([3, 1, 4, 1, 5], 2, [(4, 2), (0, 1), (3,)], [5, 3, 1]),
+        ([3, 1, 4, 1, 5], 5, [(4, 2, 0, 1, 3)], [5]),
+        ([3, 1, 4, 1, 5], 9, [(4, 2, 0, 1, 3)], [5]),
+        ([3, 1, 4, 1, 5], 1, [(4,), (2,), (0,), (1,), (3,)], [5, 4, 3, 1, 1]),
+        ([7], 4, [(0,)], [7]),
+        ([], 4, [], []),
+    ],
+)
+def test_fixed_batch_size(lengths, bs, expected, padded):
+    batches = make_batches(lengths, bs=bs)
+    assert members(batches) == expected
+    assert [b.padded_len for b in batches] == padded
+    assert [b.index for b in batches] == list(range(len(expected)))
+
+
+@pytest.mark.parametrize(
+    "lengths, max_tokens, expected",
+    [
+        # 5 alone (2*5 > 8); 4+3 pad to 4: 2*4 = 8 fits exactly; the 1s pad to 1
+        ([5, 4, 3, 1, 1], 8, [(0,), (1, 2), (3, 4)]),
+        # 4+3 would pad to 8 > 7; 3+1 pads to 6; a third member would pad to 9
+        ([5, 4, 3, 1, 1], 7, [(0,), (1,), (2, 3), (4,)]),
+        ([5, 4, 3, 1, 1], 100, [(0, 1, 2, 3, 4)]),
+        # an example longer than the budget still gets a batch of its own
+        ([2, 20, 2], 10, [(1,), (0, 2)]),
+        ([20, 30], 10, [(1,), (0,)]),
+        ([4, 4, 4, 4], 8, [(0, 1), (2, 3)]),
+    ],
+)
+def test_token_budget(lengths, max_tokens, expected):
+    assert members(make_batches(lengths, max_tokens=max_tokens)) == expected
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("mode", [{"bs": 7}, {"max_tokens": 120}, {"max_tokens": 30}])
+def test_batch_invariants(seed, mode):
+    lengths = random_lengths(seed)
+    batches = make_batches(lengths, **mode)
+    flat = [i for b in batches for i in b.members]
+    assert sorted(flat) == list(range(len(lengths)))  # every example exactly once
+    assert flat == sort_by_length(lengths)  # batches are consecutive runs of the sorted order
+    for b in batches:
+        assert b.padded_len == max(lengths[i] for i in b.members) == lengths[b.members[0]]
+        if "max_tokens" in mode and len(b.members) > 1:
+            assert b.padded_tokens <= mode["max_tokens"]
+        if "bs" in mode:
+            assert len(b.members) <= mode["bs"]
+    assert [b.padded_len for b in batches] == sorted((b.padded_len for b in batches), reverse=True)
+    assert make_batches(list(lengths), **mode) == batches  # deterministic
+
+
+def test_budget_batches_are_full():
+    """Greedy: a batch is closed only when the next example would break the budget."""
+    lengths = random_lengths(7)
+    batches = make_batches(lengths, max_tokens=60)
+    for b, nxt in zip(batches, batches[1:]):
+        assert (len(b.members) + 1) * b.padded_len > 60
+
+
+def test_exactly_one_of_bs_and_max_tokens():
+    with pytest.raises(ValueError, match="exactly one"):
+        make_batches([1, 2], bs=2, max_tokens=10)
+    with pytest.raises(ValueError, match="exactly one"):
+        make_batches([1, 2])
+
+
+def test_cost_estimate_hand_checked():
+    # encoder 2*256 = 512; decoder 2 rows * 4 beams * 10 steps * (1 + 256/256) = 160
+    assert estimate_cost(2, 256, 10, 4) == 672
+    assert estimate_cost(1, 0, 0, 1) == 0
+    b = make_batches([256, 256], bs=2, out_ratio=0.5, out_cap=10, beams=4)[0]
+    assert b.cost == 672  # out_len = min(256 * 0.5, 10)
+
+
+def test_costlier_batches_for_longer_sources():
+    costs = [b.cost for b in make_batches(random_lengths(3), bs=4, beams=2)]
+    assert costs == sorted(costs, reverse=True)
+
+
+# ---------------------------------------------------------------- world size and ranks
+
+
+def test_batches_do_not_depend_on_world_size():
+    """The global plan is cut before ranks exist; ranks only receive whole batches of it."""
+    lengths = random_lengths(11, n=23)
+    batches = make_batches(lengths, bs=4)
+    for world_size in (1, 2, 3, 5, 8):
+        deal = assign_batches(batches, world_size)
+        dealt = sorted(i for rank in deal for i in rank)
+        assert dealt == list(range(len(batches)))
+        assert sorted(i for rank in deal for b in rank for i in batches[b].members) == list(range(23))
+
+
+@pytest.mark.parametrize(
+    "costs, world_size, expected",
+    [
+        # 5 -> r0; 4 -> r1; 3 -> r1 (4 < 5); 3 -> r0 (5 < 7); 2 -> r1 (7 < 8): loads 8 and 9
+        ([5, 4, 3, 3, 2], 2, [[0, 3], [1, 2, 4]]),
+        # equal costs and loads: lower batch index first, to the lower rank
+        ([1, 1, 1, 1], 2, [[0, 2], [1, 3]]),
+        # costliest first, whatever the batch index
+        ([1, 9, 4], 2, [[1], [2, 0]]),
+        ([1, 9, 4], 1, [[1, 2, 0]]),
+        # more ranks than batches: the others stay empty (and still write a rank file)
+        ([2, 1], 4, [[0], [1], [], []]),
+        ([], 2, [[], []]),
+    ],
+)
+def test_assign_batches_hand_checked(costs, world_size, expected):
+    batches = [batch(i, c) for i, c in enumerate(costs)]
+    assert assign_batches(batches, world_size) == expected
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("world_size", [2, 3, 7])
+def test_assign_batches_balanced(seed, world_size):
+    batches = make_batches(random_lengths(seed, n=80), bs=3, beams=4)
+    deal = assign_batches(batches, world_size)
+    assert sorted(i for rank in deal for i in rank) == [b.index for b in batches]
+    loads = [sum(batches[i].cost for i in rank) for rank in deal]
+    # LPT: the fullest rank took its last batch while it was the emptiest one
+    assert max(loads) - min(loads) <= max(b.cost for b in batches)
+    for rank in deal:  # each rank runs its costliest batches first
+        assert [batches[i].cost for i in rank] == sorted((batches[i].cost for i in rank), reverse=True)
+    assert assign_batches(list(batches), world_size) == deal
+
+
+def test_assign_batches_rejects_no_ranks():
+    with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
+        assign_batches([batch(0, 1.0)], 0)
+
+
+# ---------------------------------------------------------------- digest and padding
+
+
+def test_plan_digest_is_sha256_of_compact_member_lists():
+    batches = make_batches([3, 1, 4, 1, 5], bs=2)
+    assert plan_digest(batches) == hashlib.sha256(b"[[4,2],[0,1],[3]]").hexdigest()
+
+
+def test_plan_digest_depends_on_members_only():
+    batches = make_batches([3, 1, 4, 1, 5], bs=2)
+    recosted = [Batch(b.index, b.members, b.padded_len * 2, b.cost + 1) for b in batches]
+    assert plan_digest(recosted) == plan_digest(batches)
+    assert plan_digest(make_batches([3, 1, 4, 1, 5], bs=2, beams=5)) == plan_digest(batches)
+    assert plan_digest(make_batches([3, 1, 4, 1, 5], bs=3)) != plan_digest(batches)
+    assert plan_digest(make_batches([1, 3, 4, 1, 5], bs=2)) != plan_digest(batches)
+
+
+@pytest.mark.parametrize(
+    "lengths, mode, expected",
+    [
+        # [5,4] pads to 10, [3,1] to 6, [1] to 1: 14 real tokens of 17
+        ([5, 4, 3, 1, 1], {"bs": 2}, 14 / 17),
+        ([5, 4, 3, 1, 1], {"bs": 1}, 1.0),
+        ([5, 4, 3, 1, 1], {"bs": 5}, 14 / 25),
+        ([4, 4, 4], {"bs": 3}, 1.0),
+        # [5] 5, [4,3] 8, [1,1] 2
+        ([5, 4, 3, 1, 1], {"max_tokens": 8}, 14 / 15),
+        ([], {"bs": 2}, 1.0),
+    ],
+)
+def test_padding_efficiency_hand_checked(lengths, mode, expected):
+    assert padding_efficiency(make_batches(lengths, **mode), lengths) == pytest.approx(expected)

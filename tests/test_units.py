@@ -1,0 +1,442 @@
+"""Small unit tests: CLI parsing, config checks, the rank environment, line reading, the temp
+dir's atomic files and journals, the merge by id and the wait for rank files. No model."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from seq2seq_eval import runfiles
+from seq2seq_eval.cli import build_config, build_parser, parse_generate_kwargs
+from seq2seq_eval.config import EMBEDDED_DATA, EvalConfig, field_docs, parse_value
+from seq2seq_eval.data import read_lines
+from seq2seq_eval.dist import DistEnv, dist_env
+from seq2seq_eval.errors import ConfigError, DataError, EvalError, MergeError, SyncTimeoutError
+from seq2seq_eval.merge import merge_by_id
+from seq2seq_eval.runfiles import (
+    Journal,
+    journal_file,
+    rank_file,
+    read_journals,
+    read_rank_output,
+    wait_for_rank_files,
+    write_atomic,
+    write_rank_output,
+)
+
+# ---------------------------------------------------------------- generate options
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("4", 4), ("-2", -2), ("0.6", 0.6), ("1e3", 1000.0), ("true", True), ("False", False),
+        ("none", None), ("None", None), ("beam", "beam"), ("nan", "nan"), ("inf", "inf"), ("", ""),
+    ],
+)
+def test_parse_value(text, value):
+    parsed = parse_value(text)
+    assert parsed == value and type(parsed) is type(value)
+
+
+@pytest.mark.parametrize(
+    "rest, expected",
+    [
+        ([], ()),
+        (["--num_beams", "4"], (("num_beams", 4),)),
+        (["--length_penalty", "0.6", "--early_stopping", "true"], (("length_penalty", 0.6), ("early_stopping", True))),
+        (["--num_beams=4"], (("num_beams", 4),)),
+        (["--length-penalty=-1.5"], (("length_penalty", -1.5),)),
+        (["--suppress_tokens", "None"], (("suppress_tokens", None),)),
+        (["--prompt=a=b"], (("prompt", "a=b"),)),  # only the first "=" separates
+        (["--temperature", "-0.5"], (("temperature", -0.5),)),  # a negative number is a value
+    ],
+)
+def test_parse_generate_kwargs(rest, expected):
+    assert parse_generate_kwargs(rest) == expected
+
+
+@pytest.mark.parametrize(
+    "rest, message",
+    [
+        (["--num_beams"], "--num_beams needs a value"),
+        (["--num_beams", "--max_length", "5"], "--num_beams needs a value"),
+        (["beam"], "unexpected argument 'beam'"),
+        (["--num_beams", "4", "5"], "unexpected argument '5'"),
+        (["--"], "unexpected argument '--'"),
+    ],
+)
+def test_parse_generate_kwargs_errors(rest, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_generate_kwargs(rest)
+
+
+# ---------------------------------------------------------------- build_config
+
+
+def test_defaults_come_from_the_config_class():
+    assert build_config([]) == EvalConfig()
+    helps = {a.dest: a.help for a in build_parser()._actions}
+    docs = field_docs()
+    for f in dataclasses.fields(EvalConfig):
+        if f.name != "generate_kwargs" and f.default not in (None, "", False):
+            # the value itself, unless the field's docstring already words its default
+            expected = "(default: " if "(default" in docs[f.name] else f"(default: {f.default})"
+            assert expected in helps[f.name], f.name
+
+
+@pytest.mark.parametrize(
+    "argv, field, value",
+    [
+        (["--max-source-length", "12"], "max_source_length", 12),
+        (["--max_source_length", "12"], "max_source_length", 12),
+        (["--num-return-sequences", "2"], "num_return_sequences", 2),
+        (["--sync-timeout", "2.5"], "sync_timeout", 2.5),
+        (["--dry-run"], "dry_run", True),
+        (["--bs", "3", "--bs", "5"], "bs", 5),  # the last one wins, as in any argparse CLI
+        (["--n_obs", "7"], "n_obs", 7),
+    ],
+)
+def test_build_config_fields(argv, field, value):
+    assert getattr(build_config(argv), field) == value
+
+
+def test_build_config_generate_options_use_underscores():
+    cfg = build_config(["--bs", "2", "--num-beams", "3", "--no_repeat_ngram_size=2"])
+    assert cfg.bs == 2
+    assert cfg.gen_kwargs == {"num_beams": 3, "no_repeat_ngram_size": 2}
+
+
+@pytest.mark.parametrize(
+    "argv, leftover",
+    [
+        (["--max_source", "8"], ("max_source", 8)),  # not --max_source_length
+        (["--n", "3"], ("n", 3)),  # not --n_obs
+        (["--sync", "1"], ("sync", 1)),  # not --sync_timeout
+    ],
+)
+def test_no_prefix_matching(argv, leftover):
+    """allow_abbrev=False: an abbreviation is an (unknown) generate option, never a real flag."""
+    cfg = build_config(argv)
+    assert cfg.generate_kwargs == (leftover,)
+    assert (cfg.max_source_length, cfg.n_obs, cfg.sync_timeout) == (1024, None, 600.0)
+
+
+def test_abbreviated_switch_needs_a_value():
+    with pytest.raises(ConfigError, match="--dry needs a value"):
+        build_config(["--dry"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--task", "qa"], r"argument --task: invalid choice: 'qa'"),
+        (["--bs", "x"], r"argument --bs: invalid int value: 'x'"),
+        (["--bs"], r"argument --bs: expected one argument"),
+    ],
+)
+def test_argparse_errors_are_config_errors(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config(argv)
+
+
+# ---------------------------------------------------------------- EvalConfig checks
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"task": "qa"}, r"--task must be one of translation, summarization, got 'qa'"),
+        ({"bs": 0}, r"--bs must be an integer >= 1, got 0"),
+        ({"bs": True}, r"--bs must be an integer >= 1, got True"),
+        ({"bs": 2.0}, r"--bs must be an integer >= 1, got 2.0"),
+        ({"max_tokens": 0}, r"--max_tokens must be an integer >= 1, got 0"),
+        ({"max_source_length": -1}, r"--max_source_length must be an integer >= 1, got -1"),
+        ({"n_obs": 0}, r"--n_obs must be an integer >= 1, got 0"),
+        ({"num_return_sequences": 0}, r"--num_return_sequences must be an integer >= 1, got 0"),
+        ({"sync_timeout": 0}, r"--sync_timeout must be a number of seconds > 0, got 0"),
+        ({"sync_timeout": -1.5}, r"--sync_timeout must be a number of seconds > 0, got -1.5"),
+        ({"sync_timeout": float("inf")}, r"--sync_timeout must be a number of seconds > 0, got inf"),
+        ({"sync_timeout": "10"}, r"--sync_timeout must be a number of seconds > 0, got '10'"),
+        ({"fp16": True, "bf16": True}, r"--fp16 and --bf16 are mutually exclusive"),
+        ({"generate_kwargs": (("num_beams", 2), ("num_beams", 3))}, r"a generate option was given twice"),
+        ({"generate_kwargs": (("num_beams", 0),)}, r"--num_beams must be an integer >= 1, got 0"),
+        ({"generate_kwargs": (("num_beams", True),)}, r"--num_beams must be an integer >= 1, got True"),
+        ({"generate_kwargs": (("num_beams", "4"),)}, r"--num_beams must be an integer >= 1, got '4'"),
+        ({"num_return_sequences": 4, "generate_kwargs": (("num_beams", 2),)},
+         r"--num_return_sequences \(4\) must not exceed --num_beams \(2\)"),
+        ({"pseudo_target": True}, r"--pseudo_target needs --num_return_sequences >= 2"),
+        ({"split": "train"}, r"--dataset_config/--split/--\*_column need --dataset"),
+        ({"source_column": "src"}, r"need --dataset"),
+    ],
+)
+def test_config_errors(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        EvalConfig(**kwargs)
+
+
+def test_config_derived_defaults():
+    cfg = EvalConfig(save_dir="out/")
+    assert cfg.tmp_dir == "out_tmp"
+    assert cfg.data_dir == str(EMBEDDED_DATA["translation"])
+    assert EvalConfig(task="summarization").data_dir == str(EMBEDDED_DATA["summarization"])
+    assert EvalConfig(dataset="x").data_dir == ""
+    assert EvalConfig(tmp_dir="t").tmp_dir == "t"
+    assert EvalConfig(num_return_sequences=2).pseudolabels
+    assert EvalConfig(task="summarization").metric_name == "rouge"
+    # num_return_sequences equal to num_beams is fine; so is any count without --num_beams
+    EvalConfig(num_return_sequences=3, generate_kwargs=(("num_beams", 3),))
+    EvalConfig(num_return_sequences=5)
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EvalConfig().bs = 4  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------- dist_env
+
+
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, DistEnv()),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, DistEnv(1, 1, 2, "torchrun", 0)),
+        ({"RANK": "3", "WORLD_SIZE": "4"}, DistEnv(3, 0, 4, "torchrun", 0)),
+        ({"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "2"}, DistEnv(0, 0, 2, "torchrun", 2)),
+        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}, DistEnv(2, 0, 4, "slurm", 0)),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, DistEnv(1, 0, 2, "slurm", 0)),
+        # torchrun inside a SLURM allocation: torchrun's variables describe this process
+        ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, DistEnv(1, 0, 2, "torchrun", 0)),
+    ],
+)
+def test_dist_env(environ, expected):
+    assert dist_env(environ) == expected
+
+
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is outside world size 2"),
+        ({"RANK": "-1", "WORLD_SIZE": "2"}, "rank -1 is outside world size 2"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "rank 0 is outside world size 0"),
+        ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, "rank 4 is outside world size 4"),
+        ({"RANK": "one", "WORLD_SIZE": "2"}, "environment variable RANK must be an integer, got 'one'"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": ""}, "environment variable SLURM_NTASKS must be an integer, got ''"),
+    ],
+)
+def test_dist_env_errors(environ, message):
+    with pytest.raises(ConfigError, match=message):
+        dist_env(environ)
+
+
+def test_dist_env_reads_the_process_environment(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(key, raising=False)
+    assert dist_env() == DistEnv()
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    env = dist_env()
+    assert (env.rank, env.world_size, env.is_main) == (1, 3, False)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(ConfigError, match="rank 3 is outside world size 3"):
+        dist_env()
+
+
+# ---------------------------------------------------------------- read_lines
+
+
+@pytest.mark.parametrize(
+    "raw, lines",
+    [
+        (b"a\nb\n", ["a", "b"]),
+        (b"a\nb", ["a", "b"]),  # no final newline
+        (b"", []),
+        (b"\n", [""]),
+        (b"a\n\nb\n", ["a", "", "b"]),
+        (b"a\r\nb\r\n", ["a", "b"]),  # CRLF
+        (b"\xef\xbb\xbfa\nb\n", ["a", "b"]),  # BOM stripped
+        ("one\u2028two\nthree\u0085four\x0cfive\n".encode(), ["one\u2028two", "three\u0085four\x0cfive"]),
+        ("caf\u00e9 \u00fcber\n".encode(), ["caf\u00e9 \u00fcber"]),
+    ],
+)
+def test_read_lines(tmp_path, raw, lines):
+    path = tmp_path / "f.txt"
+    path.write_bytes(raw)
+    assert read_lines(path) == lines
+
+
+def test_read_lines_names_the_bad_line(tmp_path):
+    path = tmp_path / "f.txt"
+    path.write_bytes(b"ok\nfine\r\nbad \xc3(\n")
+    with pytest.raises(DataError, match=r"f\.txt line 3: invalid UTF-8 \(byte 0xc3 at column 5\)"):
+        read_lines(path)
+
+
+def test_read_lines_missing_file(tmp_path):
+    with pytest.raises(DataError, match=r"nope\.txt: file not found"):
+        read_lines(tmp_path / "nope.txt")
+
+
+# ---------------------------------------------------------------- write_atomic
+
+
+def test_write_atomic_replaces_and_leaves_no_temp_file(tmp_path):
+    path = tmp_path / "out.json"
+    write_atomic(path, b"old\n")
+    write_atomic(path, b"new\n")
+    assert path.read_bytes() == b"new\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_write_atomic_missing_folder(tmp_path):
+    path = tmp_path / "no_such_dir" / "out.json"
+    with pytest.raises(EvalError, match=r"no_such_dir/out\.json: cannot write \(No such file or directory\)"):
+        write_atomic(path, b"x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_atomic_keeps_the_old_file_when_the_disk_is_full(tmp_path, monkeypatch):
+    path = tmp_path / "out.json"
+    write_atomic(path, b"old\n")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(runfiles.os, "fsync", full)
+    with pytest.raises(EvalError, match=r"out\.json: cannot write \(disk full\); the previous version, if any, is unchanged"):
+        write_atomic(path, b"new, never complete\n")
+    assert path.read_bytes() == b"old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+# ---------------------------------------------------------------- journals
+
+
+def entry(batch_index: int, ids: list[int]) -> dict:
+    return {"batch": batch_index, "records": [{"id": i, "pred": f"p{i}"} for i in ids], "seconds": 0.5}
+
+
+def test_journal_appends_and_reads_back(tmp_path):
+    journal = Journal(journal_file(tmp_path, 0))
+    journal.append(entry(2, [4, 5]))
+    journal.append(entry(0, [0, 1]))
+    journal.close()
+    other = Journal(journal_file(tmp_path, 1))
+    other.append(entry(1, [2, 3]))
+    other.close()
+    done = read_journals(tmp_path)
+    assert sorted(done) == [0, 1, 2]
+    assert done[2] == entry(2, [4, 5])
+    assert done[1]["records"][1] == {"id": 3, "pred": "p3"}
+
+
+def test_journal_drops_a_torn_last_line_on_reopen(tmp_path):
+    path = journal_file(tmp_path, 0)
+    journal = Journal(path)
+    journal.append(entry(0, [0]))
+    journal.close()
+    complete = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b'{"batch": 1, "records": [{"id": 1, "pr')  # a crash mid-write
+    journal = Journal(path)
+    assert path.read_bytes() == complete
+    journal.append(entry(1, [1]))
+    journal.close()
+    assert len(path.read_bytes().splitlines()) == 2
+    assert sorted(read_journals(tmp_path)) == [0, 1]
+
+
+def test_read_journals_skips_unreadable_lines(tmp_path):
+    lines = [
+        json.dumps(entry(0, [0])),
+        "not json at all",
+        json.dumps({"records": []}),  # no batch index
+        json.dumps({"batch": "two"}),
+        '{"batch": 3, "records": [',  # torn
+        json.dumps(entry(4, [4])),
+    ]
+    journal_file(tmp_path, 0).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    journal_file(tmp_path, 1).write_bytes(b"\xff\xfe garbage\n" + json.dumps(entry(5, [5])).encode() + b"\n")
+    assert sorted(read_journals(tmp_path)) == [0, 4, 5]
+
+
+def test_read_journals_of_an_empty_folder(tmp_path):
+    assert read_journals(tmp_path) == {}
+
+
+# ---------------------------------------------------------------- merge by id
+
+
+def rank_outputs(tmp_path: Path, per_rank: list[list[object]]):
+    """Real rank files, written and read back the way the runner does."""
+    outs = []
+    for rank, ids in enumerate(per_rank):
+        path = write_rank_output(tmp_path, rank, [{"id": i, "pred": f"p{i}"} for i in ids], {"rank": rank})
+        assert path == rank_file(tmp_path, rank)
+        outs.append(read_rank_output(path, rank))
+    return outs
+
+
+def test_merge_orders_by_plan_not_by_rank(tmp_path):
+    outs = rank_outputs(tmp_path, [[3, 0], [], [2, 1, 4]])
+    merged = merge_by_id(outs, [0, 1, 2, 3, 4])
+    assert [r["id"] for r in merged] == [0, 1, 2, 3, 4]
+    assert [r["pred"] for r in merged] == ["p0", "p1", "p2", "p3", "p4"]
+
+
+def test_merge_string_ids(tmp_path):
+    outs = rank_outputs(tmp_path, [["b"], ["a", "c"]])
+    assert [r["id"] for r in merge_by_id(outs, ["a", "b", "c"])] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    "per_rank, planned, message",
+    [
+        ([[0, 1, 1], [2]], [0, 1, 2], r"rank_0_output\.json: example id 1 appears twice"),
+        ([[0, 1], [2, 1]], [0, 1, 2], r"rank_1_output\.json: example id 1 appears again \(first in rank_0_output\.json\)"),
+        ([[0, 1], [3]], [0, 1, 2, 3], r"rank files are missing example id\(s\) 2$"),
+        ([[0, 1], [2, 99]], [0, 1, 2], r"rank_1_output\.json: example id\(s\) 99 are not in the evaluated data"),
+        ([["a"], ["b"]], ["a", "b", "c"], r"missing example id\(s\) 'c'"),
+        # an int is not the string of its digits (ids keep their JSON type)
+        ([[0], [1]], ["0", "1"], r"rank_0_output\.json: example id\(s\) 0, 1 are not in the evaluated data"),
+        ([list(range(5)), []], list(range(20)), r"missing example id\(s\) 5, 6, .*, 14, \.\.\. \(15 in all\)"),
+    ],
+    ids=["twice-in-one-file", "again-in-another-file", "missing", "unexpected", "missing-string-id",
+         "int-vs-string-id", "many-missing"],
+)
+def test_merge_errors_name_the_id_and_the_file(tmp_path, per_rank, planned, message):
+    with pytest.raises(MergeError, match=message):
+        merge_by_id(rank_outputs(tmp_path, per_rank), planned)
+
+
+# ---------------------------------------------------------------- waiting for rank files
+
+
+def test_wait_returns_when_every_rank_file_exists(tmp_path):
+    rank_outputs(tmp_path, [[0], [1]])
+    assert wait_for_rank_files(tmp_path, 2, timeout_s=5) == [rank_file(tmp_path, 0), rank_file(tmp_path, 1)]
+
+
+def test_wait_times_out_naming_the_missing_ranks(tmp_path):
+    rank_outputs(tmp_path, [[0], [1]])
+    start = time.monotonic()
+    with pytest.raises(SyncTimeoutError, match=r"waited 0\.3 s \(--sync_timeout\) for rank files; missing from rank\(s\) 2, 3; hi$"):
+        wait_for_rank_files(tmp_path, 4, timeout_s=0.3, describe_missing=lambda missing: "; hi")
+    assert 0.3 <= time.monotonic() - start < 2.0
+
+
+def test_waiting_costs_almost_no_cpu(tmp_path):
+    wall0, cpu0 = time.monotonic(), time.process_time()
+    with pytest.raises(SyncTimeoutError, match=r"missing from rank\(s\) 0, 1, 2$"):
+        wait_for_rank_files(tmp_path, 3, timeout_s=1.5)
+    wall, cpu = time.monotonic() - wall0, time.process_time() - cpu0
+    assert wall >= 1.5
+    assert cpu < 0.05 * wall, f"{cpu:.3f} s of CPU over {wall:.2f} s of waiting"
