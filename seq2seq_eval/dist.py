@@ -56,6 +56,8 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
             if "TORCHELASTIC_RESTART_COUNT" in environ
             else 0,
         )
+    elif "RANK" in environ or "WORLD_SIZE" in environ:
+        raise ConfigError("RANK and WORLD_SIZE must be set together (torchrun sets both); got only one")
     elif "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
         env = DistEnv(
             rank=_int(environ, "SLURM_PROCID"),
