@@ -313,9 +313,13 @@ def rouge_from_example_scores(
     rng = np.random.default_rng(seed)
     resampled = np.empty((n_resamples, len(ROUGE_KEYS)), dtype=np.float64)
     # One resample at a time keeps memory at O(n) (drawing all at once would need
-    # n_resamples * n indices) and fixes which random draws feed which resample.
+    # n_resamples * n indices) and fixes which random draws feed which resample. A resample's
+    # mean is taken as (how often each example was drawn) @ scores / n: one bincount and one
+    # matrix-vector product, about 5x faster than gathering the drawn rows (the interval is
+    # most of rank 0's tail on a 100k-example run).
     for r in range(n_resamples):
-        resampled[r] = matrix[rng.integers(0, n, size=n)].mean(axis=0)
+        counts = np.bincount(rng.integers(0, n, size=n), minlength=n)
+        resampled[r] = (counts @ matrix) / n
     low, high = np.percentile(resampled, [2.5, 97.5], axis=0)
     return RougeResult(
         scores=means,

@@ -236,7 +236,9 @@ class RankOutput:
 
 def write_rank_output(tmp_dir: Path, rank: int, records: Sequence[Mapping[str, Any]], stats: Mapping[str, Any]) -> Path:
     path = rank_file(tmp_dir, rank)
-    write_json_atomic(path, {"rank": rank, "records": list(records), "stats": dict(stats)})
+    # Compact: a machine-read file on rank 0's critical path (100k records parse in well under 1 s).
+    payload = {"rank": rank, "records": list(records), "stats": dict(stats)}
+    write_atomic(path, json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
     return path
 
 
