@@ -22,9 +22,16 @@ class BatchOutput:
     n_tokens: list[int]  # generated tokens per example, summed over its candidates
 
 
-def _looks_local(name: str) -> bool:
-    """A hub name is "name" or "org/name"; anything else can only be meant as a path."""
-    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith("/")
+def _model_path(cfg: EvalConfig) -> str:
+    """The --model_name to hand to from_pretrained. A hub name is "name" or "org/name"; anything
+    else can only be meant as a local path, and a missing one is reported as such (rather than as
+    a failed hub lookup)."""
+    name = cfg.model_name
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith("/")
+    path = os.path.expanduser(name)
+    if looks_local and not os.path.exists(path):
+        raise ModelError(f"--model_name {name}: no such path; expected a model folder or a hub model name")
+    return path
 
 
 def resolve_device(local_rank: int) -> "Any":
@@ -38,13 +45,10 @@ def resolve_device(local_rank: int) -> "Any":
 def load_tokenizer(cfg: EvalConfig) -> Any:
     from transformers import AutoTokenizer
 
-    name = cfg.model_name
-    if _looks_local(name) and not os.path.exists(os.path.expanduser(name)):
-        raise ModelError(f"--model_name {name}: no such path; expected a model folder or a hub model name")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(name))
+        tokenizer = AutoTokenizer.from_pretrained(_model_path(cfg))
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"--model_name {name}: cannot load a tokenizer ({_first_line(e)})") from e
+        raise ModelError(f"--model_name {cfg.model_name}: cannot load a tokenizer ({_first_line(e)})") from e
     if cfg.src_lang is not None:
         _set_lang(tokenizer, "src_lang", cfg.src_lang)
     if cfg.tgt_lang is not None:
@@ -101,9 +105,7 @@ def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
     from transformers import AutoConfig, GenerationConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
 
-    name = os.path.expanduser(cfg.model_name)
-    if _looks_local(cfg.model_name) and not os.path.exists(name):
-        raise ModelError(f"--model_name {cfg.model_name}: no such path; expected a model folder or a hub model name")
+    name = _model_path(cfg)
     try:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError, KeyError) as e:
