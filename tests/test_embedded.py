@@ -1,0 +1,65 @@
+"""The embedded default: the shipped model on the shipped sample sets, through real ranks.
+
+A model that gets its examples right turns a misaligned merge or a lost example into a visible
+drop in score, which the random test model cannot do.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from conftest import REPO, _env, assert_ok, metric_values, metrics_of, torchrun
+
+MODEL = REPO / "data_samples" / "model"
+BARS = {"translation": ("bleu", 60.0), "summarization": ("rougeL", 60.0)}
+METRIC_FILE = {"translation": "test_bleu.json", "summarization": "test_rouge.json"}
+
+
+@pytest.fixture(scope="module", params=["translation", "summarization"])
+def embedded_runs(request, tmp_path_factory):
+    task = request.param
+    root = tmp_path_factory.mktemp(f"embedded_{task}")
+    saves = {}
+    for n in (1, 2, 3):
+        saves[n] = root / f"w{n}"
+        # No --model_name/--data_dir: the embedded defaults for the task.
+        assert_ok(torchrun(n, ["--task", task, "--save_dir", str(saves[n])], cwd=root, timeout=300))
+    return task, saves
+
+
+def test_embedded_model_is_small_and_loads_offline():
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    size = sum(f.stat().st_size for f in MODEL.iterdir() if f.is_file())
+    assert size <= 10 * 1024 * 1024, f"embedded model is {size / 2**20:.1f} MiB; expected at most 10 MiB"
+    AutoModelForSeq2SeqLM.from_pretrained(MODEL)
+    AutoTokenizer.from_pretrained(MODEL)
+
+
+def test_identical_across_world_sizes(embedded_runs):
+    task, saves = embedded_runs
+    name = METRIC_FILE[task]
+    gens = {n: (s / "test_generations.txt").read_bytes() for n, s in saves.items()}
+    assert gens[1] == gens[2] == gens[3]
+    values = {n: metric_values(metrics_of(s, name)) for n, s in saves.items()}
+    assert values[1] == values[2] == values[3]
+    n_lines = len((REPO / "data_samples" / task / "test.target").read_text(encoding="utf-8").splitlines())
+    assert values[1]["n_obs"] == n_lines == len(gens[1].decode("utf-8").splitlines())
+
+
+def test_scores_above_the_bar(embedded_runs):
+    task, saves = embedded_runs
+    key, bar = BARS[task]
+    assert metrics_of(saves[2], METRIC_FILE[task])[key] >= bar
+
+
+def test_quickstart_command(tmp_path):
+    """`./run_eval.sh` with no arguments: 2 CPU processes, the translation sample, a real BLEU.
+    (Its wall time is measured in the README, not asserted here.)"""
+    proc = subprocess.run(["bash", str(REPO / "run_eval.sh")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=_env({"NPROC": "2"}))
+    assert_ok(proc)
+    assert "bleu" in proc.stdout
+    m = metrics_of(tmp_path / "eval_results")
+    assert m["bleu"] >= 60 and m["n_gpus"] == 2
