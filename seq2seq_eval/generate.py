@@ -219,6 +219,19 @@ class Generator:
         self.pad_id = int(pad)
         self.n_return = int(generation_config.num_return_sequences or 1)
 
+    def _generated_lengths(self, sequences: Any) -> Any:
+        """Tokens after the decoder start, up to and including the first EOS. Not "non-pad
+        tokens": beam search fills finished rows with pad_token_id or, when that is 0/unset,
+        with EOS, which would count every row as long as its batch."""
+        import torch
+
+        body = sequences[:, 1:]
+        eos = self.gc.eos_token_id
+        eos_ids = torch.tensor(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        is_eos = torch.isin(body, eos_ids)
+        unfinished = (body != self.pad_id).sum(dim=1)
+        return torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, unfinished)
+
     def __call__(self, batch_ids: Sequence[Sequence[int]], batch_index: int) -> BatchOutput:
         import torch
 
@@ -244,7 +257,7 @@ class Generator:
             raise ConfigError(f"model.generate() rejected the generate options: {_first_line(e)}") from e
         # One transfer per batch; everything after this is host-side.
         sequences = out.sequences.cpu()
-        counts = (sequences[:, 1:] != self.pad_id).sum(dim=1).tolist()
+        counts = self._generated_lengths(sequences).tolist()
         texts = [t.strip() for t in self.tokenizer.batch_decode(
             sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )]
