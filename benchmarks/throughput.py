@@ -1,0 +1,690 @@
+"""Throughput benchmark: seq2seq_eval's batching against the usual approaches, in one invocation.
+
+    python benchmarks/throughput.py [--model data_samples/model] [--n 2000] [--nproc 2] [--bs 16]
+                                    [--max_tokens N] [--num_beams 4] [--out bench_out]
+
+Writes a seeded, length-varied translation test set (scripts/make_data.py --bench N), then runs
+four real multi-process jobs (torchrun, gloo, CPU, OMP_NUM_THREADS=1 per process) on the same
+model, data, process count and generation settings:
+
+  (a) tutorial   DistributedSampler(shuffle=False) in file order, fixed batches of --bs padded
+                 per batch, predictions gathered with all_gather_object, BLEU on rank 0;
+  (b) legacy     every k-th example per rank, sorted by length, batches of --bs, rank files
+                 merged by rank 0 (Hugging Face's legacy run_distributed_eval.py);
+  (c) s2s --bs   seq2seq_eval with --bs;
+  (d) s2s --max_tokens  seq2seq_eval with a padded-source-token budget per batch.
+
+(a) and (b) are this script's worker mode (`torchrun ... throughput.py --worker tutorial ...`).
+Then it times rank 0's merge+combine+write path of seq2seq_eval on 100,000 synthetic records,
+prints one table with the goals, and writes everything to {out}/results.json.
+benchmarks/README.md explains every column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TASK = "translation"  # BLEU: the goals compare scores, and BLEU is the cheap one to compute
+MAX_SOURCE_LENGTH = 1024  # seq2seq_eval's default --max_source_length, used by every method
+POLL_S = 0.1  # the legacy merge polls for rank files as often as seq2seq_eval does
+
+METHODS = {
+    "a": "(a) tutorial",
+    "b": "(b) legacy split",
+    "c": "(c) s2s --bs",
+    "d": "(d) s2s --max_tokens",
+}
+
+# Column header and width of the printed table, in order.
+COLUMNS = (
+    ("method", 21), ("samples/s", 10), ("gen tok/s", 10), ("wall s", 8), ("src pad", 8),
+    ("gen pad", 8), ("imbal", 6), ("tail s", 7), ("tail %", 7), ("peak MB/rank", 13), ("BLEU", 7),
+)
+
+# The goals, as (threshold, ...) constants so the printed lines and the JSON agree.
+SPEEDUP_VS_TUTORIAL = 1.5
+SPEEDUP_VS_LEGACY = 1.2
+BLEU_TOLERANCE = 0.5
+MIN_SOURCE_PADDING_EFFICIENCY = 0.95
+MAX_RANK_IMBALANCE = 1.10
+MAX_TAIL_FRACTION = 0.02
+MICRO_RECORDS = 100_000
+MICRO_LIMIT_S = 5.0
+MAX_OTHER_LOAD = 0.25  # cores busy with other processes above which a run's figures are flagged
+
+
+# ============================================================================ shared helpers
+
+
+def read_lines(path: Path) -> list[str]:
+    """One text per line, split on "\\n" only, as seq2seq_eval reads the legacy layout."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.rstrip() for line in lines]
+
+
+def task_params(model_config: Any) -> dict[str, Any]:
+    """The model's task_specific_params for translation ("translation_en_to_de" counts when it is
+    the only such key), as seq2seq_eval reads them."""
+    tsp = getattr(model_config, "task_specific_params", None) or {}
+    if TASK in tsp:
+        return dict(tsp[TASK])
+    matches = [k for k in tsp if k.startswith(TASK)]
+    return dict(tsp[matches[0]]) if len(matches) == 1 else {}
+
+
+def peak_rss_bytes() -> int:
+    # ru_maxrss is in KiB on Linux.
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+# ============================================================================ worker mode (a), (b)
+
+
+@dataclass
+class BatchCounter:
+    """Per-rank instrumentation, the same figures seq2seq_eval keeps in its rank stats."""
+
+    rank: int
+    examples: int = 0
+    batches: int = 0
+    generation_seconds: float = 0.0
+    generated_tokens: int = 0  # tokens of the returned sequences up to their first EOS (see generated_lengths)
+    generated_tokens_reencoded: int = 0  # the decoded predictions re-tokenized, as measured for seq2seq_eval
+    padded_generated_tokens: int = 0  # rows x longest returned sequence, per batch
+    decode_steps: int = 0  # longest returned sequence, summed over batches
+    source_tokens: int = 0
+    padded_source_tokens: int = 0
+    peak_memory_bytes: int = 0
+
+    def add(self, attention_mask: Any, width: int, lengths: list[int], reencoded: list[int], seconds: float) -> None:
+        rows = int(attention_mask.shape[0])
+        self.examples += rows
+        self.batches += 1
+        self.generation_seconds += seconds
+        self.generated_tokens += sum(lengths)
+        self.generated_tokens_reencoded += sum(reencoded)
+        self.padded_generated_tokens += rows * width
+        self.decode_steps += width
+        self.source_tokens += int(attention_mask.sum())
+        self.padded_source_tokens += int(attention_mask.numel())
+
+
+def generated_lengths(sequences: Any, eos_id: int, pad_id: int) -> list[int]:
+    """Tokens each returned sequence really generated, after the decoder start token: up to and
+    including its first EOS, else its non-pad tokens. Not simply its non-pad tokens: transformers
+    5 beam search fills finished sequences with EOS, not pad, when pad_token_id is 0 (it takes
+    `pad_token_id or eos_token_id`), which is the case for T5 and the embedded model."""
+    lengths = []
+    for row in sequences[:, 1:].tolist():
+        if eos_id in row:
+            lengths.append(row.index(eos_id) + 1)
+        else:
+            lengths.append(sum(t != pad_id for t in row))
+    return lengths
+
+
+def reencoded_lengths(tokenizer: Any, texts: Sequence[str]) -> list[int]:
+    """Token counts of decoded predictions, re-tokenized (EOS included, as the tokenizer appends
+    it): all we can measure for seq2seq_eval, whose journals keep the text but not the ids."""
+    return [len(ids) for ids in tokenizer(list(texts))["input_ids"]]
+
+
+class Worker:
+    """What both baselines share: the process group, the model, the settings and the decode."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+        import torch.distributed as dist
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        dist.init_process_group("gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.args = args
+        self.save_dir = Path(args.save_dir)
+        data_dir = Path(args.data_dir)
+        self.sources = read_lines(data_dir / "test.source")
+        self.targets = read_lines(data_dir / "test.target")
+        self.tokenizer = AutoTokenizer.from_pretrained(args.model)
+        self.model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
+        params = task_params(self.model.config)
+        self.prefix = params.pop("prefix", None) or getattr(self.model.config, "prefix", None) or ""
+        # The model's generation defaults, then its task parameters, then --num_beams: the
+        # order seq2seq_eval applies them in, so all four methods generate with one setting.
+        from transformers import GenerationConfig
+
+        known = set(GenerationConfig().to_dict())
+        self.gc = copy.deepcopy(self.model.generation_config)
+        for key, value in params.items():
+            if key in known:
+                setattr(self.gc, key, value)
+        self.gc.num_beams = args.num_beams
+        self.gc.num_return_sequences = 1  # spelled out, as seq2seq_eval records it
+        self.pad_id = int(self.tokenizer.pad_token_id)
+        self.eos_id = int(self.gc.eos_token_id if isinstance(self.gc.eos_token_id, int) else self.gc.eos_token_id[0])
+        self.counter = BatchCounter(self.rank)
+        self.torch = torch
+
+    def generate(self, sources: Sequence[str], encoded: Any = None) -> list[str]:
+        """One batch: pad (unless given padded ids), generate, decode exactly as seq2seq_eval does."""
+        torch = self.torch
+        t0 = time.perf_counter()
+        if encoded is None:
+            encoded = self.tokenizer(
+                [self.prefix + s for s in sources], padding=True, truncation=True,
+                max_length=MAX_SOURCE_LENGTH, return_tensors="pt",
+            )
+        with torch.inference_mode():
+            sequences = self.model.generate(
+                input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"], generation_config=self.gc
+            )
+        texts = [t.strip() for t in self.tokenizer.batch_decode(
+            sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )]
+        seconds = time.perf_counter() - t0
+        # Instrumentation after the clock stops.
+        self.counter.add(encoded["attention_mask"], int(sequences.shape[1]) - 1,
+                         generated_lengths(sequences, self.eos_id, self.pad_id),
+                         reencoded_lengths(self.tokenizer, texts), seconds)
+        return texts
+
+    def finish_generation(self) -> None:
+        # Measured where seq2seq_eval measures it: right after the rank's last batch.
+        self.counter.peak_memory_bytes = peak_rss_bytes()
+
+    def settings(self) -> dict[str, Any]:
+        diff = {k: v for k, v in self.gc.to_diff_dict().items() if k != "transformers_version"}
+        return json.loads(json.dumps(diff, sort_keys=True, default=str))
+
+    def write_metrics(self, preds: Sequence[str]) -> float:
+        """Rank 0: BLEU with sacrebleu, then the generations and the metric file (written last,
+        as seq2seq_eval does). Returns the wall-clock time the metric file was written."""
+        import sacrebleu
+
+        bleu = sacrebleu.corpus_bleu(list(preds), [self.targets]).score
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        (self.save_dir / "test_generations.txt").write_text("".join(p + "\n" for p in preds), encoding="utf-8")
+        (self.save_dir / "test_bleu.json").write_text(json.dumps({"bleu": bleu, "n_obs": len(preds)}) + "\n")
+        return time.time()
+
+    def write_bench_stats(self, per_rank: list[dict[str, Any]], handover: list[float], written: float) -> None:
+        stats = {"per_rank": per_rank, "handover_times": handover, "metrics_written": written,
+                 "generation": self.settings(), "prefix": self.prefix}
+        (self.save_dir / "bench_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def run_tutorial(w: Worker) -> None:
+    """(a) The tutorial loop: a DistributedSampler in file order, fixed batches, all_gather_object."""
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+    class Sources(Dataset):
+        def __len__(self) -> int:
+            return len(w.sources)
+
+        def __getitem__(self, i: int) -> tuple[int, str]:
+            return i, w.sources[i]
+
+    sampler = DistributedSampler(Sources(), num_replicas=w.world, rank=w.rank, shuffle=False)
+    loader = DataLoader(Sources(), batch_size=w.args.bs, sampler=sampler, collate_fn=list)
+    results: list[tuple[int, str]] = []
+    for batch in loader:
+        indices = [i for i, _ in batch]
+        results.extend(zip(indices, w.generate([s for _, s in batch])))
+    w.finish_generation()
+    handover = time.time()
+    gathered: list[Any] = [None] * w.world
+    dist.all_gather_object(gathered, {"results": results, "stats": asdict(w.counter), "handover": handover})
+    if w.rank == 0:
+        # DistributedSampler pads the last round with repeats so ranks get equal counts: keep
+        # each example once.
+        by_index = {i: text for part in gathered for i, text in part["results"]}
+        written = w.write_metrics([by_index[i] for i in range(len(w.sources))])
+        w.write_bench_stats([p["stats"] for p in gathered], [p["handover"] for p in gathered], written)
+    w.close()
+
+
+def run_legacy(w: Worker) -> None:
+    """(b) The legacy split: strided shares sorted by length, rank files, rank 0 merges."""
+    mine = list(range(w.rank, len(w.sources), w.world))
+    # Tokenized once before the loop (not timed, like seq2seq_eval's up-front tokenization), so
+    # the share is sorted by token length: a stronger baseline than legacy's character lengths.
+    ids = w.tokenizer([w.prefix + w.sources[i] for i in mine], truncation=True, max_length=MAX_SOURCE_LENGTH)["input_ids"]
+    order = sorted(range(len(mine)), key=lambda j: (-len(ids[j]), j))
+    results: list[dict[str, Any]] = []
+    bs = w.args.bs
+    for start in range(0, len(order), bs):
+        chunk = order[start : start + bs]
+        encoded = w.tokenizer.pad({"input_ids": [ids[j] for j in chunk]}, return_tensors="pt")
+        texts = w.generate([], encoded)
+        results.extend({"id": mine[j], "pred": t} for j, t in zip(chunk, texts))
+    w.finish_generation()
+    tmp = w.save_dir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_atomic(tmp / f"rank_{w.rank}_output.json", {"records": results, "stats": asdict(w.counter)})
+    if w.rank == 0:
+        paths = [tmp / f"rank_{r}_output.json" for r in range(w.world)]
+        while not all(p.exists() for p in paths):
+            time.sleep(POLL_S)  # why: the same poll interval as seq2seq_eval, so tails compare
+        parts = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+        records = sorted((r for part in parts for r in part["records"]), key=lambda r: r["id"])
+        written = w.write_metrics([r["pred"] for r in records])
+        w.write_bench_stats([p["stats"] for p in parts], [p.stat().st_mtime for p in paths], written)
+    w.close()
+
+
+def write_atomic(path: Path, obj: Any) -> None:
+    """Temp file, fsync, rename: rank 0 never reads half a file (and pays what seq2seq_eval pays)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    w = Worker(args)
+    {"tutorial": run_tutorial, "legacy": run_legacy}[args.worker](w)
+    return 0
+
+
+# ============================================================================ driver
+
+
+@dataclass
+class MethodResult:
+    key: str
+    name: str
+    n: int
+    wall_seconds: float
+    per_rank: list[dict[str, Any]]
+    bleu: float
+    tail_seconds: float
+    generated_tokens: int
+    padded_generated_tokens: int
+    generation: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def generation_seconds(self) -> float:
+        return max(r["generation_seconds"] for r in self.per_rank)
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.n / self.generation_seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generation_seconds
+
+    @property
+    def source_padding_efficiency(self) -> float:
+        return sum(r["source_tokens"] for r in self.per_rank) / sum(r["padded_source_tokens"] for r in self.per_rank)
+
+    @property
+    def generated_padding_efficiency(self) -> float:
+        return self.generated_tokens / self.padded_generated_tokens
+
+    @property
+    def rank_imbalance(self) -> float:
+        times = [r["generation_seconds"] for r in self.per_rank]
+        return max(times) / (sum(times) / len(times))
+
+    @property
+    def tail_fraction(self) -> float:
+        return self.tail_seconds / self.wall_seconds
+
+    @property
+    def peak_mb(self) -> list[float]:
+        return [r["peak_memory_bytes"] / 2**20 for r in self.per_rank]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "n": self.n, "samples_per_second": self.samples_per_second,
+            "generated_tokens_per_second": self.tokens_per_second, "generation_seconds": self.generation_seconds,
+            "wall_seconds": self.wall_seconds, "source_padding_efficiency": self.source_padding_efficiency,
+            "generated_padding_efficiency": self.generated_padding_efficiency,
+            "rank_imbalance": self.rank_imbalance, "tail_seconds": self.tail_seconds,
+            "tail_fraction_of_wall": self.tail_fraction, "peak_memory_mb_per_rank": self.peak_mb,
+            "bleu": self.bleu, "generated_tokens": self.generated_tokens,
+            "padded_generated_tokens": self.padded_generated_tokens, "per_rank": self.per_rank,
+            "batches": sum(r["batches"] for r in self.per_rank), "generation": self.generation, **self.extra,
+        }
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    # One thread per process for every method: with N ranks on N cores, more threads would only
+    # make the ranks fight over cores, and torchrun sets 1 only when nproc > 1.
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy (all processes, all cores), from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    # Includes torchrun's ranks: torchrun waits for them and we wait for torchrun.
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def launch(name: str, nproc: int, target: list[str], log: Path) -> tuple[float, float | None]:
+    """A real multi-process job through torchrun. Returns its wall-clock seconds and the cores
+    other processes kept busy meanwhile (on a shared machine, the figures are only as good as
+    that number is small)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *target]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    busy0, ours0 = busy_cpu_seconds(), children_cpu_seconds()
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=REPO, env=child_env(), stdout=f, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    busy1, ours1 = busy_cpu_seconds(), children_cpu_seconds()
+    if proc.returncode != 0:
+        tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
+        raise SystemExit(f"benchmark: {name} failed with exit code {proc.returncode}; log {log}:\n{tail}")
+    other = None if busy0 is None or busy1 is None else max(0.0, (busy1 - busy0) - (ours1 - ours0)) / wall
+    return wall, other
+
+
+def fresh(path: Path) -> Path:
+    """Removes an earlier benchmark's folder (seq2seq_eval refuses a temp dir holding old files)."""
+    if path.exists():
+        shutil.rmtree(path)
+    return path
+
+
+def run_baseline(key: str, worker: str, a: argparse.Namespace, data_dir: Path, root: Path) -> MethodResult:
+    save = fresh(root / "runs" / worker)
+    target = [str(Path(__file__).resolve()), "--worker", worker, "--model", str(a.model), "--data_dir", str(data_dir),
+              "--bs", str(a.bs), "--num_beams", str(a.num_beams), "--save_dir", str(save)]
+    wall, other = launch(METHODS[key], a.nproc, target, root / "logs" / f"{worker}.log")
+    stats = json.loads((save / "bench_stats.json").read_text())
+    metrics = json.loads((save / "test_bleu.json").read_text())
+    per_rank = stats["per_rank"]
+    return MethodResult(
+        key, METHODS[key], metrics["n_obs"], wall, per_rank, metrics["bleu"],
+        tail_seconds=stats["metrics_written"] - max(stats["handover_times"]),
+        generated_tokens=sum(r["generated_tokens"] for r in per_rank),
+        padded_generated_tokens=sum(r["padded_generated_tokens"] for r in per_rank),
+        generation=stats["generation"],
+        extra={"other_cores_busy": other, "decode_steps": sum(r["decode_steps"] for r in per_rank),
+               "generated_tokens_reencoded": sum(r["generated_tokens_reencoded"] for r in per_rank)},
+    )
+
+
+def run_seq2seq_eval(key: str, a: argparse.Namespace, data_dir: Path, root: Path, max_tokens: int | None) -> MethodResult:
+    name = "s2s_max_tokens" if max_tokens else "s2s_bs"
+    save = fresh(root / "runs" / name)
+    tmp = fresh(root / "runs" / f"{name}_tmp")
+    batching = ["--max_tokens", str(max_tokens)] if max_tokens else ["--bs", str(a.bs)]
+    # --debug keeps the temp dir: its journals give per-batch generated lengths and its rank
+    # files the moment each rank handed over.
+    target = ["-m", "seq2seq_eval", "--model_name", str(a.model), "--data_dir", str(data_dir), "--task", TASK,
+              *batching, "--num_beams", str(a.num_beams), "--save_dir", str(save), "--tmp_dir", str(tmp), "--debug"]
+    wall, other = launch(METHODS[key], a.nproc, target, root / "logs" / f"{name}.log")
+    metrics_path = save / "test_bleu.json"
+    metrics = json.loads(metrics_path.read_text())
+    tp = metrics["throughput"]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    generated = padded = steps = 0
+    for journal in sorted(tmp.glob("journal_rank_*.jsonl")):
+        for line in journal.read_text().splitlines():
+            records = json.loads(line)["records"]
+            # The package's n_tokens counts non-pad tokens, so under transformers 5 beam search
+            # with pad id 0 every row counts the whole batch width (see generated_lengths): its
+            # maximum is the width, the real lengths come from re-tokenizing the predictions.
+            width = max(r["n_tokens"] for r in records)
+            generated += sum(reencoded_lengths(tokenizer, [r["pred"] for r in records]))
+            padded += len(records) * width
+            steps += width
+    rank_files = sorted(tmp.glob("rank_*_output.json"))
+    handover = max(p.stat().st_mtime for p in rank_files)
+    per_rank = [{k: r[k] for k in ("rank", "examples", "batches", "generation_seconds", "new_generated_tokens",
+                                   "source_tokens", "padded_source_tokens", "peak_memory_bytes")} for r in tp["per_rank"]]
+    for r in per_rank:
+        r["package_generated_tokens"] = r.pop("new_generated_tokens")  # counts EOS fill, see above
+    return MethodResult(
+        key, METHODS[key], metrics["n_obs"], wall, per_rank, metrics["bleu"],
+        tail_seconds=metrics_path.stat().st_mtime - handover,
+        generated_tokens=generated, padded_generated_tokens=padded,
+        generation=metrics["provenance"]["generation"],
+        extra={"other_cores_busy": other, "max_tokens": max_tokens, "decode_steps": steps, "package_time_breakdown": tp["time_breakdown"]},
+    )
+
+
+def default_max_tokens(model: str, data_dir: Path, bs: int) -> int:
+    """--bs times the mean tokenized source length: as many batches as --bs makes (so batches
+    are as large on average, in rows), only cut by length instead of by count."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prefix = task_params(AutoConfig.from_pretrained(model)).get("prefix") or ""
+    sources = read_lines(data_dir / "test.source")
+    lengths = [len(ids) for ids in tokenizer([prefix + s for s in sources], truncation=True,
+                                             max_length=MAX_SOURCE_LENGTH)["input_ids"]]
+    return math.ceil(bs * sum(lengths) / len(lengths))
+
+
+# ---------------------------------------------------------------------------- rank 0's tail at scale
+
+
+def micro_tail(work: Path, n_records: int, n_ranks: int = 3, repeats: int = 3) -> dict[str, Any]:
+    """Times seq2seq_eval's own rank-0 path (read rank files, merge by id, combine the metric,
+    write the outputs) on `n_records` synthetic predictions in `n_ranks` rank files. Everything
+    a rank would do (generating, per-example BLEU statistics, writing its file) is untimed."""
+    from seq2seq_eval import metrics
+    from seq2seq_eval.config import EvalConfig
+    from seq2seq_eval.data import Example
+    from seq2seq_eval.merge import merge_by_id
+    from seq2seq_eval.report import write_outputs
+    from seq2seq_eval.runfiles import read_rank_output, write_rank_output
+
+    fresh(work)
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_data.py"), "--task", TASK, "--bench",
+                    str(n_records), "--out", str(work / "data")], check=True, capture_output=True)
+    sources = read_lines(work / "data" / TASK / "test.source")
+    targets = read_lines(work / "data" / TASK / "test.target")
+    rng = random.Random(0)
+    preds = []
+    for t in targets:  # a near miss per reference, so BLEU statistics are realistic
+        words = t.split()
+        if len(words) > 1:
+            del words[rng.randrange(len(words))]
+        preds.append(" ".join(words))
+    stats = metrics.example_statistics(TASK, preds, targets)
+    examples = [Example(i, s, t) for i, (s, t) in enumerate(zip(sources, targets))]
+    # Batches of 16 dealt to ranks in a shuffled order, as a length-sorted plan deals them.
+    batches = [list(range(i, min(i + 16, n_records))) for i in range(0, n_records, 16)]
+    rng.shuffle(batches)
+    shares: list[list[dict[str, Any]]] = [[] for _ in range(n_ranks)]
+    for j, batch in enumerate(batches):
+        shares[j % n_ranks].extend(
+            {"id": i, "pred": preds[i], "n_tokens": len(preds[i].split()) + 1, "metric_stats": stats[i]} for i in batch
+        )
+    tmp = work / "tmp"
+    tmp.mkdir()
+    paths = [write_rank_output(tmp, r, share, {"rank": r, "examples": len(share)}) for r, share in enumerate(shares)]
+    ids = [e.id for e in examples]
+    times = []
+    bleu = None
+    for k in range(repeats):
+        cfg = EvalConfig(save_dir=str(fresh(work / f"out{k}")), task=TASK, data_dir=str(work / "data" / TASK))
+        t0 = time.perf_counter()
+        outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
+        records = merge_by_id(outputs, ids)
+        scores = metrics.combine(TASK, [r["metric_stats"] for r in records])
+        summary = {**scores, "n_obs": len(records), "throughput": {"time_breakdown": {}}}
+        write_outputs(cfg, examples, records, summary, tail_since=t0)
+        times.append(time.perf_counter() - t0)
+        bleu = scores["bleu"]
+    return {"records": n_records, "rank_files": n_ranks, "seconds": times, "median_seconds": statistics.median(times),
+            "max_seconds": max(times), "bleu": bleu}
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def format_table(results: Sequence[MethodResult]) -> str:
+    head = "".join(f"{name:<{w}}" if i == 0 else f"{name:>{w}}" for i, (name, w) in enumerate(COLUMNS))
+    lines = [head, "-" * len(head)]
+    for r in results:
+        cells = (
+            r.name, f"{r.samples_per_second:.2f}", f"{r.tokens_per_second:.1f}", f"{r.wall_seconds:.1f}",
+            f"{r.source_padding_efficiency:.3f}", f"{r.generated_padding_efficiency:.3f}", f"{r.rank_imbalance:.3f}",
+            f"{r.tail_seconds:.3f}", f"{100 * r.tail_fraction:.2f}", "/".join(f"{m:.0f}" for m in r.peak_mb), f"{r.bleu:.2f}",
+        )
+        lines.append("".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, (_, w)) in enumerate(zip(cells, COLUMNS))))
+    return "\n".join(lines)
+
+
+def speedups(by: dict[str, MethodResult]) -> dict[str, float]:
+    return {f"{x}/{y}": by[x].samples_per_second / by[y].samples_per_second for x in ("c", "d") for y in ("a", "b")}
+
+
+def goals(by: dict[str, MethodResult], micro: dict[str, Any]) -> list[tuple[str, bool]]:
+    a, b, d = by["a"], by["b"], by["d"]
+    up = speedups(by)
+    return [
+        (f"(d) samples/s >= {SPEEDUP_VS_TUTORIAL}x (a) and >= {SPEEDUP_VS_LEGACY}x (b), BLEU within {BLEU_TOLERANCE} of (a): "
+         f"{up['d/a']:.2f}x, {up['d/b']:.2f}x, |{d.bleu:.2f} - {a.bleu:.2f}| = {abs(d.bleu - a.bleu):.2f}",
+         up["d/a"] >= SPEEDUP_VS_TUTORIAL and up["d/b"] >= SPEEDUP_VS_LEGACY and abs(d.bleu - a.bleu) <= BLEU_TOLERANCE),
+        (f"(d) source padding efficiency >= {MIN_SOURCE_PADDING_EFFICIENCY}: {d.source_padding_efficiency:.3f}",
+         d.source_padding_efficiency >= MIN_SOURCE_PADDING_EFFICIENCY),
+        (f"(d) rank imbalance <= {MAX_RANK_IMBALANCE:.2f}: {d.rank_imbalance:.3f}", d.rank_imbalance <= MAX_RANK_IMBALANCE),
+        (f"(d) rank 0's tail <= {100 * MAX_TAIL_FRACTION:.0f}% of wall: {d.tail_seconds:.3f} s = {100 * d.tail_fraction:.2f}%",
+         d.tail_fraction <= MAX_TAIL_FRACTION),
+        (f"rank 0's tail for {micro['records']:,} synthetic predictions < {MICRO_LIMIT_S:g} s: "
+         f"{micro['median_seconds']:.2f} s (median of {len(micro['seconds'])}, max {micro['max_seconds']:.2f} s)",
+         micro["median_seconds"] < MICRO_LIMIT_S and micro["records"] >= MICRO_RECORDS),
+    ]
+
+
+def machine() -> dict[str, Any]:
+    from importlib import metadata
+
+    versions = {p: metadata.version(p) for p in ("torch", "transformers", "sacrebleu")}
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "processor": platform.processor(), "loadavg": os.getloadavg(), **versions}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = parse_args(argv)
+    if a.worker:
+        return worker_main(a)
+    root = Path(a.out).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    a.model = str(Path(a.model).resolve()) if Path(a.model).exists() else a.model
+    load_before = os.getloadavg()
+    subprocess.run([sys.executable, str(REPO / "scripts" / "make_data.py"), "--task", TASK, "--bench", str(a.n),
+                    "--out", str(root / "data")], check=True, capture_output=True)
+    data_dir = root / "data" / TASK
+    max_tokens = a.max_tokens or default_max_tokens(a.model, data_dir, a.bs)
+    print(f"{a.n} examples, {a.nproc} processes, --bs {a.bs}, --max_tokens {max_tokens}, --num_beams {a.num_beams}, "
+          f"model {a.model}", flush=True)
+    results: list[MethodResult] = []
+    for key, run in (
+        ("a", lambda: run_baseline("a", "tutorial", a, data_dir, root)),
+        ("b", lambda: run_baseline("b", "legacy", a, data_dir, root)),
+        ("c", lambda: run_seq2seq_eval("c", a, data_dir, root, None)),
+        ("d", lambda: run_seq2seq_eval("d", a, data_dir, root, max_tokens)),
+    ):
+        results.append(run())
+        print(f"  {METHODS[key]}: done in {results[-1].wall_seconds:.1f} s", flush=True)
+    micro = micro_tail(root / "micro", a.tail_records)
+    print(f"  rank 0's tail on {a.tail_records:,} synthetic records: done", flush=True)
+    by = {r.key: r for r in results}
+    same_settings = all(r.generation == results[0].generation for r in results)
+    print()
+    print(format_table(results))
+    print()
+    print("samples/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups(by).items()))
+    others = {r.key: r.extra.get("other_cores_busy") for r in results}
+    if all(v is not None for v in others.values()):
+        print("other processes kept busy (cores, mean over each run): "
+              + ", ".join(f"({k}) {v:.2f}" for k, v in others.items()))
+        if max(others.values()) > MAX_OTHER_LOAD:
+            print(f"NOTE: more than {MAX_OTHER_LOAD} core of other load during a run; its figures are disturbed")
+    if not same_settings:
+        print("WARNING: the methods generated with different settings: "
+              + "; ".join(f"{r.name} {json.dumps(r.generation, sort_keys=True)}" for r in results))
+    checked = goals(by, micro)
+    for text, ok in checked:
+        print(f"{'PASS' if ok else 'MISS'}  {text}")
+    report = {
+        "settings": {"n": a.n, "nproc": a.nproc, "bs": a.bs, "max_tokens": max_tokens, "num_beams": a.num_beams,
+                     "model": a.model, "generation": results[0].generation, "same_generation_settings": same_settings},
+        "machine": {**machine(), "loadavg_before": load_before},
+        "methods": {r.key: r.summary() for r in results},
+        "samples_per_second_ratios": speedups(by),
+        "micro_tail": micro,
+        "goals": [{"goal": text, "pass": ok} for text, ok in checked],
+    }
+    (root / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    print(f"\nwrote {root / 'results.json'}")
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+    p.add_argument("--model", default=str(REPO / "data_samples" / "model"), help="model folder or hub name")
+    p.add_argument("--n", type=int, default=2000, help="benchmark examples (make_data.py --bench N)")
+    p.add_argument("--nproc", type=int, default=2, help="processes per job")
+    p.add_argument("--bs", type=int, default=16, help="examples per batch for (a), (b), (c)")
+    p.add_argument("--max_tokens", type=int, default=None,
+                   help="padded source tokens per batch for (d) (default: --bs x mean source length)")
+    p.add_argument("--num_beams", type=int, default=4)
+    p.add_argument("--out", default="bench_out", help="folder for data, runs, logs and results.json")
+    p.add_argument("--tail_records", type=int, default=MICRO_RECORDS,
+                   help="synthetic predictions for the rank-0 tail micro-benchmark")
+    # Worker mode, run by torchrun for (a) and (b).
+    p.add_argument("--worker", choices=("tutorial", "legacy"), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--data_dir", help=argparse.SUPPRESS)
+    p.add_argument("--save_dir", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    for flag in ("n", "nproc", "bs", "num_beams", "tail_records"):
+        if getattr(a, flag) < 1:
+            p.error(f"--{flag} must be >= 1, got {getattr(a, flag)}")
+    if a.max_tokens is not None and a.max_tokens < 1:
+        p.error(f"--max_tokens must be >= 1, got {a.max_tokens}")
+    return a
+
+
+if __name__ == "__main__":
+    sys.exit(main())
