@@ -36,6 +36,11 @@ def journal_file(tmp_dir: Path, rank: int) -> Path:
     return tmp_dir / f"journal_rank_{rank}.jsonl"
 
 
+def journal_files(tmp_dir: Path) -> list[Path]:
+    """Every rank's journal, whichever world size wrote it."""
+    return sorted(tmp_dir.glob("journal_rank_*.jsonl"))
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -132,7 +137,7 @@ def check_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> b
     can never be merged; with --resume its manifest must match this run's exactly.
     """
     path = tmp_dir / MANIFEST
-    journals = sorted(tmp_dir.glob("journal_rank_*.jsonl"))
+    journals = journal_files(tmp_dir)
     if not path.exists():
         if journals:
             raise RunStateError(f"{tmp_dir} holds journals but no manifest; remove {tmp_dir} to start over")
@@ -161,7 +166,7 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
     path = tmp_dir / MANIFEST
     if not check_tmp_dir(tmp_dir, manifest, resume):
         write_json_atomic(path, dict(manifest))
-    journals = sorted(tmp_dir.glob("journal_rank_*.jsonl"))
+    journals = journal_files(tmp_dir)
     # Rank files are re-derived from the journals at the end of every run; an old one left by a
     # run with another world size must never be merged into this one.
     for stale in tmp_dir.glob("rank_*_output.json"):
@@ -208,7 +213,7 @@ class Journal:
 def read_journals(tmp_dir: Path) -> dict[int, dict[str, Any]]:
     """Finished batches from every journal in the temp dir, whichever world size wrote them."""
     done: dict[int, dict[str, Any]] = {}
-    for path in sorted(tmp_dir.glob("journal_rank_*.jsonl")):
+    for path in journal_files(tmp_dir):
         for line in path.read_bytes().split(b"\n"):
             if not line.strip():
                 continue

@@ -40,6 +40,7 @@ from .runfiles import (
     RunLock,
     journal_file,
     prepare_tmp_dir,
+    rank_file,
     read_journals,
     read_rank_output,
     wait_for_rank_files,
@@ -339,7 +340,7 @@ def _attach_example_stats(cfg: EvalConfig, prep: Prepared, records: list[dict[st
 
 def _missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
     if missing_ranks is None:
-        missing_ranks = [r for r in range(env.world_size) if not (tmp_dir / f"rank_{r}_output.json").exists()]
+        missing_ranks = [r for r in range(env.world_size) if not rank_file(tmp_dir, r).exists()]
     done = read_journals(tmp_dir) if tmp_dir.exists() else {}
     deal = assign_batches(prep.batches, env.world_size)
     left = {
