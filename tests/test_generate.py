@@ -1,0 +1,141 @@
+"""Beam search with the cache that skips reordering cross-attention gives exactly the outputs of
+generate()'s own cache, on every encoder-decoder family we name, and is really used."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from seq2seq_eval.config import EMBEDDED_MODEL, EvalConfig
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+COMMON_BART = dict(
+    vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+    pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+)
+
+
+def _tiny(family: str):
+    """A tiny random model of `family`: random weights give long, beam-shuffling searches."""
+    torch.manual_seed(0)
+    if family == "t5":
+        cfg = transformers.T5Config(vocab_size=97, d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=2,
+                                    pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+        return transformers.T5ForConditionalGeneration(cfg).eval()
+    if family == "bart":
+        return transformers.BartForConditionalGeneration(transformers.BartConfig(**COMMON_BART)).eval()
+    if family == "mbart":
+        return transformers.MBartForConditionalGeneration(transformers.MBartConfig(**COMMON_BART)).eval()
+    if family == "marian":
+        cfg = transformers.MarianConfig(**{**COMMON_BART, "pad_token_id": 96, "decoder_start_token_id": 96})
+        return transformers.MarianMTModel(cfg).eval()
+    if family == "pegasus":
+        cfg = transformers.PegasusConfig(**{**COMMON_BART, "pad_token_id": 0, "eos_token_id": 1,
+                                            "decoder_start_token_id": 0})
+        return transformers.PegasusForConditionalGeneration(cfg).eval()
+    if family == "m2m100":
+        return transformers.M2M100ForConditionalGeneration(transformers.M2M100Config(**COMMON_BART)).eval()
+    raise ValueError(family)
+
+
+def _batch(model, n: int = 5, seed: int = 1):
+    """Rows of different lengths, right-padded, none containing pad or EOS."""
+    g = torch.Generator().manual_seed(seed)
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    width = 14
+    ids = torch.full((n, width), pad, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for row in range(n):
+        length = 3 + row * 2
+        body = torch.randint(3, 90, (length - 1,), generator=g)
+        ids[row, : length - 1], ids[row, length - 1] = body, eos
+        mask[row, :length] = 1
+    return ids, mask
+
+
+def _gc(model, **kw):
+    gc = transformers.GenerationConfig.from_model_config(model.config)
+    gc.update(num_beams=4, max_length=20, return_dict_in_generate=True, output_scores=True, **kw)
+    return gc
+
+
+def _generate(model, gc, cache, seed: int = 0):
+    from seq2seq_eval.generate import _beam_cache
+
+    ids, mask = _batch(model)
+    torch.manual_seed(seed)
+    extra = {"past_key_values": _beam_cache(model, gc)} if cache else {}
+    if cache:
+        assert extra["past_key_values"] is not None
+    with torch.inference_mode():
+        return model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, **extra)
+
+
+@pytest.mark.parametrize("family", ["t5", "bart", "mbart", "marian", "pegasus", "m2m100"])
+@pytest.mark.parametrize("options", [
+    {},
+    {"num_return_sequences": 3},
+    {"do_sample": True, "top_k": 20},
+    {"length_penalty": 0.6, "no_repeat_ngram_size": 2, "early_stopping": True, "min_length": 8},
+])
+def test_shared_cross_cache_gives_identical_beam_search(family, options):
+    model = _tiny(family)
+    gc = _gc(model, **options)
+    ours, theirs = _generate(model, gc, cache=True), _generate(model, gc, cache=False)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert torch.equal(ours.sequences_scores, theirs.sequences_scores)
+    # The search did move beams around: a cache that failed to follow would have shown it.
+    steps = theirs.beam_indices[:, 1:-1]
+    assert ((steps >= 0) & (steps != steps[:, :1])).any()
+
+
+def test_a_cache_that_skips_every_reorder_would_be_caught(monkeypatch):
+    """The comparison above is sensitive: not reordering self-attention changes the outputs."""
+    from seq2seq_eval import generate
+
+    model = _tiny("t5")
+    gc = _gc(model)
+    theirs = _generate(model, gc, cache=False)
+    monkeypatch.setattr(generate._shared_cross_cache_class(), "reorder_cache", lambda self, beam_idx: None)
+    broken = _generate(model, gc, cache=True)
+    assert not torch.equal(broken.sequences, theirs.sequences)
+
+
+@pytest.mark.parametrize("setting, value", [("num_beams", 1), ("use_cache", False), ("cache_implementation", "static")])
+def test_generate_keeps_its_own_cache_where_the_shortcut_does_not_apply(setting, value):
+    from seq2seq_eval.generate import _beam_cache
+
+    model = _tiny("bart")
+    assert _beam_cache(model, _gc(model)) is not None
+    gc = _gc(model)
+    setattr(gc, setting, value)
+    assert _beam_cache(model, gc) is None
+
+
+def test_generator_uses_the_shared_cross_cache_on_the_embedded_model(monkeypatch):
+    """Generator hands the cache to generate() (its reorder runs) and the outputs are unchanged."""
+    from seq2seq_eval import generate
+    from seq2seq_eval.data import read_lines
+
+    cfg = EvalConfig(model_name=str(EMBEDDED_MODEL), generate_kwargs=(("num_beams", 4),))
+    tokenizer = generate.load_tokenizer(cfg)
+    model_config, base = generate.load_model_config(cfg)
+    gc = generate.generation_config_for(model_config, base, tokenizer, cfg)
+    gc.num_return_sequences = 2
+    model = generate.load_model(cfg, torch.device("cpu"))
+    sources = read_lines(Path(cfg.data_dir) / "test.source")[:8]
+    ids = generate.encode_sources(tokenizer, sources, "", 128)
+
+    calls = []
+    cls = generate._shared_cross_cache_class()
+    original = cls.reorder_cache
+    monkeypatch.setattr(cls, "reorder_cache", lambda self, beam_idx: calls.append(1) or original(self, beam_idx))
+    ours = generate.Generator(model, tokenizer, gc, torch.device("cpu"))(ids, 0)
+    assert calls
+    monkeypatch.setattr(generate, "_beam_cache", lambda model, gc: None)
+    theirs = generate.Generator(model, tokenizer, gc, torch.device("cpu"))(ids, 0)
+    assert ours == theirs
