@@ -108,7 +108,7 @@ class BatchCounter:
     batches: int = 0
     generation_seconds: float = 0.0
     generated_tokens: int = 0  # tokens of the returned sequences up to their first EOS (see generated_lengths)
-    generated_tokens_reencoded: int = 0  # the decoded predictions re-tokenized, as measured for seq2seq_eval
+    generated_tokens_reencoded: int = 0  # the decoded predictions re-tokenized: a cross-check
     padded_generated_tokens: int = 0  # rows x longest returned sequence, per batch
     decode_steps: int = 0  # longest returned sequence, summed over batches
     source_tokens: int = 0
@@ -144,7 +144,7 @@ def generated_lengths(sequences: Any, eos_id: int, pad_id: int) -> list[int]:
 
 def reencoded_lengths(tokenizer: Any, texts: Sequence[str]) -> list[int]:
     """Token counts of decoded predictions, re-tokenized (EOS included, as the tokenizer appends
-    it): all we can measure for seq2seq_eval, whose journals keep the text but not the ids."""
+    it): a cross-check of the counts taken from the ids, recorded for all four methods."""
     return [len(ids) for ids in tokenizer(list(texts))["input_ids"]]
 
 
@@ -463,15 +463,15 @@ def run_seq2seq_eval(key: str, a: argparse.Namespace, data_dir: Path, root: Path
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(a.model)
-    generated = padded = steps = 0
+    generated = reencoded = padded = steps = 0
     for journal in sorted(tmp.glob("journal_rank_*.jsonl")):
         for line in journal.read_text().splitlines():
             records = json.loads(line)["records"]
-            # The package's n_tokens counts non-pad tokens, so under transformers 5 beam search
-            # with pad id 0 every row counts the whole batch width (see generated_lengths): its
-            # maximum is the width, the real lengths come from re-tokenizing the predictions.
+            # n_tokens: the example's generated tokens up to its first EOS, as generated_lengths
+            # counts them for (a)/(b); the longest of a batch is its number of decoder steps.
             width = max(r["n_tokens"] for r in records)
-            generated += sum(reencoded_lengths(tokenizer, [r["pred"] for r in records]))
+            generated += sum(r["n_tokens"] for r in records)
+            reencoded += sum(reencoded_lengths(tokenizer, [r["pred"] for r in records]))
             padded += len(records) * width
             steps += width
     rank_files = sorted(tmp.glob("rank_*_output.json"))
@@ -479,13 +479,14 @@ def run_seq2seq_eval(key: str, a: argparse.Namespace, data_dir: Path, root: Path
     per_rank = [{k: r[k] for k in ("rank", "examples", "batches", "generation_seconds", "new_generated_tokens",
                                    "source_tokens", "padded_source_tokens", "peak_memory_bytes")} for r in tp["per_rank"]]
     for r in per_rank:
-        r["package_generated_tokens"] = r.pop("new_generated_tokens")  # counts EOS fill, see above
+        r["generated_tokens"] = r.pop("new_generated_tokens")
     return MethodResult(
         key, METHODS[key], metrics["n_obs"], wall, per_rank, metrics["bleu"],
         tail_seconds=metrics_path.stat().st_mtime - handover,
         generated_tokens=generated, padded_generated_tokens=padded,
         generation=metrics["provenance"]["generation"],
-        extra={"other_cores_busy": other, "max_tokens": max_tokens, "decode_steps": steps, "package_time_breakdown": tp["time_breakdown"]},
+        extra={"other_cores_busy": other, "max_tokens": max_tokens, "decode_steps": steps,
+               "generated_tokens_reencoded": reencoded, "package_time_breakdown": tp["time_breakdown"]},
     )
 
 
