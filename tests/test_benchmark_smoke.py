@@ -21,7 +21,7 @@ def test_benchmark_prints_every_column(tiny_model, tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--model", str(tiny_model), "--n", "30",
-         "--nproc", "2", "--bs", "4", "--num_beams", "2", "--tail_records", "200", "--out", str(out)],
+         "--nproc", "2", "--bs", "4", "--num_beams", "2", "--tail_records", "200", "--rounds", "2", "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=_env(None),
     )
     assert_ok(proc)
@@ -30,15 +30,21 @@ def test_benchmark_prints_every_column(tiny_model, tmp_path):
     positions = [header.find(c) for c in COLUMNS]
     assert -1 not in positions and positions == sorted(positions), header
     for name in METHODS:
-        row = next(line for line in lines if line.startswith(name))
-        assert len(row[len(name):].split()) == len(COLUMNS) - 1, row
-    assert any(line.startswith("samples/s ratios: c/a ") for line in lines)
+        rows = [line for line in lines if line.startswith(name)]
+        assert len(rows) == 2 and all(len(row[len(name):].split()) == len(COLUMNS) - 1 for row in rows), rows
+    assert sum(line.startswith("samples/s ratios: c/a ") for line in lines) == 2
+    assert ["round 1", "round 2"] == [line for line in lines if line.startswith("round ")]
+    assert any(line.startswith("median of 2 rounds: samples/s (a) ") for line in lines)
     verdicts = [line for line in lines if line.startswith(("PASS ", "MISS "))]
     assert len(verdicts) == 5, proc.stdout
     assert not any(line.startswith("WARNING") for line in lines), proc.stdout
 
     report = json.loads((out / "results.json").read_text())
-    assert sorted(report["methods"]) == ["a", "b", "c", "d"]
-    assert all(m["n"] == 30 for m in report["methods"].values())
+    assert [r["order"] for r in report["rounds"]] == [["a", "b", "c", "d"], ["b", "c", "d", "a"]]
+    for r in report["rounds"]:
+        assert sorted(r["methods"]) == ["a", "b", "c", "d"]
+        assert all(m["n"] == 30 for m in r["methods"].values())
+        # Generated tokens are counted from the ids, for every method.
+        assert all(m["generated_tokens"] > 0 for m in r["methods"].values())
     assert report["settings"]["same_generation_settings"]
     assert report["micro_tail"]["records"] == 200
