@@ -1,5 +1,6 @@
-"""Beam search with the cache that skips reordering cross-attention gives exactly the outputs of
-generate()'s own cache, on every encoder-decoder family we name, and is really used."""
+"""Beam search with seq2seq_eval's cache (no cross-attention reorder, a spare slot for the next
+position) gives exactly the outputs of generate()'s own cache, on every encoder-decoder family we
+name, and is really used."""
 
 from __future__ import annotations
 
@@ -64,15 +65,33 @@ def _gc(model, **kw):
 
 
 def _generate(model, gc, cache, seed: int = 0):
-    from seq2seq_eval.generate import _beam_cache
+    from seq2seq_eval.beam_cache import beam_cache
 
     ids, mask = _batch(model)
     torch.manual_seed(seed)
-    extra = {"past_key_values": _beam_cache(model, gc)} if cache else {}
+    extra = {"past_key_values": beam_cache(model, gc)} if cache else {}
     if cache:
         assert extra["past_key_values"] is not None
     with torch.inference_mode():
         return model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, **extra)
+
+
+@pytest.fixture
+def spare_slot_appends(monkeypatch):
+    """Counts the appends that filled the spare slot rather than concatenating."""
+    from seq2seq_eval import beam_cache
+
+    layer_class = beam_cache._classes()[0]
+    calls = {"spare": 0, "concatenated": 0}
+    fits = layer_class._fits
+
+    def counting(self, *args):
+        ok = fits(self, *args)
+        calls["spare" if ok else "concatenated"] += 1
+        return ok
+
+    monkeypatch.setattr(layer_class, "_fits", counting)
+    return calls
 
 
 @pytest.mark.parametrize("family", ["t5", "bart", "mbart", "marian", "pegasus", "m2m100"])
@@ -82,10 +101,11 @@ def _generate(model, gc, cache, seed: int = 0):
     {"do_sample": True, "top_k": 20},
     {"length_penalty": 0.6, "no_repeat_ngram_size": 2, "early_stopping": True, "min_length": 8},
 ])
-def test_shared_cross_cache_gives_identical_beam_search(family, options):
+def test_beam_cache_gives_identical_beam_search(family, options, spare_slot_appends):
     model = _tiny(family)
     gc = _gc(model, **options)
     ours, theirs = _generate(model, gc, cache=True), _generate(model, gc, cache=False)
+    assert spare_slot_appends["spare"] > 0 and spare_slot_appends["concatenated"] == 0
     assert torch.equal(ours.sequences, theirs.sequences)
     assert torch.equal(ours.sequences_scores, theirs.sequences_scores)
     # The search did move beams around: a cache that failed to follow would have shown it.
@@ -93,32 +113,70 @@ def test_shared_cross_cache_gives_identical_beam_search(family, options):
     assert ((steps >= 0) & (steps != steps[:, :1])).any()
 
 
-def test_a_cache_that_skips_every_reorder_would_be_caught(monkeypatch):
-    """The comparison above is sensitive: not reordering self-attention changes the outputs."""
-    from seq2seq_eval import generate
+@pytest.mark.parametrize("fault", ["no reorder", "stale slot"])
+def test_a_cache_that_loses_track_of_beams_would_be_caught(fault, monkeypatch):
+    """The comparison above is sensitive: a cache that does not follow the beams, or that
+    appends to the buffer from before the reorder, changes the outputs."""
+    from seq2seq_eval import beam_cache
 
     model = _tiny("t5")
     gc = _gc(model)
     theirs = _generate(model, gc, cache=False)
-    monkeypatch.setattr(generate._shared_cross_cache_class(), "reorder_cache", lambda self, beam_idx: None)
+    if fault == "no reorder":
+        monkeypatch.setattr(beam_cache._classes()[1], "reorder_cache", lambda self, beam_idx: None)
+    else:
+        layer_class = beam_cache._classes()[0]
+        reorder = layer_class.reorder_cache
+
+        def reorder_then_forget(self, beam_idx):
+            before = (self.keys, self.values)
+            reorder(self, beam_idx)
+            if before[0] is not None and before[0].shape[-2] > 0:
+                n = before[0].shape[-2]
+                stale = [torch.cat([t, t[..., -1:, :]], dim=-2) for t in before]
+                self._spare = (stale[0], stale[1])
+                self.keys, self.values = stale[0][..., :n, :], stale[1][..., :n, :]
+
+        monkeypatch.setattr(layer_class, "reorder_cache", reorder_then_forget)
     broken = _generate(model, gc, cache=True)
     assert not torch.equal(broken.sequences, theirs.sequences)
 
 
+def test_the_spare_slot_is_skipped_when_the_cache_changed_since_the_reorder(spare_slot_appends):
+    """A crop between reorder and append (not something beam search does) concatenates."""
+    from seq2seq_eval import beam_cache
+
+    layer = beam_cache._classes()[0]()
+    states = torch.arange(2 * 3 * 4 * 5, dtype=torch.float).reshape(2, 3, 4, 5)
+    layer.update(states, states + 1)
+    layer.reorder_cache(torch.tensor([1, 0]))
+    layer.crop(-1)
+    new = torch.full((2, 3, 1, 5), -1.0)
+    keys, _ = layer.update(new, new)
+    assert spare_slot_appends == {"spare": 0, "concatenated": 1}
+    assert torch.equal(keys, torch.cat([states[[1, 0], :, :3], new], dim=-2))
+    layer.reorder_cache(torch.tensor([1, 1]))
+    before = keys
+    keys, values = layer.update(new, new)
+    assert spare_slot_appends == {"spare": 1, "concatenated": 1}
+    expected = torch.cat([before[[1, 1]], new], dim=-2)
+    assert torch.equal(keys, expected) and keys.is_contiguous() and values.is_contiguous()
+
+
 @pytest.mark.parametrize("setting, value", [("num_beams", 1), ("use_cache", False), ("cache_implementation", "static")])
 def test_generate_keeps_its_own_cache_where_the_shortcut_does_not_apply(setting, value):
-    from seq2seq_eval.generate import _beam_cache
+    from seq2seq_eval.beam_cache import beam_cache
 
     model = _tiny("bart")
-    assert _beam_cache(model, _gc(model)) is not None
+    assert beam_cache(model, _gc(model)) is not None
     gc = _gc(model)
     setattr(gc, setting, value)
-    assert _beam_cache(model, gc) is None
+    assert beam_cache(model, gc) is None
 
 
-def test_generator_uses_the_shared_cross_cache_on_the_embedded_model(monkeypatch):
+def test_generator_uses_the_beam_cache_on_the_embedded_model(monkeypatch, spare_slot_appends):
     """Generator hands the cache to generate() (its reorder runs) and the outputs are unchanged."""
-    from seq2seq_eval import generate
+    from seq2seq_eval import beam_cache, generate
     from seq2seq_eval.data import read_lines
 
     cfg = EvalConfig(model_name=str(EMBEDDED_MODEL), generate_kwargs=(("num_beams", 4),))
@@ -131,11 +189,11 @@ def test_generator_uses_the_shared_cross_cache_on_the_embedded_model(monkeypatch
     ids = generate.encode_sources(tokenizer, sources, "", 128)
 
     calls = []
-    cls = generate._shared_cross_cache_class()
+    cls = beam_cache._classes()[1]
     original = cls.reorder_cache
     monkeypatch.setattr(cls, "reorder_cache", lambda self, beam_idx: calls.append(1) or original(self, beam_idx))
     ours = generate.Generator(model, tokenizer, gc, torch.device("cpu"))(ids, 0)
-    assert calls
-    monkeypatch.setattr(generate, "_beam_cache", lambda model, gc: None)
+    assert calls and spare_slot_appends["spare"] > 0
+    monkeypatch.setattr(generate, "beam_cache", lambda model, gc: None)
     theirs = generate.Generator(model, tokenizer, gc, torch.device("cpu"))(ids, 0)
     assert ours == theirs
