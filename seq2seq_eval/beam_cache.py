@@ -40,11 +40,17 @@ def _classes() -> tuple[type, type]:
                 return
             beam_idx = beam_idx.to(self.keys.device)
             spare = []
-            for cached in (self.keys, self.values):
-                shape = (beam_idx.shape[0], *cached.shape[1:-2], n + 1, cached.shape[-1])
-                buffer = cached.new_empty(shape)
-                torch.index_select(cached, 0, beam_idx, out=buffer[..., :n, :])
-                spare.append(buffer)
+            try:
+                for cached in (self.keys, self.values):
+                    shape = (beam_idx.shape[0], *cached.shape[1:-2], n + 1, cached.shape[-1])
+                    buffer = cached.new_empty(shape)
+                    torch.index_select(cached, 0, beam_idx, out=buffer[..., :n, :])
+                    spare.append(buffer)
+            except RuntimeError:
+                # A backend that cannot select into a strided view: reorder as DynamicLayer does
+                # (self.keys and self.values are untouched until here).
+                super().reorder_cache(beam_idx)
+                return
             self._spare = (spare[0], spare[1])
             self.keys, self.values = spare[0][..., :n, :], spare[1][..., :n, :]
 

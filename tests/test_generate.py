@@ -197,3 +197,23 @@ def test_generator_uses_the_beam_cache_on_the_embedded_model(monkeypatch, spare_
     monkeypatch.setattr(generate, "beam_cache", lambda model, gc: None)
     theirs = generate.Generator(model, tokenizer, gc, torch.device("cpu"))(ids, 0)
     assert ours == theirs
+
+
+def test_a_backend_that_cannot_select_into_a_view_reorders_as_usual(monkeypatch, spare_slot_appends):
+    """Should index_select(out=<strided view>) be refused (a backend we could not test on), the
+    layer reorders like DynamicLayer and appends by concatenation: same outputs, no spare slot."""
+    model = _tiny("t5")
+    gc = _gc(model)
+    theirs = _generate(model, gc, cache=False)
+    select = torch.index_select
+
+    def refuse_out(*args, **kwargs):
+        if "out" in kwargs:
+            raise RuntimeError("index_select(): out must be contiguous")
+        return select(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "index_select", refuse_out)
+    ours = _generate(model, gc, cache=True)
+    assert spare_slot_appends["spare"] == 0
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert torch.equal(ours.sequences_scores, theirs.sequences_scores)
