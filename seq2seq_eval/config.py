@@ -17,6 +17,35 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_MODEL = REPO_ROOT / "data_samples" / "model"
 EMBEDDED_DATA = {task: REPO_ROOT / "data_samples" / task for task in TASKS}
 
+# What the common generate options take. GenerationConfig.validate() does not check types, and
+# generate() treats any non-empty string as true: `--do_sample maybe` would sample. Options not
+# listed are left to GenerationConfig.validate().
+_BOOL, _INT, _NUMBER = "true or false", "an integer", "a number"
+GENERATE_OPTION_KINDS = {
+    **dict.fromkeys(("do_sample", "use_cache", "output_scores", "renormalize_logits", "remove_invalid_values"), _BOOL),
+    **dict.fromkeys(("max_length", "min_length", "max_new_tokens", "min_new_tokens", "top_k", "no_repeat_ngram_size",
+                     "encoder_no_repeat_ngram_size"), _INT),
+    **dict.fromkeys(("temperature", "top_p", "typical_p", "min_p", "repetition_penalty", "length_penalty",
+                     "encoder_repetition_penalty", "diversity_penalty", "epsilon_cutoff", "eta_cutoff", "max_time"),
+                    _NUMBER),
+    "early_stopping": "true, false or never",
+}
+
+
+def _check_generate_option(key: str, value: Any) -> None:
+    kind = GENERATE_OPTION_KINDS.get(key)
+    if kind is None or value is None:  # None: leave the model's own setting
+        return
+    is_bool = isinstance(value, bool)
+    ok = {
+        _BOOL: is_bool,
+        _INT: isinstance(value, int) and not is_bool,
+        _NUMBER: isinstance(value, (int, float)) and not is_bool,
+        "true, false or never": is_bool or value == "never",
+    }[kind]
+    if not ok:
+        raise ConfigError(f"--{key} {value!r}: expected {kind}")
+
 
 def parse_value(text: str) -> Any:
     """A command-line value as int, float, bool, None or string (the legacy script's rules)."""
@@ -114,6 +143,8 @@ class EvalConfig:
         gen = dict(self.generate_kwargs)
         if len(gen) != len(self.generate_kwargs):
             raise ConfigError("a generate option was given twice")
+        for key, value in gen.items():
+            _check_generate_option(key, value)
         if "num_beams" in gen:
             beams = gen["num_beams"]
             if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:

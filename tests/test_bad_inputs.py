@@ -64,6 +64,12 @@ CASES = [
     ("return-sequences-over-beams", ["--num_return_sequences", "3", "--num_beams", "2"],
      ["--num_return_sequences (3) must not exceed --num_beams (2)"], 2),
     ("generate-option-no-value", ["--num_beams"], ["--num_beams needs a value"], 2),
+    # generate() would take any non-empty string as true, and sample
+    ("do-sample-not-a-bool", ["--do_sample", "maybe"], ["--do_sample 'maybe': expected true or false"], 2),
+    ("max-length-fraction", ["--max_length", "12.5"], ["--max_length 12.5: expected an integer"], 2),
+    ("length-penalty-not-a-number", ["--length_penalty", "high"], ["--length_penalty 'high': expected a number"], 2),
+    ("early-stopping-unknown", ["--early_stopping", "soon"],
+     ["--early_stopping 'soon': expected true, false or never"], 2),
     ("stray-argument", ["--bs", "4", "extra"], ["unexpected argument 'extra'"], 2),
     # ---- generate options the model config must be read to check
     ("generate-option-misspelt", ["--num_beem", "4"], ["unknown generate option --num_beem", "--num_beams"], 2),

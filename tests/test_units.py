@@ -171,6 +171,12 @@ def test_argparse_errors_are_config_errors(argv, message):
         ({"generate_kwargs": (("num_beams", "4"),)}, r"--num_beams must be an integer >= 1, got '4'"),
         ({"num_return_sequences": 4, "generate_kwargs": (("num_beams", 2),)},
          r"--num_return_sequences \(4\) must not exceed --num_beams \(2\)"),
+        ({"generate_kwargs": (("do_sample", "maybe"),)}, r"--do_sample 'maybe': expected true or false"),
+        ({"generate_kwargs": (("do_sample", 1),)}, r"--do_sample 1: expected true or false"),
+        ({"generate_kwargs": (("max_new_tokens", 1.5),)}, r"--max_new_tokens 1.5: expected an integer"),
+        ({"generate_kwargs": (("top_k", False),)}, r"--top_k False: expected an integer"),
+        ({"generate_kwargs": (("temperature", "hot"),)}, r"--temperature 'hot': expected a number"),
+        ({"generate_kwargs": (("early_stopping", "always"),)}, r"--early_stopping 'always': expected true, false or never"),
         ({"pseudo_target": True}, r"--pseudo_target needs --num_return_sequences >= 2"),
         ({"split": "train"}, r"--dataset_config/--split/--\*_column need --dataset"),
         ({"source_column": "src"}, r"need --dataset"),
@@ -193,6 +199,9 @@ def test_config_derived_defaults():
     # num_return_sequences equal to num_beams is fine; so is any count without --num_beams
     EvalConfig(num_return_sequences=3, generate_kwargs=(("num_beams", 3),))
     EvalConfig(num_return_sequences=5)
+    # generate options of the right kind, None (the model's own setting), and options not listed
+    EvalConfig(generate_kwargs=(("do_sample", True), ("temperature", 1), ("top_p", 0.9), ("max_new_tokens", None),
+                                ("early_stopping", "never"), ("length_penalty", -0.5), ("bad_words_ids", "x")))
 
 
 def test_config_is_frozen():
