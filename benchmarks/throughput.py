@@ -42,6 +42,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+# The inputs and the bookkeeping every method shares come from seq2seq_eval itself (reading the
+# data files, the task parameters, token counts, atomic writes), so the methods differ only in
+# what is being compared: sharding, batching, generation and the hand-over to rank 0.
+sys.path.insert(0, str(REPO))
+from seq2seq_eval import generate  # noqa: E402
+from seq2seq_eval.data import read_lines  # noqa: E402
+from seq2seq_eval.runfiles import write_json_atomic  # noqa: E402
 TASK = "translation"  # BLEU: the goals compare scores, and BLEU is the cheap one to compute
 MAX_SOURCE_LENGTH = 1024  # seq2seq_eval's default --max_source_length, used by every method
 POLL_S = 0.1  # the legacy merge polls for rank files as often as seq2seq_eval does
@@ -74,24 +81,6 @@ MAX_OTHER_LOAD = 0.25  # cores busy with other processes above which a run's fig
 # ============================================================================ shared helpers
 
 
-def read_lines(path: Path) -> list[str]:
-    """One text per line, split on "\\n" only, as seq2seq_eval reads the legacy layout."""
-    lines = path.read_text(encoding="utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.rstrip() for line in lines]
-
-
-def task_params(model_config: Any) -> dict[str, Any]:
-    """The model's task_specific_params for translation ("translation_en_to_de" counts when it is
-    the only such key), as seq2seq_eval reads them."""
-    tsp = getattr(model_config, "task_specific_params", None) or {}
-    if TASK in tsp:
-        return dict(tsp[TASK])
-    matches = [k for k in tsp if k.startswith(TASK)]
-    return dict(tsp[matches[0]]) if len(matches) == 1 else {}
-
-
 def peak_rss_bytes() -> int:
     # ru_maxrss is in KiB on Linux.
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
@@ -108,7 +97,7 @@ class BatchCounter:
     examples: int = 0
     batches: int = 0
     generation_seconds: float = 0.0
-    generated_tokens: int = 0  # tokens of the returned sequences up to their first EOS (see generated_lengths)
+    generated_tokens: int = 0  # tokens of the returned sequences up to their first EOS (generate.generated_lengths)
     generated_tokens_reencoded: int = 0  # the decoded predictions re-tokenized: a cross-check
     padded_generated_tokens: int = 0  # rows x longest returned sequence, per batch
     decode_steps: int = 0  # longest returned sequence, summed over batches
@@ -127,20 +116,6 @@ class BatchCounter:
         self.decode_steps += width
         self.source_tokens += int(attention_mask.sum())
         self.padded_source_tokens += int(attention_mask.numel())
-
-
-def generated_lengths(sequences: Any, eos_id: int, pad_id: int) -> list[int]:
-    """Tokens each returned sequence really generated, after the decoder start token: up to and
-    including its first EOS, else its non-pad tokens. Not simply its non-pad tokens: transformers
-    5 beam search fills finished sequences with EOS, not pad, when pad_token_id is 0 (it takes
-    `pad_token_id or eos_token_id`), which is the case for T5 and the embedded model."""
-    lengths = []
-    for row in sequences[:, 1:].tolist():
-        if eos_id in row:
-            lengths.append(row.index(eos_id) + 1)
-        else:
-            lengths.append(sum(t != pad_id for t in row))
-    return lengths
 
 
 def reencoded_lengths(tokenizer: Any, texts: Sequence[str]) -> list[int]:
@@ -166,7 +141,7 @@ class Worker:
         self.targets = read_lines(data_dir / "test.target")
         self.tokenizer = AutoTokenizer.from_pretrained(args.model)
         self.model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
-        params = task_params(self.model.config)
+        params = generate.task_params(self.model.config, TASK)
         self.prefix = params.pop("prefix", None) or getattr(self.model.config, "prefix", None) or ""
         # The model's generation defaults, then its task parameters, then --num_beams: the
         # order seq2seq_eval applies them in, so all four methods generate with one setting.
@@ -180,7 +155,6 @@ class Worker:
         self.gc.num_beams = args.num_beams
         self.gc.num_return_sequences = 1  # spelled out, as seq2seq_eval records it
         self.pad_id = int(self.tokenizer.pad_token_id)
-        self.eos_id = int(self.gc.eos_token_id if isinstance(self.gc.eos_token_id, int) else self.gc.eos_token_id[0])
         self.counter = BatchCounter(self.rank)
         self.torch = torch
 
@@ -203,7 +177,7 @@ class Worker:
         seconds = time.perf_counter() - t0
         # Instrumentation after the clock stops.
         self.counter.add(encoded["attention_mask"], int(sequences.shape[1]) - 1,
-                         generated_lengths(sequences, self.eos_id, self.pad_id),
+                         generate.generated_lengths(sequences, self.gc.eos_token_id, self.pad_id).tolist(),
                          reencoded_lengths(self.tokenizer, texts), seconds)
         return texts
 
@@ -285,7 +259,9 @@ def run_legacy(w: Worker) -> None:
     w.finish_generation()
     tmp = w.save_dir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    write_atomic(tmp / f"rank_{w.rank}_output.json", {"records": results, "stats": asdict(w.counter)})
+    # Atomically, with seq2seq_eval's own writer: rank 0 never reads half a file, and (b) pays
+    # what seq2seq_eval pays for it.
+    write_json_atomic(tmp / f"rank_{w.rank}_output.json", {"records": results, "stats": asdict(w.counter)})
     if w.rank == 0:
         paths = [tmp / f"rank_{r}_output.json" for r in range(w.world)]
         while not all(p.exists() for p in paths):
@@ -295,16 +271,6 @@ def run_legacy(w: Worker) -> None:
         written = w.write_metrics([r["pred"] for r in records])
         w.write_bench_stats([p["stats"] for p in parts], [p.stat().st_mtime for p in paths], written)
     w.close()
-
-
-def write_atomic(path: Path, obj: Any) -> None:
-    """Temp file, fsync, rename: rank 0 never reads half a file (and pays what seq2seq_eval pays)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, ensure_ascii=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def worker_main(args: argparse.Namespace) -> int:
@@ -468,7 +434,7 @@ def run_seq2seq_eval(key: str, a: argparse.Namespace, data_dir: Path, root: Path
     for journal in sorted(tmp.glob("journal_rank_*.jsonl")):
         for line in journal.read_text().splitlines():
             records = json.loads(line)["records"]
-            # n_tokens: the example's generated tokens up to its first EOS, as generated_lengths
+            # n_tokens: the example's generated tokens up to its first EOS, as generate.generated_lengths
             # counts them for (a)/(b); the longest of a batch is its number of decoder steps.
             width = max(r["n_tokens"] for r in records)
             generated += sum(r["n_tokens"] for r in records)
@@ -497,7 +463,7 @@ def default_max_tokens(model: str, data_dir: Path, bs: int) -> int:
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prefix = task_params(AutoConfig.from_pretrained(model)).get("prefix") or ""
+    prefix = generate.task_params(AutoConfig.from_pretrained(model), TASK).get("prefix") or ""
     sources = read_lines(data_dir / "test.source")
     lengths = [len(ids) for ids in tokenizer([prefix + s for s in sources], truncation=True,
                                              max_length=MAX_SOURCE_LENGTH)["input_ids"]]

@@ -19,12 +19,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything this script needs is 
 
 import torch
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data_samples"
-
-
-def read_lines(path: Path) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = REPO / "data_samples"
+# Data files are read as the evaluator reads them (split on "\n" only, UTF-8 checked).
+sys.path.insert(0, str(REPO))
+from seq2seq_eval.data import read_lines  # noqa: E402
 
 
 def generate(model, tokenizer, sources: list[str], params: dict, batch_size: int) -> list[str]:

@@ -28,7 +28,11 @@ import torch
 
 logger = logging.getLogger("train_model")
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data_samples"
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = REPO / "data_samples"
+# Data files are read as the evaluator reads them (split on "\n" only, UTF-8 checked).
+sys.path.insert(0, str(REPO))
+from seq2seq_eval.data import read_lines  # noqa: E402
 PREFIXES = {"translation": "translate: ", "summarization": "summarize: "}
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"  # ids 0, 1, 2; the decoder starts from <pad>
 # Longest input the model accepts; the evaluator truncates sources to 1024 tokens by default.
@@ -70,11 +74,6 @@ class TrainConfig:
             raise ValueError(f"--vocab_size must be >= 512 (256 of it are byte tokens), got {self.vocab_size}")
         if self.d_model % self.num_heads:
             raise ValueError(f"--d_model ({self.d_model}) must be a multiple of --num_heads ({self.num_heads})")
-
-
-def read_lines(path: Path) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
 
 
 def read_pairs(data_dir: Path, task: str, split: str) -> list[tuple[str, str]]:

@@ -201,6 +201,19 @@ def encode_sources(tokenizer: Any, sources: Sequence[str], prefix: str, max_sour
     return [list(ids) for ids in enc["input_ids"]]
 
 
+def generated_lengths(sequences: Any, eos_token_id: int | list[int] | None, pad_id: int) -> Any:
+    """Tokens each returned sequence generated after the decoder start, up to and including its
+    first EOS. Not "non-pad tokens": beam search fills finished rows with pad_token_id or, when
+    that is 0/unset, with EOS, which would count every row as long as its batch."""
+    import torch
+
+    body = sequences[:, 1:]
+    eos = [] if eos_token_id is None else eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
+    is_eos = torch.isin(body, torch.tensor(eos))
+    unfinished = (body != pad_id).sum(dim=1)
+    return torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, unfinished)
+
+
 class Generator:
     """Generates one batch at a time on one device."""
 
@@ -219,19 +232,6 @@ class Generator:
             pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self.pad_id = int(pad)
         self.n_return = int(generation_config.num_return_sequences or 1)
-
-    def _generated_lengths(self, sequences: Any) -> Any:
-        """Tokens after the decoder start, up to and including the first EOS. Not "non-pad
-        tokens": beam search fills finished rows with pad_token_id or, when that is 0/unset,
-        with EOS, which would count every row as long as its batch."""
-        import torch
-
-        body = sequences[:, 1:]
-        eos = self.gc.eos_token_id
-        eos_ids = torch.tensor(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        is_eos = torch.isin(body, eos_ids)
-        unfinished = (body != self.pad_id).sum(dim=1)
-        return torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, unfinished)
 
     def __call__(self, batch_ids: Sequence[Sequence[int]], batch_index: int) -> BatchOutput:
         import torch
@@ -261,7 +261,7 @@ class Generator:
             raise ConfigError(f"model.generate() rejected the generate options: {_first_line(e)}") from e
         # One transfer per batch; everything after this is host-side.
         sequences = out.sequences.cpu()
-        counts = self._generated_lengths(sequences).tolist()
+        counts = generated_lengths(sequences, self.gc.eos_token_id, self.pad_id).tolist()
         texts = [t.strip() for t in self.tokenizer.batch_decode(
             sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )]

@@ -453,15 +453,10 @@ def test_waiting_costs_almost_no_cpu(tmp_path):
 
 def test_generated_lengths_stop_at_the_first_eos():
     """Beam search pads finished rows with EOS when the pad id is 0; those are not generated."""
-    import types
-
     import torch
 
-    from seq2seq_eval.generate import Generator
+    from seq2seq_eval.generate import generated_lengths
 
-    gen = Generator.__new__(Generator)
-    gen.gc, gen.pad_id = types.SimpleNamespace(eos_token_id=1), 0
     seq = torch.tensor([[0, 5, 6, 1, 1, 1], [0, 5, 6, 7, 8, 9], [0, 1, 0, 0, 0, 0], [0, 4, 2, 0, 0, 0]])
-    assert gen._generated_lengths(seq).tolist() == [3, 5, 1, 2]
-    gen.gc = types.SimpleNamespace(eos_token_id=[1, 2])
-    assert gen._generated_lengths(seq).tolist() == [3, 5, 1, 2]
+    assert generated_lengths(seq, 1, 0).tolist() == [3, 5, 1, 2]
+    assert generated_lengths(seq, [1, 2], 0).tolist() == [3, 5, 1, 2]
