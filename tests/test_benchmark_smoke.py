@@ -48,3 +48,16 @@ def test_benchmark_prints_every_column(tiny_model, tmp_path):
         assert all(m["generated_tokens"] > 0 for m in r["methods"].values())
     assert report["settings"]["same_generation_settings"]
     assert report["micro_tail"]["records"] == 200
+
+
+def test_beam_cache_benchmark_compares_and_finds_identical_outputs(tiny_model, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "beam_cache.py"), "--model", str(tiny_model), "--n", "12",
+         "--max_tokens", "64", "--rounds", "1"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(None),
+    )
+    assert_ok(proc)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("12 examples, ") and "num_beams 2" in lines[0], proc.stdout
+    assert sum("samples/s" in line for line in lines[1:3]) == 2, proc.stdout
+    assert lines[-1].startswith("identical predictions and token counts; median samples/s "), proc.stdout
