@@ -53,7 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_config, base = generate.load_model_config(cfg)
     gc = generate.generation_config_for(model_config, base, tokenizer, cfg)
     model = generate.load_model(cfg, torch.device("cpu"))
-    ids = generate.encode_sources(tokenizer, sources, generate.source_prefix(model_config, cfg), cfg.max_source_length)
+    ids, _ = generate.encode_sources(
+        tokenizer, sources, generate.source_prefix(model_config, cfg), generate.source_limit(model_config, tokenizer, cfg))
     batches = make_batches([len(x) for x in ids], max_tokens=a.max_tokens)
     print(f"{len(ids)} examples, {len(batches)} batches (--max_tokens {a.max_tokens}), num_beams {gc.num_beams}, "
           f"model {a.model}", flush=True)

@@ -10,7 +10,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 
-from .config import EvalConfig, TASKS, field_docs, parse_value
+from .config import BACKENDS, DEVICES, EvalConfig, TASKS, field_docs, parse_value
 from .dist import dist_env
 from .errors import ConfigError, DataError, EvalError, Interrupted, ModelError, RunStateError
 
@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         if default not in (None, "") and "(default" not in help_text:
             help_text += f" (default: {default})"
         kwargs: dict = {"dest": f.name, "type": _field_type(f.name), "default": argparse.SUPPRESS, "help": help_text}
-        if f.name == "task":
-            kwargs["choices"] = TASKS
+        choices = {"task": TASKS, "device": DEVICES, "dist_backend": BACKENDS}.get(f.name)
+        if choices:
+            kwargs["choices"] = choices
         parser.add_argument(*names, **kwargs)
     # torch.distributed.launch passes --local_rank; rank and local rank come from the environment.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)

@@ -10,6 +10,8 @@ from typing import Any
 from .errors import ConfigError
 
 TASKS = ("translation", "summarization")
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "nccl", "gloo")
 
 # The embedded default (model and sample data shipped in the repo) lets a newcomer run the tool
 # with no arguments and no network. It exists only in a source checkout (or editable install).
@@ -83,8 +85,8 @@ class EvalConfig:
     """Examples per batch (ignored when --max_tokens is given)."""
     max_tokens: int | None = None
     """Fill batches up to this many padded source tokens instead of a fixed --bs."""
-    max_source_length: int = 1024
-    """Sources are truncated to this many tokens."""
+    max_source_length: int | None = None
+    """Sources are truncated to this many tokens (default: the model's own limit, as the tokenizer or config gives it)."""
     n_obs: int | None = None
     """Evaluate only the first n_obs examples."""
     num_return_sequences: int = 1
@@ -99,6 +101,12 @@ class EvalConfig:
     """Source language code for multilingual tokenizers (mBART-50, NLLB, M2M100)."""
     tgt_lang: str | None = None
     """Target language code; also forces the first generated token for multilingual models."""
+    device: str = "auto"
+    """auto (the local GPU when there is one, else CPU), cpu or cuda."""
+    dist_backend: str = "auto"
+    """Process group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo (gloo lets several ranks share one GPU)."""
+    seed: int = 0
+    """Seed for sampling (--do_sample true); batch k uses seed + k, so a sampled run repeats exactly at any world size."""
     fp16: bool = False
     """Run the model in float16."""
     bf16: bool = False
@@ -132,7 +140,15 @@ class EvalConfig:
         _check_min("--bs", self.bs, 1)
         if self.max_tokens is not None:
             _check_min("--max_tokens", self.max_tokens, 1)
-        _check_min("--max_source_length", self.max_source_length, 1)
+        if self.max_source_length is not None:
+            _check_min("--max_source_length", self.max_source_length, 1)
+        if self.device not in DEVICES:
+            raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.dist_backend not in BACKENDS:
+            raise ConfigError(f"--dist_backend must be one of {', '.join(BACKENDS)}, got {self.dist_backend!r}")
+        if self.dist_backend == "nccl" and self.device == "cpu":
+            raise ConfigError("--dist_backend nccl needs GPUs; with --device cpu use --dist_backend gloo (or auto)")
+        _check_min("--seed", self.seed, 0)
         if self.n_obs is not None:
             _check_min("--n_obs", self.n_obs, 1)
         _check_min("--num_return_sequences", self.num_return_sequences, 1)
@@ -149,10 +165,11 @@ class EvalConfig:
             beams = gen["num_beams"]
             if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
                 raise ConfigError(f"--num_beams must be an integer >= 1, got {beams!r}")
-            if self.num_return_sequences > beams:
+            if self.num_return_sequences > beams and gen.get("do_sample") is not True:
                 raise ConfigError(
                     f"--num_return_sequences ({self.num_return_sequences}) must not exceed "
-                    f"--num_beams ({beams}): beam search returns at most num_beams sequences"
+                    f"--num_beams ({beams}): beam search returns at most num_beams sequences; "
+                    "sample with --do_sample true for more"
                 )
         if self.pseudo_target and self.num_return_sequences < 2:
             raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")

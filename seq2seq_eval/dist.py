@@ -30,6 +30,7 @@ class DistEnv:
     world_size: int = 1
     launcher: str = "single"  # "torchrun", "slurm" or "single"
     restart_count: int = 0  # >0 when torchrun restarted the worker group (--max_restarts)
+    local_world_size: int | None = None  # ranks on this node, when the launcher says
 
     @property
     def is_main(self) -> bool:
@@ -44,6 +45,12 @@ def _int(environ: Mapping[str, str], key: str) -> int:
         raise ConfigError(f"environment variable {key} must be an integer, got {value!r}") from e
 
 
+def _tasks_per_node(value: str) -> int | None:
+    # SLURM_STEP_TASKS_PER_NODE looks like "8(x2),4": the first node's count.
+    head = value.split(",")[0].split("(")[0]
+    return int(head) if head.isdigit() else None
+
+
 def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     environ = os.environ if environ is None else environ
     if "RANK" in environ and "WORLD_SIZE" in environ:
@@ -55,21 +62,53 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
             restart_count=_int(environ, "TORCHELASTIC_RESTART_COUNT")
             if "TORCHELASTIC_RESTART_COUNT" in environ
             else 0,
+            local_world_size=_int(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ else None,
         )
     elif "RANK" in environ or "WORLD_SIZE" in environ:
         raise ConfigError("RANK and WORLD_SIZE must be set together (torchrun sets both); got only one")
-    elif "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
+    elif "SLURM_PROCID" in environ and ("SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ):
+        # Only srun starts a job step. An salloc/sbatch shell also carries SLURM_NTASKS (the
+        # allocation's size), and a plain `python -m seq2seq_eval` typed there is one process.
+        size_key = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
+        if size_key not in environ:
+            return DistEnv()
+        per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_NTASKS_PER_NODE") or ""
         env = DistEnv(
             rank=_int(environ, "SLURM_PROCID"),
             local_rank=_int(environ, "SLURM_LOCALID") if "SLURM_LOCALID" in environ else 0,
-            world_size=_int(environ, "SLURM_NTASKS"),
+            world_size=_int(environ, size_key),
             launcher="slurm",
+            local_world_size=_tasks_per_node(per_node),
         )
     else:
         return DistEnv()
     if env.world_size < 1 or not 0 <= env.rank < env.world_size:
         raise ConfigError(f"rank {env.rank} is outside world size {env.world_size}")
     return env
+
+
+def choose_device(device: str, backend: str, env: DistEnv, cuda_count: int) -> tuple[str, str]:
+    """Which device this rank uses and which process-group backend the job uses, from
+    --device, --dist_backend, the rank's place on its node and the GPUs it sees. Pure, so the
+    decision is tested with any GPU count on a machine without one.
+
+    nccl refuses two ranks on one GPU ("Duplicate GPU detected") only after the data is
+    prepared; more local ranks than GPUs is therefore refused here, before any work."""
+    if device == "cpu" or (device == "auto" and cuda_count == 0):
+        if backend == "nccl":
+            raise ConfigError("--dist_backend nccl needs GPUs, and this run is on CPU; use --dist_backend gloo (or auto)")
+        return "cpu", "gloo"
+    if cuda_count == 0:
+        raise ConfigError("--device cuda: no CUDA GPU is visible (torch.cuda.is_available() is False); use --device cpu or auto")
+    chosen = "nccl" if backend == "auto" else backend
+    local = env.local_world_size
+    if chosen == "nccl" and env.world_size > 1 and local is not None and local > cuda_count:
+        raise ConfigError(
+            f"{local} ranks on this node but {cuda_count} visible GPU(s), and nccl needs a GPU per rank; "
+            f"start at most {cuda_count} process(es) per node (--nproc_per_node / NPROC), "
+            "run on CPU with --device cpu, or let ranks share GPUs with --dist_backend gloo"
+        )
+    return f"cuda:{env.local_rank % cuda_count}", chosen
 
 
 class ProcessGroup:

@@ -35,12 +35,18 @@ def _model_path(cfg: EvalConfig) -> str:
     return path
 
 
-def resolve_device(local_rank: int) -> "Any":
+def resolve_device(cfg: EvalConfig, env: Any) -> tuple[Any, str]:
+    """This rank's torch device and the job's process-group backend (see dist.choose_device)."""
     import torch
 
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+    from .dist import choose_device
+
+    count = torch.cuda.device_count() if cfg.device != "cpu" and torch.cuda.is_available() else 0
+    name, backend = choose_device(cfg.device, cfg.dist_backend, env, count)
+    if name == "cpu" and cfg.fp16:
+        # float16 on CPU runs, slowly, and changes outputs; the legacy script refuses it too.
+        raise ConfigError("--fp16 needs a GPU and this run is on CPU; use --bf16 for half precision on CPU")
+    return torch.device(name), backend
 
 
 def load_tokenizer(cfg: EvalConfig) -> Any:
@@ -154,6 +160,40 @@ def task_params(model_config: Any, task: str) -> dict[str, Any]:
     return dict(tsp[matches[0]]) if len(matches) == 1 else {}
 
 
+# Settings generate() uses only in beam search, or only when sampling. A model's defaults or task
+# entry often carry them (BART-CNN and T5 set early_stopping and length_penalty); with one beam,
+# or without sampling, transformers refuses the whole config, so those that did not come from the
+# user are reset to GenerationConfig's defaults, and the run says which.
+BEAM_ONLY = ("early_stopping", "length_penalty", "num_beam_groups", "diversity_penalty")
+SAMPLE_ONLY = ("temperature", "top_p", "top_k", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
+
+
+def _drop_inapplicable(gc: Any, user: dict[str, Any]) -> list[str]:
+    from transformers import GenerationConfig
+
+    default = GenerationConfig()
+    unused = []
+    if (gc.num_beams or 1) == 1:
+        unused += [k for k in BEAM_ONLY if k not in user and getattr(gc, k, None) != getattr(default, k, None)]
+    if not gc.do_sample:
+        unused += [k for k in SAMPLE_ONLY if k not in user and getattr(gc, k, None) != getattr(default, k, None)]
+    dropped = []
+    for key in unused:
+        dropped.append(f"{key}={getattr(gc, key)!r}")
+        setattr(gc, key, getattr(default, key, None))
+    return dropped
+
+
+def validation_reason(e: BaseException) -> str:
+    """transformers' reason for refusing a generation config, on one line. Its message starts
+    with "GenerationConfig is invalid: " and puts the reasons on the following lines."""
+    lines = [ln.strip().lstrip("- ") for ln in str(e).strip().splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("If you're using a pretrained model")]
+    if len(lines) > 1 and lines[0].rstrip().endswith(":"):
+        return lines[0].rstrip() + " " + "; ".join(lines[1:])
+    return "; ".join(lines) or type(e).__name__
+
+
 def generation_config_for(model_config: Any, base: Any, tokenizer: Any, cfg: EvalConfig) -> Any:
     """The effective generation settings: the model's defaults, then its task-specific
     parameters, then the user's flags. Unknown user flags are errors, not silently ignored."""
@@ -173,19 +213,25 @@ def generation_config_for(model_config: Any, base: Any, tokenizer: Any, cfg: Eva
             setattr(gc, key, value)
     for key, value in user.items():
         setattr(gc, key, value)
-    if "num_beams" not in user and (gc.num_beams or 1) < cfg.num_return_sequences:
+    if "num_beams" not in user and not gc.do_sample and (gc.num_beams or 1) < cfg.num_return_sequences:
         gc.num_beams = cfg.num_return_sequences
-    if (gc.num_beams or 1) < cfg.num_return_sequences:
+    # Sampling draws each candidate independently; beam search returns at most num_beams of them.
+    if not gc.do_sample and (gc.num_beams or 1) < cfg.num_return_sequences:
         raise ConfigError(
-            f"--num_return_sequences ({cfg.num_return_sequences}) must not exceed num_beams ({gc.num_beams})"
+            f"--num_return_sequences ({cfg.num_return_sequences}) must not exceed num_beams ({gc.num_beams}) "
+            "with beam search; raise --num_beams or sample with --do_sample true"
         )
     gc.num_return_sequences = cfg.num_return_sequences
     if cfg.tgt_lang is not None and getattr(model_config, "model_type", "") != "t5":
         gc.forced_bos_token_id = forced_bos_token_id(tokenizer, cfg.tgt_lang)
+    dropped = _drop_inapplicable(gc, user)
+    if dropped:
+        mode = "sampling" if gc.do_sample else "greedy decoding" if (gc.num_beams or 1) == 1 else "beam search"
+        logger.info("%s: ignoring the model's settings that do not apply: %s", mode, ", ".join(dropped))
     try:
         gc.validate(strict=True)
     except ValueError as e:
-        raise ConfigError(f"invalid generate options: {_first_line(e)}") from e
+        raise ConfigError(f"invalid generate options: {validation_reason(e)}") from e
     return gc
 
 
@@ -195,10 +241,48 @@ def source_prefix(model_config: Any, cfg: EvalConfig) -> str:
     return task_params(model_config, cfg.task).get("prefix") or getattr(model_config, "prefix", None) or ""
 
 
-def encode_sources(tokenizer: Any, sources: Sequence[str], prefix: str, max_source_length: int) -> list[list[int]]:
-    """Tokenize every source once, unpadded; batches are padded from these ids later."""
-    enc = tokenizer([prefix + s for s in sources], truncation=True, max_length=max_source_length)
-    return [list(ids) for ids in enc["input_ids"]]
+# Tokenizers without a length limit report this sentinel (transformers' VERY_LARGE_INTEGER).
+_NO_LIMIT = int(1e20)
+
+
+def source_limit(model_config: Any, tokenizer: Any, cfg: EvalConfig) -> int | None:
+    """The source truncation length: --max_source_length, else the model's own limit, as the
+    legacy scripts truncate at the tokenizer's model_max_length. A learned or sinusoidal
+    position table (max_position_embeddings) is a hard limit: a longer source fails mid-run with
+    an IndexError, so a larger explicit value is refused here, before any work."""
+    hard = getattr(model_config, "max_position_embeddings", None)
+    hard = hard if isinstance(hard, int) and hard > 0 else None
+    if cfg.max_source_length is not None:
+        if hard is not None and cfg.max_source_length > hard:
+            raise ConfigError(
+                f"--max_source_length {cfg.max_source_length} exceeds the model's {hard} positions "
+                f"(max_position_embeddings of {cfg.model_name}); expected at most {hard}"
+            )
+        return cfg.max_source_length
+    soft = getattr(tokenizer, "model_max_length", None)
+    soft = soft if isinstance(soft, int) and 0 < soft < _NO_LIMIT else None
+    limits = [v for v in (soft, hard) if v is not None]
+    return min(limits) if limits else None
+
+
+def encode_sources(
+    tokenizer: Any, sources: Sequence[str], prefix: str, max_source_length: int | None
+) -> tuple[list[list[int]], int]:
+    """Tokenize every source once, unpadded; batches are padded from these ids later. Returns
+    the ids and how many sources were truncated. Tokenizing to one token more than the limit
+    tells exactly which sources are longer; only those are tokenized again at the limit, so the
+    truncated ids are the tokenizer's own (its special tokens kept at the end)."""
+    texts = [prefix + s for s in sources]
+    if max_source_length is None:
+        enc = tokenizer(texts, truncation=False)
+        return [list(ids) for ids in enc["input_ids"]], 0
+    ids = [list(x) for x in tokenizer(texts, truncation=True, max_length=max_source_length + 1)["input_ids"]]
+    long = [i for i, x in enumerate(ids) if len(x) > max_source_length]
+    if long:
+        again = tokenizer([texts[i] for i in long], truncation=True, max_length=max_source_length)["input_ids"]
+        for i, x in zip(long, again):
+            ids[i] = list(x)
+    return ids, len(long)
 
 
 def generated_lengths(sequences: Any, eos_token_id: int | list[int] | None, pad_id: int) -> Any:

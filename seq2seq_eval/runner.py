@@ -29,6 +29,7 @@ from .generate import (
     load_model_config,
     load_tokenizer,
     resolve_device,
+    source_limit,
     source_prefix,
 )
 from .merge import merge_by_id
@@ -62,6 +63,7 @@ class Prepared:
     input_ids: list[list[int]]
     batches: list[Batch]
     manifest: dict[str, Any]
+    n_truncated: int = 0
 
 
 @dataclass
@@ -100,7 +102,8 @@ def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
     tokenizer = load_tokenizer(cfg)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
     prefix = source_prefix(model_config, cfg)
-    input_ids = encode_sources(tokenizer, [e.source for e in examples.items], prefix, cfg.max_source_length)
+    max_source_length = source_limit(model_config, tokenizer, cfg)
+    input_ids, n_truncated = encode_sources(tokenizer, [e.source for e in examples.items], prefix, max_source_length)
     lengths = [len(ids) for ids in input_ids]
     out_cap = gc.max_new_tokens or gc.max_length
     batches = make_batches(
@@ -118,13 +121,14 @@ def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
         "task": cfg.task,
         "type_path": cfg.type_path,
         "prefix": prefix,
-        "max_source_length": cfg.max_source_length,
+        "max_source_length": max_source_length,
         "dtype": "float16" if cfg.fp16 else "bfloat16" if cfg.bf16 else "float32",
         "num_return_sequences": cfg.num_return_sequences,
+        "seed": cfg.seed,
         "generation": json.loads(json.dumps(gen_settings, sort_keys=True, default=str)),
         "plan": {"bs": None if cfg.max_tokens else cfg.bs, "max_tokens": cfg.max_tokens, "sha256": plan_digest(batches)},
     }
-    return Prepared(examples, tokenizer, model_config, gc, prefix, input_ids, batches, manifest)
+    return Prepared(examples, tokenizer, model_config, gc, prefix, input_ids, batches, manifest, n_truncated)
 
 
 def describe_plan(prep: Prepared, world_size: int) -> str:
@@ -134,6 +138,8 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
         f"{len(prep.examples)} examples from {prep.examples.origin}, {len(prep.batches)} batches, "
         f"source padding efficiency {padding_efficiency(prep.batches, lengths):.3f}",
         f"generation: {json.dumps(prep.manifest['generation'], sort_keys=True)}",
+        f"sources truncated to {prep.manifest['max_source_length']} tokens: {prep.n_truncated}"
+        if prep.manifest["max_source_length"] is not None else "sources are not truncated (no model limit)",
     ]
     for rank, indices in enumerate(deal):
         n = sum(len(prep.batches[i].members) for i in indices)
@@ -174,15 +180,16 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     t_start = time.perf_counter()
     if cfg.dry_run:
         # A dry run is one process that never joins a group: it validates and prints the plan.
+        resolve_device(cfg, env)
         prep = prepare(cfg)
         check_tmp_dir(Path(cfg.tmp_dir), prep.manifest, cfg.resume)
         return Outcome(plan_text=describe_plan(prep, env.world_size))
-    device = resolve_device(env.local_rank)
+    device, backend = resolve_device(cfg, env)
     if device.type == "cuda":
         import torch
 
         torch.cuda.set_device(device)
-    pg = ProcessGroup(env, "nccl" if device.type == "cuda" else "gloo", cfg.sync_timeout)
+    pg = ProcessGroup(env, backend, cfg.sync_timeout)
     lock: RunLock | None = None
     tmp_dir = Path(cfg.tmp_dir)
     prep: Prepared | None = None
@@ -269,7 +276,7 @@ def _generate_rank(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from tqdm.auto import tqdm
 
-    generator = Generator(model, prep.tokenizer, prep.generation_config, device)
+    generator = Generator(model, prep.tokenizer, prep.generation_config, device, seed=cfg.seed)
     mine = assign_batches(prep.batches, env.world_size)[env.rank]
     finished = read_journals(tmp_dir)
     journal = Journal(journal_file(tmp_dir, env.rank))

@@ -73,6 +73,9 @@ def _env(extra: dict | None) -> dict:
     env["HF_HUB_OFFLINE"] = "1"
     # Same thread count for every world size (torchrun sets 1 only when nproc > 1).
     env["OMP_NUM_THREADS"] = "1"
+    # These are CPU tests, also on a machine with a GPU: two ranks on one GPU would need the
+    # gloo override, and CPU keeps their outputs comparable. GPU tests pass their own value.
+    env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(extra or {})
     return env
 

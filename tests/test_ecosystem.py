@@ -257,7 +257,7 @@ def test_language_codes(convention, ml_models):
     tokenizer = load_tokenizer(cfg)
     src_id, tgt_id = lang_token_id(tokenizer, src_code, "--src_lang"), lang_token_id(tokenizer, tgt_code, "--tgt_lang")
     sources, _ = make_corpus(4, seed=3)
-    ids = encode_sources(tokenizer, sources, "", 64)
+    ids, _ = encode_sources(tokenizer, sources, "", 64)
     for row in ids:
         if SOURCE_LANG_AT[convention] == "first":
             assert row[0] == src_id and row[-1] == tokenizer.eos_token_id
@@ -298,7 +298,8 @@ def test_unknown_language_code_is_a_config_error(convention, ml_models):
 
 # Variables a launcher sets for its workers: a test started under torchrun or srun must not leak them.
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-                 "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+                 "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID",
+                 "TORCHELASTIC_RESTART_COUNT")
 
 
 def _free_port() -> int:
@@ -357,7 +358,8 @@ def test_srun_without_torchrun_equals_one_process(tiny_model, files, env, refere
     args = ["--model_name", str(tiny_model), "--dataset", str(files["jsonl"]), *ARGS, "--save_dir", str(tmp_path / "out")]
     commands = [
         ([sys.executable, "-m", "seq2seq_eval", *args],
-         {**env, **master, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank)})
+         {**env, **master, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+                             "SLURM_STEP_ID": "0"})
         for rank in (0, 1)
     ]
     for proc in _launch_together(commands, tmp_path):

@@ -186,7 +186,7 @@ def test_generator_uses_the_beam_cache_on_the_embedded_model(monkeypatch, spare_
     gc.num_return_sequences = 2
     model = generate.load_model(cfg, torch.device("cpu"))
     sources = read_lines(Path(cfg.data_dir) / "test.source")[:8]
-    ids = generate.encode_sources(tokenizer, sources, "", 128)
+    ids, _ = generate.encode_sources(tokenizer, sources, "", 128)
 
     calls = []
     cls = beam_cache._classes()[1]

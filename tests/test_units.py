@@ -16,7 +16,7 @@ from seq2seq_eval import runfiles
 from seq2seq_eval.cli import build_config, build_parser, parse_generate_kwargs
 from seq2seq_eval.config import EMBEDDED_DATA, EvalConfig, field_docs, parse_value
 from seq2seq_eval.data import read_lines
-from seq2seq_eval.dist import DistEnv, dist_env
+from seq2seq_eval.dist import DistEnv, choose_device, dist_env
 from seq2seq_eval.errors import ConfigError, DataError, EvalError, MergeError, SyncTimeoutError
 from seq2seq_eval.merge import merge_by_id
 from seq2seq_eval.runfiles import (
@@ -125,7 +125,7 @@ def test_no_prefix_matching(argv, leftover):
     """allow_abbrev=False: an abbreviation is an (unknown) generate option, never a real flag."""
     cfg = build_config(argv)
     assert cfg.generate_kwargs == (leftover,)
-    assert (cfg.max_source_length, cfg.n_obs, cfg.sync_timeout) == (1024, None, 600.0)
+    assert (cfg.max_source_length, cfg.n_obs, cfg.sync_timeout) == (None, None, 600.0)
 
 
 def test_abbreviated_switch_needs_a_value():
@@ -219,10 +219,18 @@ def test_config_is_frozen():
         ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}, DistEnv(1, 1, 2, "torchrun", 0)),
         ({"RANK": "3", "WORLD_SIZE": "4"}, DistEnv(3, 0, 4, "torchrun", 0)),
         ({"RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "2"}, DistEnv(0, 0, 2, "torchrun", 2)),
-        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}, DistEnv(2, 0, 4, "slurm", 0)),
-        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}, DistEnv(1, 0, 2, "slurm", 0)),
+        ({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0"}, DistEnv(2, 0, 4, "slurm", 0)),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_STEPID": "3"}, DistEnv(1, 0, 2, "slurm", 0)),
+        # srun inside a larger allocation: the step's own size counts, not the allocation's
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "16", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_ID": "0",
+          "SLURM_STEP_TASKS_PER_NODE": "2(x1)"}, DistEnv(1, 0, 2, "slurm", 0, 2)),
+        # an salloc/sbatch shell: allocation variables but no job step, so one plain process
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "17"}, DistEnv()),
+        ({"SLURM_NTASKS": "4", "SLURM_NNODES": "2"}, DistEnv()),
         # torchrun inside a SLURM allocation: torchrun's variables describe this process
-        ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, DistEnv(1, 0, 2, "torchrun", 0)),
+        ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"},
+         DistEnv(1, 0, 2, "torchrun", 0)),
+        ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, DistEnv(1, 1, 4, "torchrun", 0, 2)),
     ],
 )
 def test_dist_env(environ, expected):
@@ -235,14 +243,49 @@ def test_dist_env(environ, expected):
         ({"RANK": "2", "WORLD_SIZE": "2"}, "rank 2 is outside world size 2"),
         ({"RANK": "-1", "WORLD_SIZE": "2"}, "rank -1 is outside world size 2"),
         ({"RANK": "0", "WORLD_SIZE": "0"}, "rank 0 is outside world size 0"),
-        ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, "rank 4 is outside world size 4"),
+        ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0"}, "rank 4 is outside world size 4"),
         ({"RANK": "one", "WORLD_SIZE": "2"}, "environment variable RANK must be an integer, got 'one'"),
-        ({"SLURM_PROCID": "0", "SLURM_NTASKS": ""}, "environment variable SLURM_NTASKS must be an integer, got ''"),
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "", "SLURM_STEP_ID": "0"}, "environment variable SLURM_NTASKS must be an integer, got ''"),
     ],
 )
 def test_dist_env_errors(environ, message):
     with pytest.raises(ConfigError, match=message):
         dist_env(environ)
+
+
+@pytest.mark.parametrize(
+    "device, backend, env, gpus, expected",
+    [
+        ("auto", "auto", DistEnv(), 0, ("cpu", "gloo")),
+        ("auto", "auto", DistEnv(), 1, ("cuda:0", "nccl")),
+        ("cpu", "auto", DistEnv(1, 1, 2, "torchrun", 0, 2), 8, ("cpu", "gloo")),
+        ("auto", "auto", DistEnv(3, 3, 8, "torchrun", 0, 4), 4, ("cuda:3", "nccl")),
+        ("cuda", "nccl", DistEnv(5, 1, 8, "torchrun", 0, 4), 4, ("cuda:1", "nccl")),
+        # ranks share GPUs through gloo: round-robin over the visible GPUs
+        ("auto", "gloo", DistEnv(1, 1, 2, "torchrun", 0, 2), 1, ("cuda:0", "gloo")),
+        ("auto", "gloo", DistEnv(2, 2, 3, "torchrun", 0, 3), 2, ("cuda:0", "gloo")),
+        # a single process never builds a process group, whatever the node looks like
+        ("auto", "auto", DistEnv(0, 0, 1, "torchrun", 0, 1), 1, ("cuda:0", "nccl")),
+    ],
+)
+def test_choose_device(device, backend, env, gpus, expected):
+    assert choose_device(device, backend, env, gpus) == expected
+
+
+@pytest.mark.parametrize(
+    "device, backend, env, gpus, message",
+    [
+        ("auto", "auto", DistEnv(1, 1, 2, "torchrun", 0, 2), 1,
+         r"2 ranks on this node but 1 visible GPU\(s\), and nccl needs a GPU per rank; start at most 1 process\(es\) "
+         r"per node \(--nproc_per_node / NPROC\), run on CPU with --device cpu, or let ranks share GPUs with --dist_backend gloo"),
+        ("cuda", "nccl", DistEnv(0, 0, 16, "torchrun", 0, 8), 4, "8 ranks on this node but 4 visible GPU"),
+        ("cuda", "auto", DistEnv(), 0, r"--device cuda: no CUDA GPU is visible"),
+        ("auto", "nccl", DistEnv(), 0, r"--dist_backend nccl needs GPUs, and this run is on CPU"),
+    ],
+)
+def test_choose_device_errors(device, backend, env, gpus, message):
+    with pytest.raises(ConfigError, match=message):
+        choose_device(device, backend, env, gpus)
 
 
 def test_dist_env_reads_the_process_environment(monkeypatch):
