@@ -188,6 +188,11 @@ class EvalConfig:
         return dict(self.generate_kwargs)
 
     @property
+    def output_prefix(self) -> str:
+        """The name output files start with: the dataset split when one is named, else --type_path."""
+        return self.split if self.dataset is not None and self.split else self.type_path
+
+    @property
     def pseudolabels(self) -> bool:
         return self.num_return_sequences > 1
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import ConfigError, EvalError
+from .errors import ConfigError, EvalError, RunFailed
 
 T = TypeVar("T")
 
@@ -31,6 +32,8 @@ class DistEnv:
     launcher: str = "single"  # "torchrun", "slurm" or "single"
     restart_count: int = 0  # >0 when torchrun restarted the worker group (--max_restarts)
     local_world_size: int | None = None  # ranks on this node, when the launcher says
+    rdzv_endpoint: str | None = None  # torchrun's rendezvous host:port (MASTER_ADDR:MASTER_PORT)
+    run_id: str | None = None  # torchrun's --rdzv_id
 
     @property
     def is_main(self) -> bool:
@@ -63,6 +66,9 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
             if "TORCHELASTIC_RESTART_COUNT" in environ
             else 0,
             local_world_size=_int(environ, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in environ else None,
+            rdzv_endpoint=f"{environ['MASTER_ADDR']}:{environ['MASTER_PORT']}"
+            if "MASTER_ADDR" in environ and "MASTER_PORT" in environ else None,
+            run_id=environ.get("TORCHELASTIC_RUN_ID"),
         )
     elif "RANK" in environ or "WORLD_SIZE" in environ:
         raise ConfigError("RANK and WORLD_SIZE must be set together (torchrun sets both); got only one")
@@ -111,6 +117,50 @@ def choose_device(device: str, backend: str, env: DistEnv, cuda_count: int) -> t
     return f"cuda:{env.local_rank % cuda_count}", chosen
 
 
+def _join(env: DistEnv, timeout_s: float, poll_s: float = 0.05) -> Any:
+    """Connect to the job's store and wait until every rank has checked in, naming the ranks
+    that did not within --sync_timeout. torch's own rendezvous would fail with a DistStoreError
+    that says neither which rank is missing nor which option sets the wait."""
+    import torch.distributed as tdist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise ConfigError(f"rank {env.rank} of {env.world_size}: MASTER_ADDR and MASTER_PORT must be set "
+                          "(torchrun sets them; see the README for srun)")
+    # Under torchrun the agent already serves the store; otherwise rank 0 serves it. Rank 0's
+    # server does not wait for clients here: the check-in below does, and can say who is late.
+    serve = env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    try:
+        store = tdist.TCPStore(addr, int(port), env.world_size, serve, timeout=timeout, wait_for_workers=False)
+    except (RuntimeError, ValueError) as e:  # DistStoreError and DistNetworkError are RuntimeErrors
+        raise RunFailed(
+            f"rank {env.rank}: cannot reach the job's store at {addr}:{port} within --sync_timeout "
+            f"{timeout_s:g} s ({_first_line(e)})"
+        ) from e
+    prefix = f"seq2seq_eval/restart_{env.restart_count}/joined/"
+    store.set(f"{prefix}{env.rank}", "1")
+    deadline = time.monotonic() + timeout_s
+    keys = [f"{prefix}{r}" for r in range(env.world_size)]
+    while True:
+        # check() does not block, unlike wait(), so the missing ranks can be named at the end.
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        if not missing:
+            return store
+        if time.monotonic() >= deadline:
+            raise RunFailed(
+                f"rank(s) {', '.join(map(str, missing))} of {env.world_size} did not join within "
+                f"--sync_timeout {timeout_s:g} s; check that every rank was started (and can reach "
+                f"{addr}:{port}), or raise --sync_timeout"
+            )
+        time.sleep(poll_s)
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
 class ProcessGroup:
     """A thin wrapper over torch.distributed that becomes the identity with one process.
 
@@ -137,7 +187,7 @@ class ProcessGroup:
                     "export them (see the README's SLURM recipe) or launch through torchrun"
                 )
         timeout = datetime.timedelta(seconds=timeout_s)
-        store, _, _ = next(tdist.rendezvous("env://", rank=env.rank, world_size=env.world_size, timeout=timeout))
+        store = _join(env, timeout_s)
         # Keys are namespaced by torchrun's restart count: a worker group restarted after a
         # failure must never read the peer addresses its dead predecessors published (seen as
         # gloo "connectFullMesh ... Connection refused" on the first restart).

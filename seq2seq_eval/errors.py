@@ -25,6 +25,12 @@ class RunStateError(EvalError):
     """The temp dir holds files that do not belong to this run, or another run holds it."""
 
 
+class OutputError(EvalError):
+    """An output location cannot be used: not a writable folder, or writing would replace an input."""
+
+    exit_code = 2
+
+
 class MergeError(EvalError):
     """Rank outputs do not add up to exactly the planned examples."""
 

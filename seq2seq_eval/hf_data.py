@@ -44,7 +44,9 @@ def load_hf_examples(cfg: EvalConfig, need_targets: bool) -> Examples:
         raise DataError("load_hf_examples needs --dataset")
     split = cfg.split or cfg.type_path
     where = f"dataset {cfg.dataset}" + (f" ({cfg.dataset_config})" if cfg.dataset_config else "") + f" split {split}"
-    logger.info("loading %s", where)
+    # Said only for hub datasets, which may download for a while; a local file loads at once.
+    local = Path(cfg.dataset).expanduser().exists()
+    logger.log(logging.DEBUG if local else logging.INFO, "loading %s", where)
     with _progress_bars(cfg.debug):
         ds = load_split(cfg.dataset, cfg.dataset_config, split)
     if len(ds) == 0:
@@ -80,10 +82,19 @@ def load_split(name: str, config: str | None, split: str) -> Any:
         if path.suffix.lower() in FILE_BUILDERS:
             if not path.is_file():
                 raise DataError(f"--dataset {name}: file not found")
+            builder = FILE_BUILDERS[path.suffix.lower()]
+            # CSV cells are read as the text the file holds: type inference would turn an id
+            # "000" into the integer 0 (and "007" into 7, colliding ids that differ as text).
+            options = {"features": _csv_text_features(path), "keep_default_na": False} if builder == "csv" else {}
             # data_files={split: file}: a lone file is the requested split, so `test.jsonl` needs no --split.
-            return datasets.load_dataset(
-                FILE_BUILDERS[path.suffix.lower()], data_files={split: str(path)}, split=split
-            )
+            try:
+                return datasets.load_dataset(builder, data_files={split: str(path)}, split=split, **options)
+            except DatasetsError as e:
+                if builder == "json":
+                    where = _first_schema_difference(path)
+                    if where:
+                        raise DataError(f"{path} {where}") from e
+                raise
         if path.is_file():
             raise DataError(
                 f"--dataset {name}: unsupported file type {path.suffix or '(none)'!r}; "
@@ -108,6 +119,56 @@ def load_split(name: str, config: str | None, split: str) -> Any:
         raise
     except (OSError, ValueError, KeyError, DatasetsError) as e:
         raise DataError(f"--dataset {name}: cannot load split {split} ({_reason(e)})") from e
+
+
+def _csv_text_features(path: Path) -> Any:
+    import csv
+
+    import datasets
+
+    with open(path, encoding="utf-8", newline="") as f:
+        header = next(csv.reader(f), None)
+    if not header:
+        raise DataError(f"{path}: no header line; expected a CSV file whose first line names its columns")
+    return datasets.Features({name: datasets.Value("string") for name in header})
+
+
+def _first_schema_difference(path: Path) -> str | None:
+    """Where a JSON Lines file stops matching its first record's columns and value kinds: what
+    `datasets` reports only as "Couldn't cast", without the line or the column."""
+    import json
+
+    def kind(value: Any) -> str:
+        return {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list",
+                dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+    first: dict[str, str] | None = None
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                return f"line {lineno}: malformed JSON; expected one JSON object per line"
+            if not isinstance(record, dict):
+                return f"line {lineno}: expected a JSON object, got {kind(record)}"
+            kinds = {k: kind(v) for k, v in record.items()}
+            if first is None:
+                first, first_line = kinds, lineno
+                continue
+            for key, k in kinds.items():
+                if key not in first:
+                    return (f"line {lineno}: column {key!r} is not in line {first_line}; "
+                            f"expected the same columns in every record ({', '.join(first)})")
+                if k != first[key] and "null" not in (k, first[key]):
+                    return (f"line {lineno}: column {key!r} holds {k} where line {first_line} holds {first[key]}; "
+                            "expected one kind of value per column")
+            for key in first:
+                if key not in kinds:
+                    return (f"line {lineno}: column {key!r} is missing (line {first_line} has it); "
+                            f"expected the same columns in every record ({', '.join(first)})")
+    return None
 
 
 def _looks_local(name: str) -> bool:

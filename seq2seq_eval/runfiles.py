@@ -9,6 +9,7 @@ Layout of {tmp_dir}:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -20,12 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import EvalError, RunStateError, SyncTimeoutError
+from .errors import EvalError, RunFailed, RunStateError, SyncTimeoutError
 
 logger = logging.getLogger("seq2seq_eval")
 
 MANIFEST = "manifest.json"
 LOCK = "run.lock"
+STOPPED = "rank0.stopped"  # rank 0 was interrupted and reports for itself (see runner)
 
 
 def rank_file(tmp_dir: Path, rank: int) -> Path:
@@ -71,7 +73,10 @@ def write_atomic(path: Path, data: bytes) -> None:
         # The rename itself is durable only once the directory entry is flushed.
         _fsync_dir(path.parent)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        # Cleaning up must not replace the real reason (a save_dir that is a file makes the
+        # unlink fail too).
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise _write_error(path, e) from e
 
 
@@ -169,9 +174,20 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
     journals = journal_files(tmp_dir)
     # Rank files are re-derived from the journals at the end of every run; an old one left by a
     # run with another world size must never be merged into this one.
-    for stale in tmp_dir.glob("rank_*_output.json"):
-        stale.unlink()
+    for stale in [*tmp_dir.glob("rank_*_output.json"), tmp_dir / STOPPED]:
+        stale.unlink(missing_ok=True)
     return len(journals)
+
+
+def cleanup_tmp_dir(tmp_dir: Path) -> None:
+    """Remove the files a run made in its temp dir, then the folder if nothing else is left.
+    Never rmtree: --tmp_dir may name a folder that holds the user's own files."""
+    for pattern in (MANIFEST, LOCK, STOPPED, "journal_rank_*.jsonl", "rank_*_output.json", ".*.tmp"):
+        for path in tmp_dir.glob(pattern):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    with contextlib.suppress(OSError):
+        tmp_dir.rmdir()
 
 
 # ---------------------------------------------------------------- journals
@@ -199,15 +215,26 @@ class Journal:
 
     def append(self, entry: Mapping[str, Any]) -> None:
         line = json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+        start = self._f.tell()
         try:
             self._f.write(line)
             self._f.flush()
             os.fsync(self._f.fileno())
         except OSError as e:
-            raise _write_error(self.path, e) from e
+            # Cut a partly written line off, so the journal ends on a whole batch for --resume
+            # (a reader would skip a torn line anyway; this keeps the file clean).
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._f.fileno(), start)
+            reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            raise RunFailed(
+                f"{self.path}: cannot write ({reason}); the batches journaled before this one are kept: "
+                "make room, then rerun the same command with --resume"
+            ) from e
 
     def close(self) -> None:
-        self._f.close()
+        # A full disk can also fail the final flush of an already failed journal.
+        with contextlib.suppress(OSError):
+            self._f.close()
 
 
 def read_journals(tmp_dir: Path) -> dict[int, dict[str, Any]]:

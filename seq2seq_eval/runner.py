@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -34,10 +33,12 @@ from .generate import (
 )
 from .merge import merge_by_id
 from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
-from .report import now_iso, package_versions, summary_table, write_outputs
+from .report import check_output_locations, now_iso, package_versions, summary_table, write_outputs
 from .runfiles import (
     Journal,
     check_tmp_dir,
+    cleanup_tmp_dir,
+    STOPPED,
     RunLock,
     journal_file,
     prepare_tmp_dir,
@@ -76,9 +77,15 @@ class Outcome:
     plan_text: str = ""
 
 
+def _canonical(name: str) -> str:
+    """A local path as an absolute, resolved path; a hub name as it is."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
+
+
 def _model_identity(model_config: Any, model_name: str) -> dict[str, Any]:
     """The model's revision when it came from the hub, else a hash of its local weight files."""
-    identity: dict[str, Any] = {"name": model_name}
+    identity: dict[str, Any] = {"name": _canonical(model_name)}
     revision = getattr(model_config, "_commit_hash", None)
     if revision:
         identity["revision"] = revision
@@ -117,7 +124,13 @@ def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
     gen_settings = {k: v for k, v in gc.to_diff_dict().items() if k != "transformers_version"}
     manifest = {
         "model": _model_identity(model_config, cfg.model_name),
-        "data": {"origin": examples.origin, "n_examples": len(examples), "sha256": examples.fingerprint()},
+        "data": {
+            # Resolved: the same files named relatively, absolutely or with a trailing slash
+            # are the same run to --resume.
+            "path": _canonical(cfg.dataset if cfg.dataset is not None else cfg.data_dir),
+            "dataset_config": cfg.dataset_config, "split": cfg.split,
+            "n_examples": len(examples), "sha256": examples.fingerprint(),
+        },
         "task": cfg.task,
         "type_path": cfg.type_path,
         "prefix": prefix,
@@ -148,10 +161,22 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
     return "\n".join(lines)
 
 
-def resume_command(env: DistEnv) -> str:
-    args = [a for a in sys.argv[1:] if a != "--resume"] + ["--resume"]
+def resume_command(env: DistEnv, argv: list[str] | None = None) -> str:
+    """The command that continues this run: the same arguments plus --resume, under the same
+    kind of launch (a multi-node torchrun needs its node count and rendezvous on every node)."""
+    args = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--resume"] + ["--resume"]
     if env.launcher == "torchrun":
-        return shlex.join(["torchrun", f"--nproc_per_node={env.world_size}", "-m", "seq2seq_eval", *args])
+        nproc = env.local_world_size or env.world_size
+        nnodes = max(1, env.world_size // nproc)
+        if nnodes == 1:
+            launch = ["torchrun", "--standalone", f"--nproc_per_node={nproc}"]
+        else:
+            launch = ["torchrun", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+                      f"--rdzv_endpoint={env.rdzv_endpoint or 'HOST:PORT'}", f"--rdzv_id={env.run_id or 'ID'}"]
+        cmd = shlex.join([*launch, "-m", "seq2seq_eval", *args])
+        return cmd + (" (on every node)" if nnodes > 1 else "")
+    if env.launcher == "slurm":
+        return shlex.join(["srun", "python", "-m", "seq2seq_eval", *args]) + " (with the same srun options)"
     return shlex.join([sys.executable, "-m", "seq2seq_eval", *args])
 
 
@@ -178,6 +203,7 @@ class _Signals:
 def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     env = env or dist_env()
     t_start = time.perf_counter()
+    check_output_locations(cfg)
     if cfg.dry_run:
         # A dry run is one process that never joins a group: it validates and prints the plan.
         resolve_device(cfg, env)
@@ -213,6 +239,10 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
         if prep is None:
             raise
         if env.is_main:
+            if lock is not None:
+                # Before the lock goes: a rank that finds the lock free and this file absent
+                # knows rank 0 died; with it, rank 0 was interrupted too and reports itself.
+                _write_marker(tmp_dir / STOPPED)
             raise Interrupted(f"{e}; {_missing_summary(cfg, env, prep, tmp_dir)}") from e
         if _main_rank_is_gone(tmp_dir):
             # Rank 0 died (its flock went with it) and cannot report; the first surviving rank to
@@ -225,12 +255,19 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
         pg.close()
 
 
+def _write_marker(path: Path) -> None:
+    try:
+        path.write_bytes(b"")
+    except OSError:
+        pass  # only a hint for the other ranks' messages
+
+
 def _main_rank_is_gone(tmp_dir: Path) -> bool:
     try:
         RunLock(tmp_dir).acquire()  # kept until this process exits
     except EvalError:
         return False
-    return True
+    return not (tmp_dir / STOPPED).exists()
 
 
 def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, prep: Prepared, tmp_dir: Path) -> RunLock | None:
@@ -383,6 +420,7 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
     tokens = sum(s["new_generated_tokens"] for s in per_rank)
     padded = sum(s["padded_source_tokens"] for s in per_rank)
     throughput = {
+        "generated_examples": generated,
         "samples_per_second": generated / gen_seconds if gen_seconds else None,
         "generated_tokens_per_second": tokens / gen_seconds if gen_seconds else None,
         "generation_seconds": gen_seconds,
@@ -402,7 +440,10 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
     summary: dict[str, Any] = dict(metrics or {})
     summary.update({
         "n_obs": n,
-        "seconds_per_sample": gen_seconds / generated if generated else None,
+        # As the legacy script: generation time over the run's examples. A resumed run's
+        # reused batches cost nothing here, hence the generation-only figure beside it.
+        "seconds_per_sample": gen_seconds / n,
+        "seconds_per_generated_sample": gen_seconds / generated if generated else None,
         "n_gpus": env.world_size,
         "throughput": throughput,
         "provenance": {
@@ -421,5 +462,5 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
     written = write_outputs(cfg, prep.examples.items, records, summary, tail_since=t_merge)
     if not cfg.debug:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
+        cleanup_tmp_dir(tmp_dir)
     return Outcome(metrics=summary, written=written, table=summary_table(summary, per_rank))

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import make_corpus, single, write_legacy
+from conftest import REPO, make_corpus, single, write_legacy
 
 PREFIX = "seq2seq_eval: error: "
 RESULT_PATTERNS = ("*_bleu.json", "*_rouge.json", "*_generations.txt", "*pseudolabel*", "*.pseudo.target")
@@ -79,8 +79,30 @@ CASES = [
     ("model-path-missing", ["--model_name", "{d}/no_model"], ["--model_name {d}/no_model: no such path"], 1),
     ("model-gpt2", ["--model_name", "{d}/gpt2"], ["--model_name {d}/gpt2: a 'gpt2' model is not a seq2seq model"], 1),
     ("model-bert", ["--model_name", "{d}/bert"], ["--model_name {d}/bert: a 'bert' model is not a seq2seq model"], 1),
-    # ---- temp dir: we may run as root, so use a parent that is a regular file rather than permissions
-    ("tmp-dir-not-writable", ["--tmp_dir", "{d}/a_file/tmp"], ["--tmp_dir {d}/a_file/tmp: not writable"], 1),
+    # ---- output folders, checked before the model loads: we may run as root, so use regular files
+    # rather than permissions (a read-only mount is tested in test_new_user.py)
+    ("tmp-dir-not-writable", ["--tmp_dir", "{d}/a_file/tmp"],
+     ["--tmp_dir {d}/a_file/tmp: {d}/a_file is a file; expected a folder"], 2),
+    ("save-dir-is-a-file", ["--save_dir", "{d}/a_file"], ["--save_dir {d}/a_file: is a file; expected a folder"], 2),
+    ("save-dir-is-a-file-dry-run", ["--save_dir", "{d}/a_file", "--dry_run"],
+     ["--save_dir {d}/a_file: is a file; expected a folder"], 2),
+    ("tmp-dir-is-a-file-dry-run", ["--tmp_dir", "{d}/a_file", "--dry_run"],
+     ["--tmp_dir {d}/a_file: is a file; expected a folder"], 2),
+    # a JSON Lines input whose name is one of the outputs, in the folder the outputs go to
+    ("output-over-input", ["--data_dir", "{d}/collide/test_generations.txt", "--save_dir", "{d}/collide"],
+     ["{d}/collide/test_generations.txt: this run would write over one of its own input files"], 2),
+    # ---- the model's limits and the device
+    ("max-source-length-over-model", ["--model_name", "{e}", "--max_source_length", "4096"],
+     ["--max_source_length 4096 exceeds the model's 1024 positions", "expected at most 1024"], 2),
+    ("fp16-on-cpu", ["--fp16"], ["--fp16 needs a GPU and this run is on CPU; use --bf16"], 2),
+    ("device-cuda-without-gpu", ["--device", "cuda"], ["--device cuda: no CUDA GPU is visible"], 2),
+    ("device-unknown", ["--device", "tpu"], ["--device", "'tpu'", "auto", "cpu", "cuda"], 2),
+    # one beam but a beam-only option the user set: transformers' reason, not an empty one
+    ("greedy-with-length-penalty", ["--num_beams", "1", "--length_penalty", "2.0"],
+     ["invalid generate options: GenerationConfig is invalid:", "`length_penalty`", "only used in beam-based"], 2),
+    # ---- datasets: a schema that changes after the first chunk (10 MB) of a JSON Lines file
+    ("dataset-schema-changes", ["--dataset", "{d}/schema.jsonl", "--n_obs", "2"],
+     ["{d}/schema.jsonl line 12001: column 'extra' is not in line 1", "(id, source, target)"], 1),
 ]
 
 # Options GenerationConfig.validate() accepts but model.generate() rejects: they can only fail
@@ -113,6 +135,13 @@ def _write_bad_inputs(d: Path) -> None:
         "".join('{"id": "%s", "source": "s", "target": "t"}\n' % i for i in ("a", "b", "b")), encoding="utf-8"
     )
     (d / "a_file").write_text("a regular file, not a folder\n", encoding="utf-8")
+    (d / "collide").mkdir()
+    (d / "collide" / "test_generations.txt").write_text('{"source": "a b", "target": "c"}\n', encoding="utf-8")
+    with open(d / "schema.jsonl", "w", encoding="utf-8") as f:
+        filler = "the cat sat on the mat " * 40  # ~1 KB a record: 12,000 records pass datasets' 10 MB chunk
+        for i in range(12000):
+            f.write('{"id": %d, "source": "%s", "target": "a"}\n' % (i, filler))
+        f.write('{"id": 12000, "source": "a", "target": "a", "extra": 1}\n')
     _write_not_seq2seq_models(d)
 
 
@@ -135,7 +164,8 @@ def names(tiny_model, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("bad_inputs")
     _write_bad_inputs(root / "inputs")
     src, tgt = make_corpus(3, seed=4)
-    return {"m": tiny_model, "d": root / "inputs", "ok": write_legacy(root / "ok", src, tgt), "root": root}
+    return {"m": tiny_model, "d": root / "inputs", "ok": write_legacy(root / "ok", src, tgt), "root": root,
+            "e": REPO / "data_samples" / "model"}
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +176,8 @@ def runs(names) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
 
     def launch(case_id: str, args: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
         save = root / f"save_{case_id}"
-        argv = ["--model_name", "{m}", "--data_dir", "{ok}", *args, "--save_dir", str(save)]
-        # Later flags win in argparse, so a case's own --model_name/--data_dir replace the defaults.
+        argv = ["--model_name", "{m}", "--data_dir", "{ok}", "--save_dir", str(save), *args]
+        # Later flags win in argparse, so a case's own --model_name/--data_dir/--save_dir replace the defaults.
         return single([a.format(**names) for a in argv], cwd=root, timeout=180), save
 
     table = [(c[0], c[1]) for c in CASES + LATE_CASES + DEBUG_CASES]

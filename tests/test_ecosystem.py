@@ -84,7 +84,8 @@ def _one_line_error(proc: subprocess.CompletedProcess) -> str:
 def test_jsonl_reference(reference, files):
     m = metrics_of(reference)
     assert m["n_obs"] == N
-    assert m["provenance"]["data"]["origin"] == f"dataset {files['jsonl']} split test"
+    assert m["provenance"]["data"]["path"] == str(files["jsonl"].resolve())
+    assert (m["provenance"]["data"]["split"], m["provenance"]["data"]["dataset_config"]) == (None, None)
     assert len((reference / "test_generations.txt").read_text().splitlines()) == N
 
 
