@@ -130,7 +130,7 @@ def test_xsum_default_columns(tiny_model, files, env, tmp_path):
     assert_ok(single(["--model_name", str(tiny_model), "--dataset", str(files["xsum"]), "--task", "summarization",
                       *ARGS, "--save_dir", str(save), "--debug"], cwd=tmp_path, env=env))
     summaries = [json.loads(line)["summary"] for line in files["xsum"].read_text(encoding="utf-8").splitlines()]
-    assert (save / "test.target").read_text(encoding="utf-8").splitlines() == summaries
+    assert (save / "test_references.txt").read_text(encoding="utf-8").splitlines() == summaries
     m = metrics_of(save, "test_rouge.json")
     assert m["n_obs"] == N and "rougeLsum" in m
 
@@ -142,7 +142,7 @@ def test_wmt_translation_dict_with_mbart50_language_codes(ml_models, files, env,
                       "--src_lang", "en_XX", "--tgt_lang", "ro_RO", *ARGS, "--save_dir", str(save), "--debug"],
                      cwd=tmp_path, env=env))
     rows = [json.loads(line)["translation"] for line in files["wmt"].read_text(encoding="utf-8").splitlines()]
-    assert (save / "test.target").read_text(encoding="utf-8").splitlines() == [r["ro"] for r in rows]
+    assert (save / "test_references.txt").read_text(encoding="utf-8").splitlines() == [r["ro"] for r in rows]
     m = metrics_of(save)
     assert m["n_obs"] == N
     from transformers import AutoTokenizer
@@ -371,7 +371,7 @@ def test_srun_without_torchrun_equals_one_process(tiny_model, files, env, refere
 
 # --- provenance ---------------------------------------------------------------------------------
 
-TIMING_FIELDS = ("throughput", "seconds_per_sample")
+TIMING_FIELDS = ("throughput", "seconds_per_sample", "seconds_per_generated_sample")
 
 
 def _without_timing(m: dict) -> dict:

@@ -73,7 +73,7 @@ def test_more_ranks_than_batches(tiny_model, tmp_path):
     rank2 = json.loads((tmp_path / "w3_tmp" / "rank_2_output.json").read_text())
     assert rank2["records"] == [] and rank2["stats"]["examples"] == 0
     # --debug keeps the temp dir and writes the ordered references
-    assert (tmp_path / "w3" / "test.target").read_text().splitlines() == tgt
+    assert (tmp_path / "w3" / "test_references.txt").read_text().splitlines() == tgt
 
 
 def test_summarization_rouge_keys(tiny_model, data23, tmp_path):
