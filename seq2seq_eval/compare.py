@@ -409,13 +409,20 @@ def compare_systems(
                     "ci_low": r.ci_low,
                     "ci_high": r.ci_high,
                     "p_value": r.p_value,
-                    "significant": r.p_value is not None and r.p_value < ALPHA,
+                    "significant": _significant(r, results[names[0]][m]),
                 }
                 for m, r in ((m, results[name][m]) for m in metrics)
             }
             for name in names
         },
     }
+
+
+def _significant(result: PairedResult, baseline: PairedResult) -> bool:
+    # sacrebleu counts only resampled differences strictly above the observed one, so a system
+    # that scores exactly the baseline's score (e.g. the same outputs) gets p = 1 / (n_samples + 1).
+    # The p-value is kept as sacrebleu's; a zero difference is just never called significant.
+    return result.p_value is not None and result.p_value < ALPHA and result.score != baseline.score
 
 
 def _rouge_signature(n_refs: int, paired_test: str, n_samples: int, seed: int) -> str:
