@@ -559,21 +559,28 @@ def load_run(save_dir: str | Path) -> Run:
     )
 
 
-def check_same_examples(run: Run, ids: Sequence[ExampleId] | None, where: str) -> None:
-    """Raise DataError unless ``run`` covers as many examples as ``ids`` (and, when both know
-    their ids, the same ids in the same order). ``where`` names the other side in the message."""
-    if ids is None:
-        return
-    if len(run.predictions) != len(ids):
-        raise DataError(f"{run.path}: {len(run.predictions)} examples but {where} has {len(ids)}")
-    if run.ids is None:
-        return
-    for i, (a, b) in enumerate(zip(run.ids, ids)):
-        if a != b:
-            raise DataError(
-                f"{run.path}: example {i} has id {a!r} but {where} has id {b!r}; "
-                "the systems must cover the same examples in the same order"
-            )
+def check_same_examples(
+    run: Run, ids: Sequence[ExampleId] | None, where: str, references: Sequence[str] | None = None
+) -> None:
+    """Raise DataError unless ``run`` covers the examples of ``where``: as many as ``ids`` (and,
+    when the run knows its ids too, the same ids in the same order), and, when ``references``
+    and the run's references are both known, the same references."""
+    if ids is not None:
+        if len(run.predictions) != len(ids):
+            raise DataError(f"{run.path}: {len(run.predictions)} examples but {where} has {len(ids)}")
+        if run.ids is not None:
+            for i, (a, b) in enumerate(zip(run.ids, ids)):
+                if a != b:
+                    raise DataError(
+                        f"{run.path}: example {i} has id {a!r} but {where} has id {b!r}; "
+                        "the systems must cover the same examples in the same order"
+                    )
+    if references is not None and run.references is not None:
+        for i, (a, b) in enumerate(zip(run.references[0], references)):
+            if a != b:
+                raise DataError(
+                    f"{run.path}: reference {i} differs from {where}'s; the runs were scored on different data"
+                )
 
 
 # ---------------------------------------------------------------------------
@@ -842,14 +849,8 @@ def _references(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[list[lis
         raise ConfigError(
             "--references is required: " + (f"no references found for the runs ({why})" if runs else "a prediction is a bare file")
         )
-    first = known[0]
-    for other in known[1:]:
-        for i, (a, b) in enumerate(zip(first.references[0], other.references[0])):  # type: ignore[index]
-            if a != b:
-                raise DataError(
-                    f"{other.path}: reference {i} differs from {first.path}'s; the runs were scored on different data"
-                )
-    return first.references, str(first.references_note)  # type: ignore[return-value]
+    # The first run's; compare_main checks that the other runs' agree.
+    return known[0].references, str(known[0].path)  # type: ignore[return-value]
 
 
 def _check_lengths(named: Mapping[str, _System], refs: Sequence[Sequence[str]], ref_names: Sequence[str],
@@ -891,11 +892,14 @@ def compare_main(argv: Sequence[str]) -> str:
         if with_sources:
             sources, source_name = with_sources[0].sources, str(with_sources[0].path)
     _check_lengths(named, refs, ref_names, sources, source_name)
-    # Ids: every run folder whose data could be read must list the same ids, in the same order.
-    known_ids = [(name, s.run) for name, s in named.items() if s.run is not None and s.run.ids is not None]
-    ids = known_ids[0][1].ids if known_ids else None
-    for _, run in known_ids[1:]:
-        check_same_examples(run, ids, str(known_ids[0][1].path))
+    # Every run folder whose data could be read must list the same ids in the same order, and
+    # (unless --references replaces them) the same references.
+    with_ids = [r for r in runs if r.ids is not None]
+    ids = with_ids[0].ids if with_ids else None
+    for run in runs:
+        check_same_examples(run, ids, str(with_ids[0].path) if with_ids else "")
+        if not args.references:
+            check_same_examples(run, None, ref_origin, refs[0])
 
     predictions = {name: s.predictions for name, s in named.items()}
     rouge_keys = [m for m in metrics if m in ROUGE_KEYS]

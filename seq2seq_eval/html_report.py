@@ -168,14 +168,16 @@ def render_report(comparison: Mapping[str, Any], details: Mapping[str, Any]) -> 
     base = comparison["baseline"]
     basis = details["length_basis"]
     categories = [(b["label"], f"n={b['n']}") for b in details["buckets"]]
+    has_rouge = any(m.startswith("rouge") for m in metrics)
     body = [
         f"<h1>Comparing {len(names)} systems</h1>",
         f'<p class="meta">{escape(describe_test(comparison))}</p>',
         '<section id="results"><h2>Scores and paired tests</h2>',
         _results_table(comparison),
         f'<p class="note">* p &lt; {comparison["alpha"]}: significantly different from the baseline. The 95% interval is '
-        "sacrebleu's: the mean of the bootstrap scores ± half the spread between the 2.5% and 97.5% ones. "
-        "ROUGE scores are mean per-example F-measures, tested over per-example scores.</p></section>",
+        "sacrebleu's: the mean of the bootstrap scores ± half the spread between the 2.5% and 97.5% ones."
+        + (" ROUGE scores are mean per-example F-measures, tested over per-example scores." if has_rouge else "")
+        + "</p></section>",
         '<section id="buckets"><h2>Score by length</h2>',
     ]
     if basis == "source":
@@ -191,9 +193,11 @@ def render_report(comparison: Mapping[str, Any], details: Mapping[str, Any]) -> 
         body.append(f"<figure><figcaption>{escape(metric)} by {basis} length</figcaption>"
                     f"{bar_chart(f'buckets-{metric}', categories, series, metric, x_label)}</figure>")
     body.append("</div></section>")
+    notes = ["bleu: sacrebleu's sentence BLEU, with effective order"] if "bleu" in metrics else []
+    notes += ["ter above 100 counts in the last bin"] if "ter" in metrics else []
     body.append('<section id="distribution"><h2>Sentence-score distribution</h2>'
-                '<p class="note">Share of examples per sentence-score bin (bleu: sacrebleu\'s sentence BLEU; '
-                "ter above 100 counts in the last bin).</p>" + _legend(names) + '<div class="charts">')
+                f'<p class="note">Share of examples per sentence-score bin{" (" + "; ".join(notes) + ")" if notes else ""}.</p>'
+                + _legend(names) + '<div class="charts">')
     for metric in metrics:
         hist = details["histograms"][metric]
         series = [(n, hist["percent"][n]) for n in names]

@@ -601,3 +601,15 @@ def test_render_report_escapes_text():
     details = compare.report_details(comparison, {"<a>": ["x & y"], "b": ["<script>"]}, [["x & y"]])
     page = render_report(comparison, details)
     assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;a&gt;" in page
+
+
+def test_run_folders_on_different_references_are_one_line(tmp_path, legacy, capsys):
+    other = tmp_path / "other"
+    _write(other / "test.source", SRC)
+    _write(other / "test.target", TGT[:2] + ["something else"] + TGT[3:])
+    a, b = make_run(tmp_path / "a", legacy, SYS_A), make_run(tmp_path / "b", other, SYS_B)
+    _one_line_error(capsys, ["compare", "--predictions", str(a), str(b)],
+                    f"{b}: reference 2 differs from {a}'s; the runs were scored on different data")
+    # --references replaces the runs' own references: no check, and the comparison runs.
+    assert main(["compare", "--predictions", str(a), str(b), "--references", str(legacy / "test.target"),
+                 "--n_samples", "20"]) == 0
