@@ -403,18 +403,18 @@ def compare_systems(
         "n_references": len(refs),
         "signatures": {m: signatures[m] for m in metrics},
         "results": {
-            name: {
-                m: {
-                    "score": r.score,
-                    "ci_low": r.ci_low,
-                    "ci_high": r.ci_high,
-                    "p_value": r.p_value,
-                    "significant": _significant(r, results[names[0]][m]),
-                }
-                for m, r in ((m, results[name][m]) for m in metrics)
-            }
-            for name in names
+            name: {m: _result_dict(results[name][m], results[names[0]][m]) for m in metrics} for name in names
         },
+    }
+
+
+def _result_dict(result: PairedResult, baseline: PairedResult) -> dict[str, Any]:
+    return {
+        "score": result.score,
+        "ci_low": result.ci_low,
+        "ci_high": result.ci_high,
+        "p_value": result.p_value,
+        "significant": _significant(result, baseline),
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import random
 import re
 import shutil
@@ -613,3 +614,19 @@ def test_run_folders_on_different_references_are_one_line(tmp_path, legacy, caps
     # --references replaces the runs' own references: no check, and the comparison runs.
     assert main(["compare", "--predictions", str(a), str(b), "--references", str(legacy / "test.target"),
                  "--n_samples", "20"]) == 0
+
+
+def test_several_reference_streams():
+    import sacrebleu
+
+    refs = [TGT, ["die Katze sass auf Matte", "ein Hund rannte", "es regnet heute", "hallo", "eins zwei drei"]]
+    out = compare_systems({"a": SYS_A, "b": SYS_B}, refs, ["bleu", "chrf", "rouge1"], "bs", 50)
+    assert out["n_references"] == 2 and "nrefs:2" in out["signatures"]["bleu"]
+    assert out["results"]["a"]["bleu"]["score"] == sacrebleu.corpus_bleu(SYS_A, refs).score
+    assert out["results"]["b"]["chrf"]["score"] == sacrebleu.corpus_chrf(SYS_B, refs).score
+    # ROUGE: per example, the best F-measure over the references (rouge-score's score_multi).
+    per_ref = [rouge_example_scores(SYS_A, r) for r in refs]
+    best = [max(s[i]["rouge1"] for s in per_ref) for i in range(len(SYS_A))]
+    assert out["results"]["a"]["rouge1"]["score"] == math.fsum(best) / len(best)
+    with pytest.raises(DataError, match="reference stream 2 has 4 lines but stream 1 has 5"):
+        compare_systems({"a": SYS_A, "b": SYS_B}, [TGT, TGT[:4]])
