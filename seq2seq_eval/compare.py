@@ -485,7 +485,7 @@ def _run_config(save_dir: Path, type_path: str) -> tuple[dict[str, Any] | None, 
     return None, {}
 
 
-def _run_examples(save_dir: Path, config: Mapping[str, Any], type_path: str) -> tuple[Examples | None, str]:
+def _run_examples(config: Mapping[str, Any], type_path: str) -> tuple[Examples | None, str]:
     """The run's examples read again from its data (as ``data.load_examples`` reads them), or
     None and the reason."""
     if config.get("dataset"):
@@ -532,7 +532,10 @@ def load_run(save_dir: str | Path) -> Run:
     type_path = gen_path.name[: -len("_generations.txt")]
     preds = read_lines(gen_path)
     config, data_info = _run_config(save_dir, type_path)
-    examples, note = (None, "no metric file with provenance") if config is None else _run_examples(save_dir, config, type_path)
+    examples: Examples | None = None
+    note = "no metric file with provenance"
+    if config is not None:
+        examples, note = _run_examples(config, type_path)
     if examples is not None:
         expected = data_info.get("sha256")
         if expected and examples.fingerprint() != expected:
@@ -777,12 +780,14 @@ def build_parser() -> argparse.ArgumentParser:
         "per-example scores for ROUGE.",
     )
     p.add_argument("--predictions", nargs="+", required=True,
-                   help="generations files (one line per example) or --save_dir folders of earlier runs; the first is the baseline")
+                   help="generations files (one line per example) or --save_dir folders of earlier runs; "
+                   "the first is the baseline")
     p.add_argument("--references", nargs="+", help="reference files, one stream each (default: from the run folders)")
     p.add_argument("--sources", help="source file, for the report's length buckets (default: from the run folders)")
     p.add_argument("--task", help="translation or summarization (default: the runs' --task); picks the default metrics")
     p.add_argument("--metrics", nargs="+",
-                   help=f"comma- or space-separated, from {', '.join(METRICS)} (default: bleu for translation, rouge for summarization)")
+                   help=f"comma- or space-separated, from {', '.join(METRICS)} "
+                   "(default: bleu for translation, rouge for summarization)")
     p.add_argument("--paired_test", "--paired-test", dest="paired_test", choices=PAIRED_TESTS, default="bs",
                    help="bs: paired bootstrap resampling; ar: approximate randomization (default: bs)")
     p.add_argument("--n_samples", "--n-samples", dest="n_samples", type=int,
@@ -846,9 +851,8 @@ def _references(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[list[lis
     known = [r for r in runs if r.references is not None]
     if not known:
         why = "; ".join(f"{r.path}: {r.references_note}" for r in runs)
-        raise ConfigError(
-            "--references is required: " + (f"no references found for the runs ({why})" if runs else "a prediction is a bare file")
-        )
+        reason = f"no references found for the runs ({why})" if runs else "a prediction is a bare file"
+        raise ConfigError(f"--references is required: {reason}")
     # The first run's; compare_main checks that the other runs' agree.
     return known[0].references, str(known[0].path)  # type: ignore[return-value]
 
@@ -864,7 +868,9 @@ def _check_lengths(named: Mapping[str, _System], refs: Sequence[Sequence[str]], 
     for system in named.values():
         if len(system.predictions) != n:
             what = system.path / f"{system.run.type_path}_generations.txt" if system.run else system.path
-            raise DataError(f"{what}: {len(system.predictions)} lines but {ref_names[0]} has {n}; expected one prediction per reference")
+            raise DataError(
+                f"{what}: {len(system.predictions)} lines but {ref_names[0]} has {n}; expected one prediction per reference"
+            )
     if sources is not None and len(sources) != n:
         raise DataError(f"{source_name}: {len(sources)} lines but {ref_names[0]} has {n}")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU, CHRF, TER
-from sacrebleu.significance import PairedTest, estimate_ci
+from sacrebleu.significance import PairedTest
 
 from seq2seq_eval import compare
 from seq2seq_eval.cli import main
