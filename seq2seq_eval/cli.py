@@ -139,6 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["score"]:
             print(json.dumps(score_main(argv[1:]), indent=1, sort_keys=True, ensure_ascii=False))
             return 0
+        if argv[:1] == ["compare"]:
+            from .compare import compare_main
+
+            print(compare_main(argv[1:]))
+            return 0
         cfg = build_config(argv)
         _setup_logging(env.is_main, cfg.debug)
         from .runner import run
