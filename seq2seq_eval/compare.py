@@ -514,7 +514,7 @@ def load_run(save_dir: str | Path) -> Run:
     config in its metric file: the data (``data_dir`` with ``{type_path}.source/.target``, or a
     .jsonl file), truncated to ``n_obs`` as the run did. The data must still have the
     fingerprint the run recorded; otherwise (or for a --dataset run) the references fall back
-    to the ``{type_path}.target`` that --debug writes into the save_dir, or are None.
+    to the ``{type_path}_references.txt`` that --debug writes into the save_dir, or are None.
     """
     save_dir = Path(save_dir)
     if not save_dir.is_dir():
@@ -545,7 +545,7 @@ def load_run(save_dir: str | Path) -> Run:
     refs: list[list[str]] | None = None
     if examples is not None and all(e.target is not None for e in examples.items):
         refs = [[e.target for e in examples.items]]  # type: ignore[misc]
-    debug_target = save_dir / f"{type_path}.target"
+    debug_target = save_dir / f"{type_path}_references.txt"
     if refs is None and debug_target.exists():
         refs, note = [read_lines(debug_target)], str(debug_target)
         if len(refs[0]) != len(preds):

@@ -374,7 +374,7 @@ def test_changed_data_falls_back_to_debug_target_or_needs_references(tmp_path, l
     save = make_run(tmp_path / "a", legacy, SYS_A, sha256="0" * 64)
     run = load_run(save)
     assert run.references is None and "has changed since the run" in run.references_note
-    _write(save / "test.target", TGT)  # what --debug writes
+    _write(save / "test_references.txt", TGT)  # what --debug writes
     assert load_run(save).references == [TGT]
 
 
