@@ -1,0 +1,145 @@
+"""Examples in a memory-mapped Arrow file, written once per run and read by position.
+
+A million examples as Python objects cost every rank gigabytes; as one Arrow file in the temp
+dir they cost the page cache once per node, and each rank reads only the rows a batch needs.
+Rank 0 writes the file from the input (any format) in fixed-size record batches; every rank then
+maps it. Columns:
+
+    id      the example id as JSON text ("17" for a line number, "\\"abc\\"" for a string id), so
+            that int and str ids survive unchanged
+    source  the source text
+    target  list of reference texts (one or more), null when the input has none
+
+The fingerprint is a sha256 over the Arrow buffers as they are written: the same examples give
+the same digest whatever file format they came from, and it costs one pass over bytes already in
+memory, not a JSON dump per example.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from .data import Example, ExampleId
+
+ROWS_PER_BATCH = 8192
+"""Rows per Arrow record batch: fixed, because the fingerprint hashes batch buffers."""
+
+SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.list_(pa.string()))])
+
+
+def _record_batch(chunk: Sequence[Example]) -> pa.RecordBatch:
+    return pa.record_batch(
+        [
+            pa.array([json.dumps(e.id, ensure_ascii=False) for e in chunk], pa.string()),
+            pa.array([e.source for e in chunk], pa.string()),
+            pa.array([list(e.references) if e.target is not None else None for e in chunk], pa.list_(pa.string())),
+        ],
+        schema=SCHEMA,
+    )
+
+
+def _hash_batch(h: Any, batch: pa.RecordBatch) -> None:
+    for column in batch.columns:
+        for array in (column, *([column.values] if isinstance(column, pa.ListArray) else [])):
+            for buf in array.buffers():
+                if buf is not None:
+                    h.update(memoryview(buf))
+
+
+def _rebatched(examples: Iterable[Example]) -> Iterator[list[Example]]:
+    chunk: list[Example] = []
+    for e in examples:
+        chunk.append(e)
+        if len(chunk) == ROWS_PER_BATCH:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def fingerprint(examples: Iterable[Example]) -> str:
+    """The digest `write_store` records for the same examples, computed in memory."""
+    h = hashlib.sha256()
+    for chunk in _rebatched(examples):
+        _hash_batch(h, _record_batch(chunk))
+    return h.hexdigest()
+
+
+def write_store(path: Path, examples: Iterable[Example]) -> tuple[int, str]:
+    """Write `examples` (any iterable, consumed once) to `path` atomically; returns the number of
+    rows and the fingerprint. Memory stays at one record batch whatever the input size."""
+    h = hashlib.sha256()
+    n = 0
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+            for chunk in _rebatched(examples):
+                batch = _record_batch(chunk)
+                _hash_batch(h, batch)
+                writer.write_batch(batch)
+                n += len(chunk)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return n, h.hexdigest()
+
+
+class ExampleStore:
+    """Read access by position to a store file; nothing is loaded until asked for."""
+
+    def __init__(self, path: Path, origin: str, n_obs: int | None = None) -> None:
+        self.path = path
+        self.origin = origin  # where the examples came from, for messages
+        # A memory map: the OS pages rows in as batches read them, and ranks on one node share them.
+        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+        self._table = table.slice(0, n_obs) if n_obs is not None else table
+
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    @property
+    def has_targets(self) -> bool:
+        return self._table.column("target").null_count < len(self)
+
+    def _take(self, column: str, positions: Sequence[int]) -> list[Any]:
+        return self._table.column(column).take(pa.array(positions, pa.int64())).to_pylist()
+
+    def ids(self, positions: Sequence[int]) -> list[ExampleId]:
+        return [json.loads(i) for i in self._take("id", positions)]
+
+    def sources(self, positions: Sequence[int]) -> list[str]:
+        return self._take("source", positions)
+
+    def targets(self, positions: Sequence[int]) -> list[str | tuple[str, ...] | None]:
+        return [_target(t) for t in self._take("target", positions)]
+
+    def examples(self, positions: Sequence[int]) -> list[Example]:
+        return [Example(i, s, t) for i, s, t in zip(self.ids(positions), self.sources(positions),
+                                                   self.targets(positions))]
+
+    def iter_slices(self, rows: int = 50_000) -> Iterator[tuple[int, list[Example]]]:
+        """(start, examples) for consecutive slices, in data order."""
+        for start in range(0, len(self), rows):
+            part = self._table.slice(start, rows)
+            ids = [json.loads(i) for i in part.column("id").to_pylist()]
+            yield start, [Example(i, s, _target(t)) for i, s, t in
+                          zip(ids, part.column("source").to_pylist(), part.column("target").to_pylist())]
+
+    def iter_sources(self, start: int, end: int, rows: int = 10_000) -> Iterator[list[str]]:
+        for lo in range(start, end, rows):
+            yield self._table.column("source").slice(lo, min(rows, end - lo)).to_pylist()
+
+
+def _target(value: list[str] | None) -> str | tuple[str, ...] | None:
+    if value is None:
+        return None
+    return value[0] if len(value) == 1 else tuple(value)
