@@ -556,10 +556,9 @@ def score_metrics(
     return combine_metrics(names, stats, sacrebleu_num_refs(refs))
 
 
-def lowest_scoring(
-    name: str, ids: Sequence[Any], scores: Sequence[Mapping[str, float]], k: int = 5
-) -> list[Any]:
-    """The ids of the ``k`` worst examples by ``ranking_key(name)``; ties keep example order."""
+def lowest_scoring(name: str, scores: Sequence[Mapping[str, float]], k: int = 5) -> list[int]:
+    """Positions of the ``k`` worst examples by ``ranking_key(name)``, worst first; ties keep
+    example order."""
     key, higher_is_better = ranking_key(name)
-    order = sorted(range(len(ids)), key=lambda i: scores[i][key] if higher_is_better else -scores[i][key])
-    return [ids[i] for i in order[:k]]
+    sign = 1.0 if higher_is_better else -1.0
+    return sorted(range(len(scores)), key=lambda i: sign * scores[i][key])[:k]

@@ -76,8 +76,15 @@ def write_outputs(
             write_atomic(path, "".join(_one_line(p) + "\n" for p in best).encode("utf-8"))
             written.append(path)
     if cfg.debug:
-        path = save_dir / f"{cfg.type_path}.target"
-        write_atomic(path, "".join(_one_line(e.target or "") + "\n" for e in examples).encode("utf-8"))
+        # One file per reference set, named as the legacy layout reads them back.
+        for k in range(max([1, *(len(e.references) for e in examples)])):
+            path = save_dir / (f"{cfg.type_path}.target" + (f".{k}" if k else ""))
+            texts = (e.references[k] if k < len(e.references) else "" for e in examples)
+            write_atomic(path, "".join(_one_line(t) + "\n" for t in texts).encode("utf-8"))
+            written.append(path)
+    if not cfg.pseudolabels and not cfg.no_examples_file:
+        path = save_dir / f"{cfg.type_path}_examples.jsonl"
+        write_atomic(path, examples_jsonl(examples, records))
         written.append(path)
     if metrics is not None:
         metrics = dict(metrics)
@@ -90,6 +97,33 @@ def write_outputs(
     return written
 
 
+def examples_jsonl(examples: Sequence[Example], records: Sequence[Mapping[str, Any]]) -> bytes:
+    """{type_path}_examples.jsonl: one JSON object per example, in the order of the data.
+
+    Keys: id, source, references (always a list, so every row has the same type and
+    `datasets.load_dataset("json", ...)` reads the file), prediction, then the sentence-level
+    score of each metric (bleu, chrf, chrf++, ter, rouge1, rouge2, rougeL, rougeLsum), as the
+    generating rank computed them.
+    """
+    lines = []
+    for e, r in zip(examples, records):
+        row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": r["pred"]}
+        row.update(r.get("sentence_scores") or {})
+        lines.append(json.dumps(row, ensure_ascii=False))
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def lowest_scoring_line(metric: str, ids: Sequence[Any], records: Sequence[Mapping[str, Any]], k: int = 5) -> str:
+    """The summary line naming the `k` worst examples by `metric`'s sentence score, worst first
+    (for TER the highest: it is an error rate)."""
+    from .metrics import lowest_scoring, ranking_key
+
+    key, _ = ranking_key(metric)
+    scores = [r["sentence_scores"] for r in records]
+    worst = ", ".join(f"{ids[i]} ({scores[i][key]:.1f})" for i in lowest_scoring(metric, scores, k))
+    return f"{'lowest ' + key + ' ids':<22}{worst}"
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
@@ -97,7 +131,7 @@ def now_iso() -> str:
 def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, Any]]) -> str:
     """A short human summary; the JSON file holds the full figures."""
     lines = []
-    shown = [k for k in ("bleu", "rouge1", "rouge2", "rougeL", "rougeLsum") if k in metrics]
+    shown = [k for k in ("bleu", "chrf", "chrf++", "ter", "rouge1", "rouge2", "rougeL", "rougeLsum") if k in metrics]
     for key in shown:
         ci = ""
         if f"{key}_ci_low" in metrics:
