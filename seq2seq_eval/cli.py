@@ -110,7 +110,7 @@ def score_main(argv: Sequence[str]) -> dict:
     parser = _Parser(prog="seq2seq_eval score", allow_abbrev=False,
                                      description="Score existing one-line-per-example files.")
     parser.add_argument("--task", choices=TASKS, default=CONFIG_FIELDS["task"].default,
-                        help="picks the metric when --metrics is not given")
+                        help=f"picks the metric when --metrics is not given (default: {CONFIG_FIELDS['task'].default})")
     parser.add_argument("--metrics", default=CONFIG_FIELDS["metrics"].default,
                         help=f"comma list of {', '.join(METRIC_NAMES)} (default: the task's metric)")
     parser.add_argument("--predictions", required=True)
