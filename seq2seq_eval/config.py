@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .metric_names import METRIC_NAMES, TASK_DEFAULT_METRIC, parse_metric_names
+from .metric_names import parse_metric_names
 
 TASKS = ("translation", "summarization")
 

@@ -31,7 +31,7 @@ from seq2seq_eval.metrics import (
     score_metrics,
     sentence_scores,
 )
-from seq2seq_eval.sacre_metrics import SACREBLEU_METRICS, reference_streams
+from seq2seq_eval.sacre_metrics import reference_streams
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 REALDATA = SHARED / "realdata"
