@@ -55,7 +55,7 @@ def test_identical_metrics_and_examples_file_at_1_2_3_ranks(two_refs):
     assert all(values[1][f"{k}_signature"].startswith("nrefs:2|") for k in SACRE)
     files = {n: (save / "test_examples.jsonl").read_bytes() for n, (save, _) in runs.items()}
     assert files[1] == files[2] == files[3]
-    assert [m["throughput"]["per_rank"].__len__() for m in (metrics_of(s) for s, _ in runs.values())] == [1, 2, 3]
+    assert [len(metrics_of(save)["throughput"]["per_rank"]) for save, _ in runs.values()] == [1, 2, 3]
 
 
 def test_metrics_are_sacrebleus_multi_reference_corpus_scores(two_refs):
