@@ -20,7 +20,7 @@ logger = logging.getLogger("seq2seq_eval")
 # reports them, so an 8-rank launch prints one line, not eight.
 _REPLICATED = (ConfigError, DataError, ModelError, RunStateError, Interrupted)
 
-_FLAGS = {"fp16", "bf16", "debug", "resume", "dry_run", "pseudo_target"}
+_FLAGS = {"fp16", "bf16", "debug", "resume", "dry_run", "pseudo_target", "no_examples_file"}
 
 
 def _field_type(name: str) -> type:
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="seq2seq_eval",
         description="Evaluate a Hugging Face seq2seq model with beam search, sharded over torchrun ranks. "
         "Any other --key value is passed to model.generate(). "
-        "Subcommand: `seq2seq_eval score --task T --predictions F --references F`.",
+        "Subcommand: `seq2seq_eval score --task T [--metrics M] --predictions F --references F [F ...]`.",
         allow_abbrev=False,
     )
     docs = field_docs()
@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices = {"task": TASKS, "device": DEVICES, "dist_backend": BACKENDS}.get(f.name)
         if choices:
             kwargs["choices"] = choices
+        if f.name == "target_column":
+            kwargs["action"] = "append"  # several references: one column per --target_column
         parser.add_argument(*names, **kwargs)
     # torch.distributed.launch passes --local_rank; rank and local rank come from the environment.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -99,24 +101,30 @@ def build_config(argv: Sequence[str]) -> EvalConfig:
 
 
 def score_main(argv: Sequence[str]) -> dict:
+    from pathlib import Path
+
     from . import metrics
-    from .data import read_lines
+    from .config import CONFIG_FIELDS
+    from .data import read_lines, read_references
+    from .metric_names import METRIC_NAMES, parse_metric_names
 
     parser = _Parser(prog="seq2seq_eval score", allow_abbrev=False,
                                      description="Score existing one-line-per-example files.")
-    parser.add_argument("--task", required=True, choices=TASKS)
+    parser.add_argument("--task", choices=TASKS, default=CONFIG_FIELDS["task"].default,
+                        help=f"picks the metric when --metrics is not given (default: {CONFIG_FIELDS['task'].default})")
+    parser.add_argument("--metrics", default=CONFIG_FIELDS["metrics"].default,
+                        help=f"comma list of {', '.join(METRIC_NAMES)} (default: the task's metric)")
     parser.add_argument("--predictions", required=True)
-    parser.add_argument("--references", required=True)
+    parser.add_argument("--references", required=True, nargs="+",
+                        help="one file per set of references, each line-aligned with --predictions")
     args = parser.parse_args(argv)
-    from pathlib import Path
-
+    names = parse_metric_names(args.metrics, args.task)
     preds = read_lines(Path(args.predictions))
-    refs = read_lines(Path(args.references))
-    if len(preds) != len(refs):
-        raise DataError(
-            f"{args.predictions}: {len(preds)} lines but {args.references} has {len(refs)}; expected one prediction per reference"
-        )
-    return metrics.score(args.task, preds, refs)
+    if not preds:
+        raise DataError(f"{args.predictions}: no lines; expected one prediction per line")
+    streams = [read_references(Path(r), len(preds), args.predictions, "prediction") for r in args.references]
+    refs = list(zip(*streams)) if len(streams) > 1 else streams[0]
+    return metrics.score_metrics(names, preds, refs)
 
 
 def _setup_logging(is_main: bool, debug: bool) -> None:

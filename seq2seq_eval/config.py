@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .metric_names import parse_metric_names
 
 TASKS = ("translation", "summarization")
 DEVICES = ("auto", "cpu", "cuda")
@@ -81,6 +82,8 @@ class EvalConfig:
     """Split name: reads {data_dir}/{type_path}.source and .target."""
     task: str = "translation"
     """translation (BLEU) or summarization (ROUGE)."""
+    metrics: str = ""
+    """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge (default: bleu for translation, rouge for summarization)."""
     bs: int = 8
     """Examples per batch (ignored when --max_tokens is given)."""
     max_tokens: int | None = None
@@ -119,6 +122,8 @@ class EvalConfig:
     """Validate flags, data and model, print the batch plan, and exit without generating."""
     pseudo_target: bool = False
     """With --num_return_sequences: also write the best candidates as {type_path}.pseudo.target."""
+    no_examples_file: bool = False
+    """Do not write {type_path}_examples.jsonl (per-example predictions, references and sentence scores)."""
     dataset: str | None = None
     """Hugging Face dataset name or local path (json/csv/parquet file or save_to_disk folder)."""
     dataset_config: str | None = None
@@ -127,8 +132,8 @@ class EvalConfig:
     """Dataset split (default: --type_path)."""
     source_column: str | None = None
     """Source column; dotted paths like translation.en reach into nested columns."""
-    target_column: str | None = None
-    """Target column (dotted paths allowed)."""
+    target_column: str | tuple[str, ...] | None = None
+    """Target column (dotted paths allowed); give it more than once, or name a column of lists, for several references."""
     id_column: str | None = None
     """Id column (default: 'id' when present, else the row number)."""
     generate_kwargs: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
@@ -173,6 +178,8 @@ class EvalConfig:
                 )
         if self.pseudo_target and self.num_return_sequences < 2:
             raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")
+        object.__setattr__(self, "metrics", ",".join(parse_metric_names(self.metrics, self.task)) if self.metrics else "")
+        object.__setattr__(self, "target_column", _target_columns(self.target_column))
         if self.dataset is None and any(
             v is not None
             for v in (self.dataset_config, self.split, self.source_column, self.target_column, self.id_column)
@@ -200,10 +207,29 @@ class EvalConfig:
     def metric_name(self) -> str:
         return "bleu" if self.task == "translation" else "rouge"
 
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """--metrics as names, in the order given; the task's main metric when empty."""
+        return parse_metric_names(self.metrics, self.task)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["generate_kwargs"] = dict(self.generate_kwargs)
         return d
+
+
+def _target_columns(value: Any) -> str | tuple[str, ...] | None:
+    """--target_column given once stays a str (as before several references existed); given
+    more than once (argparse appends to a list) it becomes a tuple of distinct columns."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"--target_column must be a column name (or several), got {value!r}")
+    if len(set(value)) != len(value):
+        raise ConfigError(f"--target_column: a column is given twice in {', '.join(value)}")
+    if not value:
+        return None
+    return value[0] if len(value) == 1 else tuple(value)
 
 
 def _check_min(flag: str, value: Any, minimum: int) -> None:

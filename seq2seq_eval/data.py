@@ -23,7 +23,15 @@ ExampleId = int | str
 class Example:
     id: ExampleId
     source: str
-    target: str | None
+    target: str | tuple[str, ...] | None
+    """One reference as a str, several as a tuple of two or more, None when there are none."""
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        """The reference(s) as a tuple, whatever the count (empty when there are none)."""
+        if self.target is None:
+            return ()
+        return (self.target,) if isinstance(self.target, str) else tuple(self.target)
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,39 @@ def _check_text(path: Path, lineno: int, text: str, what: str) -> None:
         raise DataError(f"{path} line {lineno}: empty {what}; expected non-empty text")
 
 
+def read_references(path: Path, n_lines: int, against: str, per: str) -> list[str]:
+    """A reference file: `n_lines` non-empty lines, one per `per` line of the file `against`."""
+    refs = read_lines(path)
+    if len(refs) != n_lines:
+        raise DataError(f"{path}: {len(refs)} lines but {against} has {n_lines}; expected one reference per {per} line")
+    for i, t in enumerate(refs, start=1):
+        _check_text(path, i, t, "reference")
+    return refs
+
+
+def extra_reference_files(data_dir: Path, type_path: str) -> list[Path]:
+    """{type_path}.target.1, .target.2, ...: the references beyond {type_path}.target.
+
+    Numbered from 1 without gaps; a stray number (a .target.3 with no .target.2) is an error
+    rather than a reference set silently left out.
+    """
+    prefix = f"{type_path}.target."
+    numbers = {}
+    for path in data_dir.glob(f"{type_path}.target.*"):
+        suffix = path.name[len(prefix):]
+        if suffix.isdigit():
+            numbers[int(suffix)] = path
+    expected = list(range(1, len(numbers) + 1))
+    if sorted(numbers) != expected:
+        missing = next(k for k in range(1, max(numbers) + 2) if k not in numbers)
+        found = next(numbers[k] for k in sorted(numbers) if k > missing)
+        raise DataError(
+            f"{found}: found, but {prefix}{missing} is missing; expected extra references numbered "
+            f"{prefix}1, {prefix}2, ... without gaps"
+        )
+    return [numbers[k] for k in expected]
+
+
 def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
     if not data_dir.exists():
         raise DataError(f"--data_dir {data_dir}: no such directory")
@@ -92,7 +133,7 @@ def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
         raise DataError(f"{src_path}: no examples; expected one source per line")
     for i, s in enumerate(sources, start=1):
         _check_text(src_path, i, s, "source")
-    targets: list[str | None]
+    targets: list[str | tuple[str, ...] | None]
     if tgt_path.exists():
         tgts = read_lines(tgt_path)
         if len(tgts) != len(sources):
@@ -103,6 +144,11 @@ def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
         for i, t in enumerate(tgts, start=1):
             _check_text(tgt_path, i, t, "reference")
         targets = list(tgts)
+        extra = [
+            read_references(p, len(sources), src_path.name, "source") for p in extra_reference_files(data_dir, type_path)
+        ]
+        if extra:
+            targets = [tuple(refs) for refs in zip(tgts, *extra)]
     elif need_targets:
         raise DataError(f"{tgt_path}: file not found; expected references to score against")
     else:
@@ -130,7 +176,7 @@ def load_jsonl(path: Path, need_targets: bool) -> Examples:
             raise DataError(f"{path} line {lineno}: duplicated id {ex_id!r} (first on line {seen[ex_id]})")
         seen[ex_id] = lineno
         source = _field(record, "source", path, lineno, required=True)
-        target = _field(record, "target", path, lineno, required=need_targets)
+        target = _target_field(record, path, lineno, required=need_targets)
         items.append(Example(ex_id, source, target))  # type: ignore[arg-type]
     if not items:
         raise DataError(f"{path}: no records; expected one JSON object per line")
@@ -146,6 +192,20 @@ def _field(record: dict, name: str, path: Path, lineno: int, required: bool) -> 
     if not isinstance(value, str) or not value.strip():
         raise DataError(f"{path} line {lineno}: field {name!r} must be a non-empty string, got {value!r}")
     return value
+
+
+def _target_field(record: dict, path: Path, lineno: int, required: bool) -> str | tuple[str, ...] | None:
+    """The "target" field: a non-empty string, or a list of them for several references (a list
+    of one is kept as a plain string: the same example as without the list)."""
+    value = record.get("target")
+    if not isinstance(value, list):
+        return _field(record, "target", path, lineno, required)
+    if not value or not all(isinstance(v, str) and v.strip() for v in value):
+        raise DataError(
+            f"{path} line {lineno}: field 'target' must be a non-empty string or a non-empty list of "
+            f"non-empty strings, got {value!r}"
+        )
+    return value[0] if len(value) == 1 else tuple(value)
 
 
 def check_unique_ids(ids: Sequence[ExampleId], origin: str) -> None:

@@ -57,9 +57,9 @@ def load_hf_examples(cfg: EvalConfig, need_targets: bool) -> Examples:
     features = ds.features
     src_col, tgt_col = resolve_columns(features, cfg, where, need_targets)
     sources = _texts(ds, src_col, where)
-    targets: Sequence[str | None]
-    if tgt_col is not None and _has_path(features, tgt_col):
-        targets = _texts(ds, tgt_col, where)
+    targets: Sequence[str | tuple[str, ...] | None]
+    if isinstance(tgt_col, tuple) or (tgt_col is not None and _has_path(features, tgt_col)):
+        targets = _references(ds, tgt_col, where)
     elif need_targets:
         raise DataError(
             f"{where}: no target column{f' {tgt_col!r}' if tgt_col else ''}; expected references to score against "
@@ -250,10 +250,12 @@ def _has_path(features: Mapping[str, Any], path: str) -> bool:
 
 def resolve_columns(
     features: Mapping[str, Any], cfg: EvalConfig, where: str, need_targets: bool = True
-) -> tuple[str, str | None]:
-    """(source path, target path or None). Named columns must exist; a recognised layout fills in
-    the others. A defaulted target that is absent is None: the caller raises if it needs one."""
-    for flag, path in (("--source_column", cfg.source_column), ("--target_column", cfg.target_column),
+) -> tuple[str, str | tuple[str, ...] | None]:
+    """(source path, target path(s) or None). Named columns must exist; a recognised layout fills in
+    the others. A defaulted target that is absent is None: the caller raises if it needs one.
+    Several --target_column give a tuple of paths."""
+    named_targets = cfg.target_column if isinstance(cfg.target_column, tuple) else (cfg.target_column,)
+    for flag, path in (("--source_column", cfg.source_column), *(("--target_column", t) for t in named_targets),
                        ("--id_column", cfg.id_column)):
         if path is not None and not _has_path(features, path):
             raise DataError(f"{where}: no column {path!r} ({flag}); columns: {', '.join(column_paths(features))}")
@@ -344,6 +346,28 @@ def _texts(ds: Any, path: str, where: str) -> list[str]:
         if not isinstance(value, str) or not value.strip():
             raise DataError(f"{where} row {row} column {path!r}: expected a non-empty string, got {_short(value)}")
     return values
+
+
+def _references(ds: Any, columns: str | tuple[str, ...], where: str) -> list[str | tuple[str, ...]]:
+    """Each row's reference(s), from one or more target columns, each holding a string or a list of
+    strings per row. A row with one reference gets a str, one with several a tuple (in column order)."""
+    per_row: list[list[str]] = [[] for _ in range(len(ds))]
+    for column in (columns,) if isinstance(columns, str) else columns:
+        for row, value in enumerate(_values(ds, column)):
+            if isinstance(value, list):
+                if not value:
+                    raise DataError(f"{where} row {row} column {column!r}: an empty list; expected one or more references")
+                for k, item in enumerate(value):
+                    if not isinstance(item, str) or not item.strip():
+                        raise DataError(
+                            f"{where} row {row} column {column!r} item {k}: expected a non-empty string, got {_short(item)}"
+                        )
+                per_row[row].extend(value)
+            elif isinstance(value, str) and value.strip():
+                per_row[row].append(value)
+            else:
+                raise DataError(f"{where} row {row} column {column!r}: expected a non-empty string, got {_short(value)}")
+    return [refs[0] if len(refs) == 1 else tuple(refs) for refs in per_row]
 
 
 def _ids(ds: Any, id_column: str | None, where: str) -> list[ExampleId]:

@@ -15,6 +15,11 @@ scoring everything in one place, to the last digit. So each metric is split in t
 ``example_statistics(task, ...)`` and ``combine(task, ...)`` wrap the two steps per task, and
 ``score(task, preds, refs) == combine(task, example_statistics(task, preds, refs))`` by
 construction.
+
+``--metrics`` picks any of ``METRIC_NAMES`` (bleu, chrf, chrf++, ter, rouge), each example with
+one or several references. ``metric_statistics`` / ``combine_metrics`` are the same two steps for
+such a list, keyed by metric name (the sacrebleu ones live in ``sacre_metrics``), and
+``sentence_scores`` turns an example's statistics into its sentence-level scores.
 """
 
 from __future__ import annotations
@@ -32,8 +37,13 @@ from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
 from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU
 
+from .metric_names import METRIC_NAMES
+from .sacre_metrics import SACREBLEU_METRICS, reference_count
+
 __all__ = [
+    "METRIC_NAMES",
     "ROUGE_KEYS",
+    "SACREBLEU_METRICS",
     "SEED",
     "TASKS",
     "BleuResult",
@@ -41,14 +51,23 @@ __all__ = [
     "bleu_from_statistics",
     "bleu_statistics",
     "combine",
+    "combine_metrics",
     "corpus_bleu",
     "corpus_rouge",
     "example_statistics",
+    "lowest_scoring",
+    "metric_statistics",
     "metric_dict",
+    "ranking_key",
+    "reference_tuples",
+    "sacrebleu_num_refs",
     "prepare_for_rouge",
     "rouge_example_scores",
     "rouge_from_example_scores",
     "score",
+    "score_metrics",
+    "sentence_keys",
+    "sentence_scores",
     "split_sentences",
 ]
 
@@ -124,6 +143,34 @@ def _check_pairs(preds: Sequence[str], refs: Sequence[str]) -> None:
             f"preds and refs must have the same length, got {len(preds)} predictions "
             f"and {len(refs)} references"
         )
+
+
+def _check_references(preds: Sequence[str], refs: Any) -> list[tuple[str, ...]]:
+    """Per example a tuple of one or more reference strings, from a str or a sequence of str."""
+    _check_strings("preds", preds)
+    if isinstance(refs, str) or not isinstance(refs, Sequence):
+        raise TypeError(f"refs must be a sequence with one entry per prediction, got {type(refs).__name__}")
+    out = []
+    for i, entry in enumerate(refs):
+        if isinstance(entry, str):
+            out.append((entry,))
+            continue
+        if (
+            isinstance(entry, (bytes, Mapping))
+            or not isinstance(entry, Sequence)
+            or not entry
+            or not all(isinstance(r, str) for r in entry)
+        ):
+            raise TypeError(
+                f"refs[{i}] must be a str or a non-empty sequence of str, got {type(entry).__name__}: {entry!r}"
+            )
+        out.append(tuple(entry))
+    if len(preds) != len(out):
+        raise ValueError(
+            f"preds and refs must have the same length, got {len(preds)} predictions "
+            f"and {len(out)} references"
+        )
+    return out
 
 
 def _check_task(task: str) -> None:
@@ -245,18 +292,26 @@ def _rouge_scorer() -> rouge_scorer.RougeScorer:
     return rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
 
 
-def rouge_example_scores(preds: Sequence[str], refs: Sequence[str]) -> list[dict[str, float]]:
+def rouge_example_scores(
+    preds: Sequence[str], refs: Sequence[Union[str, Sequence[str]]]
+) -> list[dict[str, float]]:
     """Per example: ``{key: F-measure x 100}`` for every key of ``ROUGE_KEYS``.
 
     Both sides go through ``prepare_for_rouge`` and are scored with rouge-score's
-    ``RougeScorer(ROUGE_KEYS, use_stemmer=True).score(target=ref, prediction=pred)``.
-    rouge-score's tokenizer keeps only ``[a-z0-9]`` runs, so text in other scripts scores 0.
+    ``RougeScorer(ROUGE_KEYS, use_stemmer=True)``: ``.score(target=ref, prediction=pred)`` for
+    one reference, ``.score_multi(targets=refs, prediction=pred)`` for several (per key, the
+    reference with the best F-measure). rouge-score's tokenizer keeps only ``[a-z0-9]`` runs,
+    so text in other scripts scores 0.
     """
-    _check_pairs(preds, refs)
+    ref_tuples = _check_references(preds, refs)
     scorer = _rouge_scorer()
     out = []
-    for pred, ref in zip(preds, refs):
-        scores = scorer.score(prepare_for_rouge(ref), prepare_for_rouge(pred))
+    for pred, example_refs in zip(preds, ref_tuples):
+        prepared = prepare_for_rouge(pred)
+        if len(example_refs) == 1:
+            scores = scorer.score(prepare_for_rouge(example_refs[0]), prepared)
+        else:
+            scores = scorer.score_multi([prepare_for_rouge(r) for r in example_refs], prepared)
         # float(): rouge-score returns the int 0 for an LCS F-measure with no match, and
         # an int would come back from a JSON rank file as a different type.
         out.append({key: float(scores[key].fmeasure) * 100 for key in ROUGE_KEYS})
@@ -382,3 +437,128 @@ def score(task: str, preds: Sequence[str], refs: Sequence[str]) -> dict[str, Uni
     _check_task(task)
     _check_pairs(preds, refs)
     return combine(task, example_statistics(task, preds, refs))
+
+
+# ---------------------------------------------------------------------------
+# Several metrics at once (--metrics): the registry the pipeline and `score` use
+# ---------------------------------------------------------------------------
+
+
+def _check_names(names: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(names, str) or not isinstance(names, Sequence) or not names:
+        raise TypeError(f"names must be a non-empty sequence of metric names, got {names!r}")
+    unknown = [n for n in names if n not in METRIC_NAMES]
+    if unknown:
+        raise ValueError(f"unknown metric {unknown[0]!r}; valid names: {', '.join(METRIC_NAMES)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"metric names must be distinct, got {', '.join(names)}")
+    return tuple(names)
+
+
+def sentence_keys(name: str) -> tuple[str, ...]:
+    """The per-example score keys a metric writes: its name, or the four ROUGE keys."""
+    return ROUGE_KEYS if name == "rouge" else (name,)
+
+
+def ranking_key(name: str) -> tuple[str, bool]:
+    """(sentence score key, higher is better) that ranks examples for a metric.
+
+    ROUGE ranks by rougeL; TER is an error rate, so its worst examples are the highest.
+    """
+    if name == "rouge":
+        return "rougeL", True
+    return name, SACREBLEU_METRICS[name].higher_is_better
+
+
+def reference_tuples(refs: Sequence[Union[str, Sequence[str]]]) -> list[tuple[str, ...]]:
+    """Per-example references as tuples; a str is one reference."""
+    return [(r,) if isinstance(r, str) else tuple(r) for r in refs]
+
+
+def sacrebleu_num_refs(refs: Sequence[Union[str, Sequence[str]]]) -> int:
+    """What sacrebleu's signature reports for these per-example references (-1: variable)."""
+    return reference_count(reference_tuples(refs))
+
+
+def metric_statistics(
+    names: Sequence[str], preds: Sequence[str], refs: Sequence[Union[str, Sequence[str]]]
+) -> list[dict[str, Any]]:
+    """What a rank computes for its own examples: per example ``{name: statistics}``.
+
+    ``refs`` holds one entry per prediction: a reference string, or a sequence of several.
+    sacrebleu metrics give their segment statistics rows (see ``sacre_metrics``); ``rouge``
+    gives ``rouge_example_scores``' dict. All of it is plain JSON.
+    """
+    names = _check_names(names)
+    ref_tuples = _check_references(preds, refs)
+    columns = {
+        name: rouge_example_scores(preds, ref_tuples) if name == "rouge"
+        else SACREBLEU_METRICS[name].statistics(preds, ref_tuples)
+        for name in names
+    }
+    return [{name: columns[name][i] for name in names} for i in range(len(preds))]
+
+
+def _column(name: str, per_example: Sequence[Mapping[str, Any]]) -> list[Any]:
+    if isinstance(per_example, (str, bytes, Mapping)) or not isinstance(per_example, Sequence):
+        raise TypeError(f"per_example must be a sequence of mappings, got {type(per_example).__name__}")
+    column = []
+    for i, row in enumerate(per_example):
+        if not isinstance(row, Mapping) or name not in row:
+            raise ValueError(f"statistics of example {i} have no {name!r} entry, got {row!r}")
+        column.append(row[name])
+    return column
+
+
+def sentence_scores(names: Sequence[str], per_example: Sequence[Mapping[str, Any]]) -> list[dict[str, float]]:
+    """Each example's sentence-level scores from its statistics: ``{key: score}`` with the
+    keys of ``sentence_keys``. sacrebleu metrics give ``sentence_score(pred, refs).score``
+    (BLEU with effective order, as ``sacrebleu.sentence_bleu``); ROUGE its F-measures x 100.
+    """
+    names = _check_names(names)
+    out: list[dict[str, float]] = [{} for _ in per_example]
+    for name in names:
+        column = _column(name, per_example)
+        if name == "rouge":
+            for i, row in enumerate(column):
+                out[i].update(zip(ROUGE_KEYS, _check_rouge_row(i, row)))
+        else:
+            for i, value in enumerate(SACREBLEU_METRICS[name].sentence_scores(column)):
+                out[i][name] = value
+    return out
+
+
+def combine_metrics(
+    names: Sequence[str], per_example: Sequence[Mapping[str, Any]], num_refs: int = 1
+) -> dict[str, Union[float, str]]:
+    """The flat metric dict from every example's ``metric_statistics``, in example order.
+
+    Keys: ``bleu``/``chrf``/``chrf++``/``ter`` with ``<name>_signature``, and for ``rouge``
+    the keys of ``metric_dict``. ``num_refs`` goes into sacrebleu's signatures (``num_refs``
+    of the references: -1 when it varies between examples).
+    """
+    names = _check_names(names)
+    out: dict[str, Union[float, str]] = {}
+    for name in names:
+        column = _column(name, per_example)
+        if name == "rouge":
+            out.update(metric_dict(rouge_from_example_scores(column)))
+        else:
+            out.update(SACREBLEU_METRICS[name].combine(column, num_refs))
+    return out
+
+
+def score_metrics(
+    names: Sequence[str], preds: Sequence[str], refs: Sequence[Union[str, Sequence[str]]]
+) -> dict[str, Union[float, str]]:
+    """Score a whole corpus in one place; equals ``combine_metrics`` over any split of it."""
+    stats = metric_statistics(names, preds, refs)
+    return combine_metrics(names, stats, sacrebleu_num_refs(refs))
+
+
+def lowest_scoring(name: str, scores: Sequence[Mapping[str, float]], k: int = 5) -> list[int]:
+    """Positions of the ``k`` worst examples by ``ranking_key(name)``, worst first; ties keep
+    example order."""
+    key, higher_is_better = ranking_key(name)
+    sign = 1.0 if higher_is_better else -1.0
+    return sorted(range(len(scores)), key=lambda i: sign * scores[i][key])[:k]

@@ -49,8 +49,9 @@ RESULT_SUFFIXES = (
 )
 
 
-def planned_outputs(cfg: EvalConfig) -> list[Path]:
-    """The files this run writes into --save_dir, the metric (or run info) file last."""
+def planned_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Path]:
+    """The files this run writes into --save_dir, in the order written, the metric (or run
+    info) file last. With --debug, `n_refs` reference files (the number of reference sets)."""
     save_dir, p = Path(cfg.save_dir), cfg.output_prefix
     paths = [save_dir / f"{p}_generations.txt"]
     if cfg.pseudolabels:
@@ -58,13 +59,15 @@ def planned_outputs(cfg: EvalConfig) -> list[Path]:
         if cfg.pseudo_target:
             paths.append(save_dir / f"{p}.pseudo.target")
     if cfg.debug:
-        paths.append(save_dir / f"{p}_references.txt")
+        paths += [save_dir / (f"{p}_references.txt" if k == 0 else f"{p}_references.{k}.txt") for k in range(n_refs)]
+    if not cfg.pseudolabels and not cfg.no_examples_file:
+        paths.append(save_dir / f"{p}_examples.jsonl")
     paths.append(save_dir / (f"{p}_run_info.json" if cfg.pseudolabels else f"{p}_{cfg.metric_name}.json"))
     return paths
 
 
-def stale_outputs(cfg: EvalConfig) -> list[Path]:
-    planned = set(planned_outputs(cfg))
+def stale_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Path]:
+    planned = set(planned_outputs(cfg, n_refs))
     save_dir = Path(cfg.save_dir)
     return [save_dir / f"{cfg.output_prefix}{s}" for s in RESULT_SUFFIXES
             if (save_dir / f"{cfg.output_prefix}{s}").is_file() and save_dir / f"{cfg.output_prefix}{s}" not in planned]
@@ -140,11 +143,13 @@ def write_outputs(
         save_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(f"--save_dir {save_dir}: cannot create the folder ({e.strerror})") from e
-    removed = stale_outputs(cfg)
+    n_refs = max([1, *(len(e.references) for e in examples)])
+    removed = stale_outputs(cfg, n_refs)
     for path in removed:
         path.unlink()
         logger.info("removed %s: an earlier run's result, not written by this run", path)
-    paths = iter(planned_outputs(cfg))
+    planned = planned_outputs(cfg, n_refs)
+    paths = iter(planned)
     written = []
 
     def write(data: bytes) -> None:
@@ -171,16 +176,48 @@ def write_outputs(
         if cfg.pseudo_target:
             write("".join(_one_line(p) + "\n" for p in best).encode("utf-8"))
     if cfg.debug:
-        write("".join(_one_line(e.target or "") + "\n" for e in examples).encode("utf-8"))
+        # One file per reference set, in generation (id) order.
+        for k in range(n_refs):
+            texts = (e.references[k] if k < len(e.references) else "" for e in examples)
+            write("".join(_one_line(t) + "\n" for t in texts).encode("utf-8"))
+    if not cfg.pseudolabels and not cfg.no_examples_file:
+        write(examples_jsonl(examples, records))
     if metrics is not None:
         metrics = dict(metrics)
         metrics["provenance"] = {**metrics.get("provenance", {}),
-                                 "outputs": [p.name for p in planned_outputs(cfg)],
+                                 "outputs": [p.name for p in planned],
                                  "removed_stale_outputs": [p.name for p in removed]}
         if tail_since is not None and "throughput" in metrics:
             metrics["throughput"]["time_breakdown"]["tail"] = time.perf_counter() - tail_since
         write(dumps(metrics))
     return written
+
+
+def examples_jsonl(examples: Sequence[Example], records: Sequence[Mapping[str, Any]]) -> bytes:
+    """{type_path}_examples.jsonl: one JSON object per example, in the order of the data.
+
+    Keys: id, source, references (always a list, so every row has the same type and
+    `datasets.load_dataset("json", ...)` reads the file), prediction, then the sentence-level
+    score of each metric (bleu, chrf, chrf++, ter, rouge1, rouge2, rougeL, rougeLsum), as the
+    generating rank computed them.
+    """
+    lines = []
+    for e, r in zip(examples, records):
+        row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": r["pred"]}
+        row.update(r.get("sentence_scores") or {})
+        lines.append(json.dumps(row, ensure_ascii=False))
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def lowest_scoring_line(metric: str, ids: Sequence[Any], records: Sequence[Mapping[str, Any]], k: int = 5) -> str:
+    """The summary line naming the `k` worst examples by `metric`'s sentence score, worst first
+    (for TER the highest: it is an error rate)."""
+    from .metrics import lowest_scoring, ranking_key
+
+    key, _ = ranking_key(metric)
+    scores = [r["sentence_scores"] for r in records]
+    worst = ", ".join(f"{ids[i]} ({scores[i][key]:.1f})" for i in lowest_scoring(metric, scores, k))
+    return f"{'lowest ' + key + ' ids':<28}{worst}"
 
 
 def now_iso() -> str:
@@ -191,7 +228,7 @@ def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, An
     """A short human summary; the JSON file holds the full figures."""
     width = 28
     lines = []
-    shown = [k for k in ("bleu", "rouge1", "rouge2", "rougeL", "rougeLsum") if k in metrics]
+    shown = [k for k in ("bleu", "chrf", "chrf++", "ter", "rouge1", "rouge2", "rougeL", "rougeLsum") if k in metrics]
     for key in shown:
         ci = ""
         if f"{key}_ci_low" in metrics:

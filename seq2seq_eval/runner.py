@@ -33,7 +33,7 @@ from .generate import (
 )
 from .merge import merge_by_id
 from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
-from .report import check_output_locations, now_iso, package_versions, summary_table, write_outputs
+from .report import check_output_locations, lowest_scoring_line, now_iso, package_versions, summary_table, write_outputs
 from .runfiles import (
     Journal,
     check_tmp_dir,
@@ -374,12 +374,15 @@ def _generate_rank(
 
 
 def _attach_example_stats(cfg: EvalConfig, prep: Prepared, records: list[dict[str, Any]]) -> None:
-    """Per-example metric statistics, computed by the rank that generated them, so rank 0 only
-    adds them up (rouge-score is the slow part of a large summarization run)."""
-    refs = {e.id: e.target for e in prep.examples.items}
-    per_example = metric_fns.example_statistics(cfg.task, [r["pred"] for r in records], [refs[r["id"]] for r in records])
-    for rec, st in zip(records, per_example):
+    """Per-example metric statistics ({metric name: statistics}) and sentence-level scores
+    ({key: score}), computed by the rank that generated them, so rank 0 only adds them up and
+    writes them (rouge-score and TER are the slow parts of a large run)."""
+    refs = {e.id: e.references for e in prep.examples.items}
+    names = cfg.metric_names
+    per_example = metric_fns.metric_statistics(names, [r["pred"] for r in records], [refs[r["id"]] for r in records])
+    for rec, st, sent in zip(records, per_example, metric_fns.sentence_scores(names, per_example)):
         rec["metric_stats"] = st
+        rec["sentence_scores"] = sent
 
 
 def _missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
@@ -412,7 +415,8 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
     n = len(records)
     metrics: dict[str, Any] | None = None
     if not cfg.pseudolabels:
-        metrics = dict(metric_fns.combine(cfg.task, [r["metric_stats"] for r in records]))
+        num_refs = metric_fns.sacrebleu_num_refs([e.references for e in prep.examples.items])
+        metrics = dict(metric_fns.combine_metrics(cfg.metric_names, [r["metric_stats"] for r in records], num_refs))
     t_end = time.perf_counter()
     gen_seconds = max(s["generation_seconds"] for s in per_rank)
     # Rates cover what this run generated; batches reused from a journal cost no time here.
@@ -463,4 +467,7 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
     written = write_outputs(cfg, prep.examples.items, records, summary, tail_since=t_merge)
     if not cfg.debug:
         cleanup_tmp_dir(tmp_dir)
-    return Outcome(metrics=summary, written=written, table=summary_table(summary, per_rank))
+    table = summary_table(summary, per_rank)
+    if metrics is not None:
+        table += "\n" + lowest_scoring_line(cfg.metric_names[0], prep.examples.ids, records)
+    return Outcome(metrics=summary, written=written, table=table)

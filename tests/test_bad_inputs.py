@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO, make_corpus, single, write_legacy
 
 PREFIX = "seq2seq_eval: error: "
-RESULT_PATTERNS = ("*_bleu.json", "*_rouge.json", "*_generations.txt", "*pseudolabel*", "*.pseudo.target")
+RESULT_PATTERNS = ("*_bleu.json", "*_rouge.json", "*_generations.txt", "*_examples.jsonl", "*pseudolabel*", "*.pseudo.target")
 
 # Placeholders in the table: {m} the tiny T5, {d} the folder of bad inputs, {ok} a valid data dir.
 # Each case: id, arguments, fragments its one error line must contain, exit code.
