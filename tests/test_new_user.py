@@ -305,14 +305,14 @@ def test_outputs_follow_the_split_and_stale_results_go(tiny_model, tmp_path):
     save = tmp_path / "out"
     base = ["--model_name", str(tiny_model), "--dataset", str(path), "--split", "validation", "--save_dir", str(save)]
     assert_ok(single(base, cwd=tmp_path))
-    assert sorted(p.name for p in save.iterdir()) == ["validation_bleu.json", "validation_generations.txt"]
-    assert metrics_of(save, "validation_bleu.json")["provenance"]["outputs"] == [
-        "validation_generations.txt", "validation_bleu.json"]
+    written = ["validation_generations.txt", "validation_examples.jsonl", "validation_bleu.json"]
+    assert sorted(p.name for p in save.iterdir()) == sorted(written)
+    assert metrics_of(save, "validation_bleu.json")["provenance"]["outputs"] == written
     # a pseudolabel run into the same folder: the earlier metric file must not stay beside it
     assert_ok(single(base + ["--num_return_sequences", "2"], cwd=tmp_path))
-    assert not (save / "validation_bleu.json").exists()
+    assert not (save / "validation_bleu.json").exists() and not (save / "validation_examples.jsonl").exists()
     info = json.loads((save / "validation_run_info.json").read_text())
-    assert info["provenance"]["removed_stale_outputs"] == ["validation_bleu.json"]
+    assert info["provenance"]["removed_stale_outputs"] == ["validation_bleu.json", "validation_examples.jsonl"]
     labels = [json.loads(line) for line in (save / "validation_pseudolabels.jsonl").read_text().splitlines()]
     assert [r["id"] for r in labels] == ["000", "001", "002", "003", "004"]  # ids as the CSV holds them
 
