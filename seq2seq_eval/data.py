@@ -7,11 +7,12 @@ record's "id" (or its 0-based line number) in JSON Lines.
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .config import EvalConfig
 from .errors import DataError
@@ -47,38 +48,54 @@ class Examples:
         return [e.id for e in self.items]
 
     def fingerprint(self) -> str:
-        """sha256 over ids, sources and targets: what a resumed run must see unchanged."""
-        h = hashlib.sha256()
-        for e in self.items:
-            h.update(json.dumps([e.id, e.source, e.target], ensure_ascii=False).encode("utf-8"))
-            h.update(b"\n")
-        return h.hexdigest()
+        """What a run records as its data's sha256 (see store.fingerprint)."""
+        from .store import fingerprint
+
+        return fingerprint(self.items)
 
 
 def read_lines(path: Path) -> list[str]:
     """One text per line. Splits on "\\n" only: str.splitlines() would also split on U+2028 and
     friends inside a line and silently shift every later example against its reference."""
+    return [text for _, text in iter_lines(path)]
+
+
+def _open(path: Path) -> Any:
     try:
-        raw = path.read_bytes()
+        return open(path, "rb")
     except FileNotFoundError as e:
         raise DataError(f"{path}: file not found") from e
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from e
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    chunks = raw.split(b"\n")
-    if chunks and chunks[-1] == b"":
-        chunks.pop()
-    lines = []
-    for lineno, chunk in enumerate(chunks, start=1):
-        try:
-            lines.append(chunk.decode("utf-8").rstrip())
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"{path} line {lineno}: invalid UTF-8 (byte 0x{chunk[e.start]:02x} at column {e.start + 1}); "
-                "expected UTF-8 text"
-            ) from e
-    return lines
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) for each line, read as a stream: a file of any size costs one
+    line of memory. Same rules as read_lines: UTF-8 (a BOM is dropped), "\\n" ends a line, trailing
+    whitespace (a "\\r" too) is removed."""
+    with _open(path) as f:
+        for lineno, chunk in enumerate(f, start=1):  # binary mode: lines end at b"\n" only
+            if lineno == 1 and chunk.startswith(b"\xef\xbb\xbf"):
+                chunk = chunk[3:]
+            if chunk.endswith(b"\n"):
+                chunk = chunk[:-1]
+            try:
+                yield lineno, chunk.decode("utf-8").rstrip()
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path} line {lineno}: invalid UTF-8 (byte 0x{chunk[e.start]:02x} at column {e.start + 1}); "
+                    "expected UTF-8 text"
+                ) from e
+
+
+def count_lines(path: Path) -> int:
+    """What len(read_lines(path)) would be, counted in 1 MiB blocks without decoding."""
+    n, last = 0, b"\n"
+    with _open(path) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
 
 
 def _check_text(path: Path, lineno: int, text: str, what: str) -> None:
@@ -94,6 +111,12 @@ def read_references(path: Path, n_lines: int, against: str, per: str) -> list[st
     for i, t in enumerate(refs, start=1):
         _check_text(path, i, t, "reference")
     return refs
+
+
+def _check_count(path: Path, n_lines: int, against: Path, per: str) -> None:
+    found = count_lines(path)
+    if found != n_lines:
+        raise DataError(f"{path}: {found} lines but {against.name} has {n_lines}; expected one reference per {per} line")
 
 
 def extra_reference_files(data_dir: Path, type_path: str) -> list[Path]:
@@ -120,6 +143,12 @@ def extra_reference_files(data_dir: Path, type_path: str) -> list[Path]:
 
 
 def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
+    return Examples(tuple(iter_legacy(data_dir, type_path, need_targets)), str(data_dir))
+
+
+def iter_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Iterator[Example]:
+    """The legacy layout as a stream; the id is the 0-based line number. Every file is checked
+    (it exists, the line counts agree) before the first example is yielded."""
     if not data_dir.exists():
         raise DataError(f"--data_dir {data_dir}: no such directory")
     if not data_dir.is_dir():
@@ -128,39 +157,38 @@ def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
     tgt_path = data_dir / f"{type_path}.target"
     if not src_path.exists():
         raise DataError(f"{src_path}: file not found; expected {type_path}.source in --data_dir")
-    sources = read_lines(src_path)
-    if not sources:
+    n = count_lines(src_path)
+    if n == 0:
         raise DataError(f"{src_path}: no examples; expected one source per line")
-    for i, s in enumerate(sources, start=1):
-        _check_text(src_path, i, s, "source")
-    targets: list[str | tuple[str, ...] | None]
+    ref_paths: list[Path] = []
     if tgt_path.exists():
-        tgts = read_lines(tgt_path)
-        if len(tgts) != len(sources):
-            raise DataError(
-                f"{tgt_path}: {len(tgts)} lines but {src_path.name} has {len(sources)}; "
-                "expected one reference per source line"
-            )
-        for i, t in enumerate(tgts, start=1):
-            _check_text(tgt_path, i, t, "reference")
-        targets = list(tgts)
-        extra = [
-            read_references(p, len(sources), src_path.name, "source") for p in extra_reference_files(data_dir, type_path)
-        ]
-        if extra:
-            targets = [tuple(refs) for refs in zip(tgts, *extra)]
+        ref_paths = [tgt_path, *extra_reference_files(data_dir, type_path)]
+        for path in ref_paths:
+            _check_count(path, n, src_path, "source")
     elif need_targets:
         raise DataError(f"{tgt_path}: file not found; expected references to score against")
-    else:
-        targets = [None] * len(sources)
-    items = tuple(Example(i, s, t) for i, (s, t) in enumerate(zip(sources, targets)))
-    return Examples(items, str(data_dir))
+    return _legacy_rows(src_path, ref_paths)
+
+
+def _legacy_rows(src_path: Path, ref_paths: list[Path]) -> Iterator[Example]:
+    ref_streams = [iter_lines(p) for p in ref_paths]
+    for (lineno, source), *refs in zip(iter_lines(src_path), *ref_streams):
+        _check_text(src_path, lineno, source, "source")
+        for path, (_, ref) in zip(ref_paths, refs):
+            _check_text(path, lineno, ref, "reference")
+        texts = tuple(ref for _, ref in refs)
+        target = None if not texts else texts[0] if len(texts) == 1 else texts
+        yield Example(lineno - 1, source, target)
 
 
 def load_jsonl(path: Path, need_targets: bool) -> Examples:
-    items: list[Example] = []
+    return Examples(tuple(iter_jsonl(path, need_targets)), str(path))
+
+
+def iter_jsonl(path: Path, need_targets: bool) -> Iterator[Example]:
+    """JSON Lines as a stream: {"id": ..., "source": ..., "target": ...} per line."""
     seen: dict[ExampleId, int] = {}
-    for lineno, line in enumerate(read_lines(path), start=1):
+    for lineno, line in iter_lines(path):
         if not line.strip():
             continue
         try:
@@ -177,10 +205,9 @@ def load_jsonl(path: Path, need_targets: bool) -> Examples:
         seen[ex_id] = lineno
         source = _field(record, "source", path, lineno, required=True)
         target = _target_field(record, path, lineno, required=need_targets)
-        items.append(Example(ex_id, source, target))  # type: ignore[arg-type]
-    if not items:
+        yield Example(ex_id, source, target)  # type: ignore[arg-type]
+    if not seen:
         raise DataError(f"{path}: no records; expected one JSON object per line")
-    return Examples(tuple(items), str(path))
 
 
 def _field(record: dict, name: str, path: Path, lineno: int, required: bool) -> str | None:
@@ -216,31 +243,33 @@ def check_unique_ids(ids: Sequence[ExampleId], origin: str) -> None:
         seen.add(i)
 
 
-def load_examples(cfg: EvalConfig, main_first: Callable | None = None) -> Examples:
-    """`main_first(fn)` runs fn on rank 0 before the other ranks: a datasets split is then
-    prepared (downloaded, converted to Arrow) once, and the others read rank 0's cache."""
+def load_examples(cfg: EvalConfig) -> Examples:
+    """Every example in memory: for small inputs (compare, tests). A run streams them instead."""
+    examples, origin = iter_examples(cfg)
+    return Examples(tuple(examples), origin)
+
+
+def iter_examples(cfg: EvalConfig) -> tuple[Iterator[Example], str]:
+    """The examples the run evaluates (the first --n_obs), as a stream, and where they come from.
+    The input is opened and checked at once; its rows are read as the iterator goes."""
     need_targets = not cfg.pseudolabels
     if cfg.dataset is not None:
-        from .hf_data import load_hf_examples
+        from .hf_data import iter_hf_examples
 
-        def load() -> Examples:
-            return load_hf_examples(cfg, need_targets)
-
-        examples = main_first(load) if main_first is not None else load()
+        return iter_hf_examples(cfg, need_targets)  # applies --n_obs before reading any column
+    path = Path(cfg.data_dir)
+    if path.suffix == ".jsonl" or path.is_file():
+        if not path.exists():
+            raise DataError(f"--data_dir {path}: file not found")
+        if path.suffix in (".source", ".target"):
+            # Otherwise read as JSON Lines and reported as "line 1: malformed JSON".
+            raise DataError(
+                f"--data_dir {path}: a .source/.target file; expected the folder that holds "
+                f"{cfg.type_path}.source and {cfg.type_path}.target (or a .jsonl file)"
+            )
+        examples = iter_jsonl(path, need_targets)
     else:
-        path = Path(cfg.data_dir)
-        if path.suffix == ".jsonl" or path.is_file():
-            if not path.exists():
-                raise DataError(f"--data_dir {path}: file not found")
-            if path.suffix in (".source", ".target"):
-                # Otherwise read as JSON Lines and reported as "line 1: malformed JSON".
-                raise DataError(
-                    f"--data_dir {path}: a .source/.target file; expected the folder that holds "
-                    f"{cfg.type_path}.source and {cfg.type_path}.target (or a .jsonl file)"
-                )
-            examples = load_jsonl(path, need_targets)
-        else:
-            examples = load_legacy(path, cfg.type_path, need_targets)
+        examples = iter_legacy(path, cfg.type_path, need_targets)
     if cfg.n_obs is not None:
-        examples = Examples(examples.items[: cfg.n_obs], examples.origin)
-    return examples
+        examples = itertools.islice(examples, cfg.n_obs)
+    return examples, str(path)

@@ -230,6 +230,13 @@ class ProcessGroup:
             raise error_type(error)
         return fn()
 
+    def barrier(self) -> None:
+        """Wait for every rank (bounded by --sync_timeout, as every collective here)."""
+        if self._active:
+            import torch.distributed as tdist
+
+            tdist.barrier()
+
     def close(self) -> None:
         if self._active:
             import torch.distributed as tdist

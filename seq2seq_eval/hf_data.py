@@ -39,7 +39,18 @@ TRANSLATION_COLUMN = "translation"
 
 
 def load_hf_examples(cfg: EvalConfig, need_targets: bool) -> Examples:
-    """The examples of split `--split` (default `--type_path`) of `--dataset`."""
+    """The examples of split `--split` (default `--type_path`) of `--dataset`, in memory."""
+    examples, where = iter_hf_examples(cfg, need_targets)
+    return Examples(tuple(examples), where)
+
+
+SLICE_ROWS = 10_000
+"""Rows read from a split at a time: memory stays bounded however large the split."""
+
+
+def iter_hf_examples(cfg: EvalConfig, need_targets: bool) -> tuple[Iterator[Example], str]:
+    """The split's examples one slice at a time, and where they come from (for messages). The
+    split is loaded (and checked: rows, columns) at once; its rows are read as the iterator goes."""
     if cfg.dataset is None:
         raise DataError("load_hf_examples needs --dataset")
     split = cfg.split or cfg.type_path
@@ -56,20 +67,23 @@ def load_hf_examples(cfg: EvalConfig, need_targets: bool) -> Examples:
         ds = ds.select(range(cfg.n_obs))
     features = ds.features
     src_col, tgt_col = resolve_columns(features, cfg, where, need_targets)
-    sources = _texts(ds, src_col, where)
-    targets: Sequence[str | tuple[str, ...] | None]
-    if isinstance(tgt_col, tuple) or (tgt_col is not None and _has_path(features, tgt_col)):
-        targets = _references(ds, tgt_col, where)
-    elif need_targets:
+    has_targets = isinstance(tgt_col, tuple) or (tgt_col is not None and _has_path(features, tgt_col))
+    if not has_targets and need_targets:
         raise DataError(
             f"{where}: no target column{f' {tgt_col!r}' if tgt_col else ''}; expected references to score against "
             f"(pass --target_column); columns: {', '.join(column_paths(features))}"
         )
-    else:
-        targets = [None] * len(sources)
-    ids = _ids(ds, cfg.id_column, where)
-    items = tuple(Example(i, s, t) for i, s, t in zip(ids, sources, targets))
-    return Examples(items, where)
+
+    def rows() -> Iterator[Example]:
+        first_row: dict[ExampleId, int] = {}
+        for base in range(0, len(ds), SLICE_ROWS):
+            part = ds.select(range(base, min(base + SLICE_ROWS, len(ds))))
+            sources = _texts(part, src_col, where, base)
+            targets = _references(part, tgt_col, where, base) if has_targets else [None] * len(sources)
+            ids = _ids(part, cfg.id_column, where, base, first_row)
+            yield from (Example(i, s, t) for i, s, t in zip(ids, sources, targets))
+
+    return rows(), where
 
 
 def load_split(name: str, config: str | None, split: str) -> Any:
@@ -340,20 +354,21 @@ def _values(ds: Any, path: str) -> list[Any]:
     return values
 
 
-def _texts(ds: Any, path: str, where: str) -> list[str]:
+def _texts(ds: Any, path: str, where: str, base: int = 0) -> list[str]:
     values = _values(ds, path)
-    for row, value in enumerate(values):
+    for row, value in enumerate(values, start=base):
         if not isinstance(value, str) or not value.strip():
             raise DataError(f"{where} row {row} column {path!r}: expected a non-empty string, got {_short(value)}")
     return values
 
 
-def _references(ds: Any, columns: str | tuple[str, ...], where: str) -> list[str | tuple[str, ...]]:
+def _references(ds: Any, columns: str | tuple[str, ...], where: str, base: int = 0) -> list[str | tuple[str, ...]]:
     """Each row's reference(s), from one or more target columns, each holding a string or a list of
     strings per row. A row with one reference gets a str, one with several a tuple (in column order)."""
     per_row: list[list[str]] = [[] for _ in range(len(ds))]
     for column in (columns,) if isinstance(columns, str) else columns:
-        for row, value in enumerate(_values(ds, column)):
+        for i, value in enumerate(_values(ds, column)):
+            row = base + i
             if isinstance(value, list):
                 if not value:
                     raise DataError(f"{where} row {row} column {column!r}: an empty list; expected one or more references")
@@ -362,22 +377,24 @@ def _references(ds: Any, columns: str | tuple[str, ...], where: str) -> list[str
                         raise DataError(
                             f"{where} row {row} column {column!r} item {k}: expected a non-empty string, got {_short(item)}"
                         )
-                per_row[row].extend(value)
+                per_row[i].extend(value)
             elif isinstance(value, str) and value.strip():
-                per_row[row].append(value)
+                per_row[i].append(value)
             else:
                 raise DataError(f"{where} row {row} column {column!r}: expected a non-empty string, got {_short(value)}")
     return [refs[0] if len(refs) == 1 else tuple(refs) for refs in per_row]
 
 
-def _ids(ds: Any, id_column: str | None, where: str) -> list[ExampleId]:
-    """Ids from --id_column, else an "id" column when present, else the 0-based row number."""
+def _ids(ds: Any, id_column: str | None, where: str, base: int = 0,
+         first_row: dict[ExampleId, int] | None = None) -> list[ExampleId]:
+    """Ids from --id_column, else an "id" column when present, else the 0-based row number.
+    `first_row` carries the ids seen in earlier slices, so duplicates are found across them."""
     column = id_column or ("id" if "id" in ds.column_names else None)
     if column is None:
-        return list(range(len(ds)))
+        return list(range(base, base + len(ds)))
     ids = _values(ds, column)
-    first_row: dict[ExampleId, int] = {}
-    for row, value in enumerate(ids):
+    first_row = {} if first_row is None else first_row
+    for row, value in enumerate(ids, start=base):
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise DataError(f"{where} row {row} column {column!r}: an id must be a string or an integer, got {_short(value)}")
         if value in first_row:

@@ -1,40 +1,73 @@
-"""Rank 0's merge: rank files joined by example id and checked against the plan."""
+"""Rank 0's merge: rank files joined to the data by example id and checked against it.
+
+Each record carries its example's id and its place in the data. The id must be the data's id at
+that place, every place must be covered exactly once, and nothing else may appear: a duplicate,
+a missing id or an id that is not in the data is an error naming it, never a silently shifted
+score. The check runs on Arrow columns (vectorized), and the result is an order of the rank
+files' rows, so the outputs can be written in data order without loading every record.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from .data import ExampleId
 from .errors import MergeError
 from .runfiles import RankOutput
 
 
-def _preview(ids: Sequence[ExampleId], limit: int = 10) -> str:
+def _preview(ids: Sequence[ExampleId], limit: int = 10, total: int | None = None) -> str:
     shown = ", ".join(repr(i) for i in ids[:limit])
-    return shown + (f", ... ({len(ids)} in all)" if len(ids) > limit else "")
+    total = len(ids) if total is None else total
+    return shown + (f", ... ({total} in all)" if total > limit else "")
 
 
-def merge_by_id(outputs: Sequence[RankOutput], planned_ids: Sequence[ExampleId]) -> list[dict[str, Any]]:
-    """Records in plan order. Every planned id exactly once: a duplicate, a missing id or an
-    id that was never planned is an error naming it, never a silently shifted score."""
-    by_id: dict[ExampleId, dict[str, Any]] = {}
-    origin: dict[ExampleId, str] = {}
-    for out in outputs:
-        for record in out.records:
-            ex_id = record["id"]
-            if ex_id in by_id:
-                where = "twice" if origin[ex_id] == out.path.name else f"again (first in {origin[ex_id]})"
-                raise MergeError(f"{out.path.name}: example id {ex_id!r} appears {where}")
-            by_id[ex_id] = record
-            origin[ex_id] = out.path.name
-    planned = set(planned_ids)
-    unexpected = [i for i in by_id if i not in planned]
-    if unexpected:
+def merge_by_id(outputs: Sequence[RankOutput], store: Any) -> tuple[pa.Table, np.ndarray]:
+    """All rank files' rows as one table and the row order that lists them in data order."""
+    import json
+
+    table = pa.concat_tables([o.table for o in outputs]) if outputs else None
+    n = len(store)
+    if table is None or table.num_rows == 0:
+        if n:
+            raise MergeError(f"rank files are missing example id(s) {_preview(store.ids(range(min(n, 10))), total=n)}")
+        return table, np.zeros(0, np.int64)
+    names = np.repeat(np.arange(len(outputs)), [o.table.num_rows for o in outputs])
+
+    def where(row: int) -> str:
+        return outputs[int(names[row])].path.name
+
+    def got(row: int) -> ExampleId:
+        return json.loads(table.column("id")[row].as_py())
+
+    positions = table.column("position").to_numpy()
+    outside = np.nonzero((positions < 0) | (positions >= n))[0]
+    if len(outside):
+        row = int(outside[0])
+        raise MergeError(f"{where(row)}: example id(s) {got(row)!r} are not in the evaluated data")
+    expected = store.id_column.take(pa.array(positions))
+    differ = pc.invert(pc.equal(expected, table.column("id"))).to_numpy(zero_copy_only=False)
+    if differ.any():
+        row = int(np.argmax(differ))
         raise MergeError(
-            f"{origin[unexpected[0]]}: example id(s) {_preview(unexpected)} are not in the evaluated data"
+            f"{where(row)}: example id(s) {got(row)!r} are not in the evaluated data at that place "
+            f"(expected id {json.loads(expected[row].as_py())!r})"
         )
-    missing = [i for i in planned_ids if i not in by_id]
-    if missing:
-        raise MergeError(f"rank files are missing example id(s) {_preview(missing)}")
-    return [by_id[i] for i in planned_ids]
+    order = np.argsort(positions, kind="stable")
+    ordered = positions[order]
+    again = np.nonzero(ordered[1:] == ordered[:-1])[0]
+    if len(again):
+        first, second = int(order[again[0]]), int(order[again[0] + 1])
+        dup = "twice" if names[first] == names[second] else f"again (first in {where(first)})"
+        raise MergeError(f"{where(second)}: example id {got(second)!r} appears {dup}")
+    if len(ordered) < n:
+        seen = np.zeros(n, bool)
+        seen[positions] = True
+        missing = np.nonzero(~seen)[0]
+        raise MergeError(f"rank files are missing example id(s) {_preview(store.ids(missing[:10].tolist()), total=len(missing))}")
+    return table, order

@@ -361,10 +361,14 @@ def rouge_from_example_scores(
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int) or n_resamples < 1:
         raise ValueError(f"n_resamples must be an integer >= 1, got {n_resamples!r}")
     rows = [_check_rouge_row(i, row) for i, row in enumerate(scores)]
-    n = len(rows)
-    means = {key: math.fsum(row[k] for row in rows) / n for k, key in enumerate(ROUGE_KEYS)}
+    return rouge_from_matrix(np.asarray(rows, dtype=np.float64), seed, n_resamples)
 
-    matrix = np.asarray(rows, dtype=np.float64)  # (n, len(ROUGE_KEYS))
+
+def rouge_from_matrix(matrix: np.ndarray, seed: int = SEED, n_resamples: int = 1000) -> RougeResult:
+    """``rouge_from_example_scores`` on checked scores: one row per example, one column per
+    key of ``ROUGE_KEYS``, in example order."""
+    n = len(matrix)
+    means = {key: math.fsum(matrix[:, k].tolist()) / n for k, key in enumerate(ROUGE_KEYS)}
     rng = np.random.default_rng(seed)
     resampled = np.empty((n_resamples, len(ROUGE_KEYS)), dtype=np.float64)
     # One resample at a time keeps memory at O(n) (drawing all at once would need
@@ -562,3 +566,47 @@ def lowest_scoring(name: str, scores: Sequence[Mapping[str, float]], k: int = 5)
     key, higher_is_better = ranking_key(name)
     sign = 1.0 if higher_is_better else -1.0
     return sorted(range(len(scores)), key=lambda i: sign * scores[i][key])[:k]
+
+
+class MetricTotals:
+    """``combine_metrics`` over examples that arrive in chunks, in example order, with the same
+    arithmetic (sacrebleu's column sums left to right; ROUGE scores kept as float64 columns for
+    the mean and the bootstrap), so rank 0 never holds every example's statistics as objects.
+    It also keeps each example's ranking score, for the lowest-scoring examples."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = _check_names(names)
+        self.n = 0
+        self._totals = {n: [0] * SACREBLEU_METRICS[n].row_len for n in self.names if n != "rouge"}
+        self._rouge: list[np.ndarray] = []
+        self._key, self._higher_is_better = ranking_key(self.names[0])
+        self._ranking: list[np.ndarray] = []
+
+    def add(self, per_example: Sequence[Mapping[str, Any]], sentence: Sequence[Mapping[str, float]]) -> None:
+        for name, totals in self._totals.items():
+            metric = SACREBLEU_METRICS[name]
+            for i, row in enumerate(_column(name, per_example)):
+                for j, x in enumerate(metric.check_row(self.n + i, row)):
+                    totals[j] += x
+        if "rouge" in self.names:
+            rows = [_check_rouge_row(self.n + i, row) for i, row in enumerate(_column("rouge", per_example))]
+            self._rouge.append(np.asarray(rows, dtype=np.float64).reshape(len(rows), len(ROUGE_KEYS)))
+        self._ranking.append(np.asarray([s[self._key] for s in sentence], dtype=np.float64))
+        self.n += len(per_example)
+
+    def result(self, num_refs: int = 1) -> dict[str, Union[float, str]]:
+        if self.n == 0:
+            raise ValueError("cannot compute metrics of 0 examples")
+        out: dict[str, Union[float, str]] = {}
+        for name in self.names:
+            if name == "rouge":
+                out.update(metric_dict(rouge_from_matrix(np.concatenate(self._rouge))))
+            else:
+                out.update(SACREBLEU_METRICS[name].score_from_totals(self._totals[name], num_refs))
+        return out
+
+    def lowest(self, k: int = 5) -> tuple[str, list[int], list[float]]:
+        """(key, positions, scores) of the k worst examples, worst first; ties keep example order."""
+        values = np.concatenate(self._ranking) if self._ranking else np.zeros(0)
+        order = np.argsort(values if self._higher_is_better else -values, kind="stable")[:k]
+        return self._key, order.tolist(), values[order].tolist()

@@ -7,7 +7,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -16,7 +16,8 @@ from typing import Any
 from .config import EvalConfig
 from .data import Example
 from .errors import OutputError
-from .runfiles import dumps, write_atomic
+from .metrics import MetricTotals
+from .runfiles import AtomicFile, dumps, write_atomic
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -127,73 +128,102 @@ def check_output_locations(cfg: EvalConfig) -> None:
             )
 
 
+ROWS_PER_CHUNK = 50_000
+"""Examples taken from the rank files at a time while writing, in data order."""
+
+
+def _legacy_record(record: Mapping[str, Any]) -> bytes:
+    # One element of json.dumps(list, indent=1, sort_keys=True): the same bytes as dumping the
+    # whole list at once, written one element at a time.
+    return (" " + json.dumps(record, ensure_ascii=False, sort_keys=True, indent=1).replace("\n", "\n ")).encode("utf-8")
+
+
 def write_outputs(
     cfg: EvalConfig,
-    examples: Sequence[Example],
-    records: Sequence[Mapping[str, Any]],
-    metrics: Mapping[str, Any] | None,
+    store: Any,
+    table: Any,
+    order: Any,
+    summarize: Callable[[MetricTotals | None], dict[str, Any]],
     tail_since: float | None = None,
-) -> list[Path]:
-    """Write every output atomically, so a failure midway leaves no half file behind. The
-    metric file goes last: its presence means the run completed. With `tail_since` (a
-    perf_counter time), the seconds from then to just before that last write are recorded as
-    throughput.time_breakdown.tail."""
+) -> tuple[list[Path], dict[str, Any], MetricTotals | None]:
+    """Write every output in one pass over the examples in data order, `ROWS_PER_CHUNK` at a
+    time, each file through a temporary name, so memory stays at one chunk and a failure midway
+    leaves no half file behind. The metrics are added up in the same pass; `summarize(totals)`
+    then builds the metric file's content, written last: its presence means the run completed.
+    With `tail_since` (a perf_counter time), the seconds from then to just before that last
+    write are recorded as throughput.time_breakdown.tail."""
+    import pyarrow as pa
+
     save_dir = Path(cfg.save_dir)
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(f"--save_dir {save_dir}: cannot create the folder ({e.strerror})") from e
-    n_refs = max([1, *(len(e.references) for e in examples)])
+    n_refs = store.max_references if cfg.debug else 1
     removed = stale_outputs(cfg, n_refs)
     for path in removed:
         path.unlink()
         logger.info("removed %s: an earlier run's result, not written by this run", path)
     planned = planned_outputs(cfg, n_refs)
-    paths = iter(planned)
-    written = []
-
-    def write(data: bytes) -> None:
-        path = next(paths)
-        write_atomic(path, data)
-        written.append(path)
-
-    best = [r["pred"][0] if isinstance(r["pred"], list) else r["pred"] for r in records]
-    write("".join(_one_line(p) + "\n" for p in best).encode("utf-8"))
+    files = {path: AtomicFile(path) for path in planned[:-1]}
+    names = iter(planned)
+    gen = files[next(names)]
+    legacy = jsonl = pseudo = None
     if cfg.pseudolabels:
-        legacy = [
-            {"id": e.id, "source": e.source, "target": e.target, "preds": r["pred"]}
-            for e, r in zip(examples, records)
-        ]
-        write(dumps(legacy))
-        lines = [
-            json.dumps(
-                {"id": e.id, "source": e.source, "target": e.target, "candidates": r["pred"], "scores": r.get("scores")},
-                ensure_ascii=False,
-            )
-            for e, r in zip(examples, records)
-        ]
-        write(("\n".join(lines) + "\n").encode("utf-8"))
-        if cfg.pseudo_target:
-            write("".join(_one_line(p) + "\n" for p in best).encode("utf-8"))
-    if cfg.debug:
-        # One file per reference set, in generation (id) order.
-        for k in range(n_refs):
-            texts = (e.references[k] if k < len(e.references) else "" for e in examples)
-            write("".join(_one_line(t) + "\n" for t in texts).encode("utf-8"))
-    if not cfg.pseudolabels and not cfg.no_examples_file:
-        write(examples_jsonl(examples, records))
-    if metrics is not None:
-        metrics = dict(metrics)
-        metrics["provenance"] = {**metrics.get("provenance", {}),
-                                 "outputs": [p.name for p in planned],
-                                 "removed_stale_outputs": [p.name for p in removed]}
-        if tail_since is not None and "throughput" in metrics:
-            metrics["throughput"]["time_breakdown"]["tail"] = time.perf_counter() - tail_since
-        write(dumps(metrics))
-    return written
+        legacy, jsonl = files[next(names)], files[next(names)]
+        pseudo = files[next(names)] if cfg.pseudo_target else None
+    refs_files = [files[next(names)] for _ in range(n_refs)] if cfg.debug else []
+    examples_file = files[next(names)] if not cfg.pseudolabels and not cfg.no_examples_file else None
+    totals = MetricTotals(cfg.metric_names) if not cfg.pseudolabels else None
+    try:
+        if legacy is not None:
+            legacy.write(b"[" if len(order) else b"[]")
+        for start in range(0, len(order), ROWS_PER_CHUNK):
+            part = table.take(pa.array(order[start : start + ROWS_PER_CHUNK]))
+            examples = store.slice(start, part.num_rows)
+            preds = part.column("pred").to_pylist()
+            gen.write("".join(_one_line(p[0]) + "\n" for p in preds).encode("utf-8"))
+            if cfg.pseudolabels:
+                scores = part.column("scores").to_pylist()
+                legacy.write(b"".join(
+                    (b",\n" if start + i else b"\n") + _legacy_record(
+                        {"id": e.id, "source": e.source, "target": e.target, "preds": p})
+                    for i, (e, p) in enumerate(zip(examples, preds))))
+                jsonl.write("".join(
+                    json.dumps({"id": e.id, "source": e.source, "target": e.target, "candidates": p, "scores": sc},
+                               ensure_ascii=False) + "\n"
+                    for e, p, sc in zip(examples, preds, scores)).encode("utf-8"))
+                if pseudo is not None:
+                    pseudo.write("".join(_one_line(p[0]) + "\n" for p in preds).encode("utf-8"))
+            for k, f in enumerate(refs_files):
+                f.write("".join(_one_line(e.references[k] if k < len(e.references) else "") + "\n"
+                                for e in examples).encode("utf-8"))
+            if totals is not None:
+                stats = [json.loads(x) for x in part.column("metric_stats").to_pylist()]
+                sentence = [json.loads(x) for x in part.column("sentence_scores").to_pylist()]
+                totals.add(stats, sentence)
+                if examples_file is not None:
+                    examples_file.write(examples_jsonl(examples, [p[0] for p in preds], sentence))
+        if legacy is not None:
+            legacy.write(b"\n]\n" if len(order) else b"\n")
+        summary = summarize(totals)
+        for f in files.values():
+            f.commit()
+    except BaseException:
+        for f in files.values():
+            f.discard()
+        raise
+    summary["provenance"] = {**summary.get("provenance", {}),
+                             "outputs": [p.name for p in planned],
+                             "removed_stale_outputs": [p.name for p in removed]}
+    if tail_since is not None and "throughput" in summary:
+        summary["throughput"]["time_breakdown"]["tail"] = time.perf_counter() - tail_since
+    write_atomic(planned[-1], dumps(summary))
+    return planned, summary, totals
 
 
-def examples_jsonl(examples: Sequence[Example], records: Sequence[Mapping[str, Any]]) -> bytes:
+def examples_jsonl(examples: Sequence[Example], predictions: Sequence[str],
+                   sentence: Sequence[Mapping[str, float]]) -> bytes:
     """{type_path}_examples.jsonl: one JSON object per example, in the order of the data.
 
     Keys: id, source, references (always a list, so every row has the same type and
@@ -202,21 +232,18 @@ def examples_jsonl(examples: Sequence[Example], records: Sequence[Mapping[str, A
     generating rank computed them.
     """
     lines = []
-    for e, r in zip(examples, records):
-        row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": r["pred"]}
-        row.update(r.get("sentence_scores") or {})
+    for e, pred, scores in zip(examples, predictions, sentence):
+        row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": pred}
+        row.update(scores or {})
         lines.append(json.dumps(row, ensure_ascii=False))
     return "".join(line + "\n" for line in lines).encode("utf-8")
 
 
-def lowest_scoring_line(metric: str, ids: Sequence[Any], records: Sequence[Mapping[str, Any]], k: int = 5) -> str:
-    """The summary line naming the `k` worst examples by `metric`'s sentence score, worst first
-    (for TER the highest: it is an error rate)."""
-    from .metrics import lowest_scoring, ranking_key
-
-    key, _ = ranking_key(metric)
-    scores = [r["sentence_scores"] for r in records]
-    worst = ", ".join(f"{ids[i]} ({scores[i][key]:.1f})" for i in lowest_scoring(metric, scores, k))
+def lowest_scoring_line(store: Any, totals: MetricTotals, k: int = 5) -> str:
+    """The summary line naming the `k` worst examples by the first metric's sentence score,
+    worst first (for TER the highest: it is an error rate)."""
+    key, positions, values = totals.lowest(k)
+    worst = ", ".join(f"{i} ({v:.1f})" for i, v in zip(store.ids(positions), values))
     return f"{'lowest ' + key + ' ids':<28}{worst}"
 
 

@@ -4,7 +4,9 @@ Layout of {tmp_dir}:
     manifest.json           what run these files belong to (model, data, settings, batch plan)
     run.lock                flock'ed by rank 0 while a run is live
     journal_rank_<k>.jsonl  one line per finished batch, appended and fsynced as it finishes
-    rank_<k>_output.json    rank k's records and stats, written atomically when it is done
+    rank_<k>_output.arrow   rank k's records, one Arrow record batch per planned batch, renamed into place when done
+    rank_<k>_output.json    rank k's stats, written atomically last: its presence means rank k is done
+    cache/                  the examples as Arrow and the tokenized sources (see store.py, tokens.py)
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from .errors import EvalError, RunFailed, RunStateError, SyncTimeoutError
 
@@ -80,6 +84,44 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise _write_error(path, e) from e
 
 
+class AtomicFile:
+    """A file written in pieces that appears complete or not at all: the pieces go to a
+    temporary name beside it, which `commit` fsyncs and renames over the target (as
+    write_atomic does in one piece). Used for outputs too large to build in memory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            self._f = open(self._tmp, "wb")
+        except OSError as e:
+            raise _write_error(path, e) from e
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._f.write(data)
+        except OSError as e:
+            self.discard()
+            raise _write_error(self.path, e) from e
+
+    def commit(self) -> None:
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            os.replace(self._tmp, self.path)
+            _fsync_dir(self.path.parent)
+        except OSError as e:
+            self.discard()
+            raise _write_error(self.path, e) from e
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self._f.close()
+        with contextlib.suppress(OSError):
+            self._tmp.unlink()
+
+
 def dumps(obj: Any) -> bytes:
     return (json.dumps(obj, ensure_ascii=False, sort_keys=True, indent=1) + "\n").encode("utf-8")
 
@@ -135,6 +177,21 @@ class RunLock:
             self._fd = None
 
 
+def refuse_earlier_run(tmp_dir: Path, resume: bool) -> None:
+    """Before anything is written into the temp dir: without --resume, an earlier run's files
+    are an error (check_tmp_dir compares the manifests once this run's is known)."""
+    journals = journal_files(tmp_dir)
+    if not (tmp_dir / MANIFEST).exists():
+        if journals:
+            raise RunStateError(f"{tmp_dir} holds journals but no manifest; remove {tmp_dir} to start over")
+        return
+    if not resume:
+        raise RunStateError(
+            f"{tmp_dir} holds an earlier run's files ({len(journals)} journal(s)); "
+            f"pass --resume to continue it, or remove {tmp_dir} to start over"
+        )
+
+
 def check_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> bool:
     """Whether the temp dir already belongs to this run (read-only; raises if it may not be used).
 
@@ -142,20 +199,13 @@ def check_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> b
     can never be merged; with --resume its manifest must match this run's exactly.
     """
     path = tmp_dir / MANIFEST
-    journals = journal_files(tmp_dir)
+    refuse_earlier_run(tmp_dir, resume)
     if not path.exists():
-        if journals:
-            raise RunStateError(f"{tmp_dir} holds journals but no manifest; remove {tmp_dir} to start over")
         return False
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise RunStateError(f"{path}: unreadable manifest ({e}); remove {tmp_dir} to start over") from e
-    if not resume:
-        raise RunStateError(
-            f"{tmp_dir} holds an earlier run's files ({len(journals)} journal(s)); "
-            f"pass --resume to continue it, or remove {tmp_dir} to start over"
-        )
     differ = compare_manifests(old, manifest)
     if differ:
         raise RunStateError(
@@ -174,7 +224,7 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
     journals = journal_files(tmp_dir)
     # Rank files are re-derived from the journals at the end of every run; an old one left by a
     # run with another world size must never be merged into this one.
-    for stale in [*tmp_dir.glob("rank_*_output.json"), tmp_dir / STOPPED]:
+    for stale in [*tmp_dir.glob("rank_*_output.*"), tmp_dir / STOPPED]:
         stale.unlink(missing_ok=True)
     return len(journals)
 
@@ -182,12 +232,13 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
 def cleanup_tmp_dir(tmp_dir: Path) -> None:
     """Remove the files a run made in its temp dir, then the folder if nothing else is left.
     Never rmtree: --tmp_dir may name a folder that holds the user's own files."""
-    for pattern in (MANIFEST, LOCK, STOPPED, "journal_rank_*.jsonl", "rank_*_output.json", ".*.tmp"):
+    for pattern in (MANIFEST, LOCK, STOPPED, "journal_rank_*.jsonl", "rank_*_output.*", ".*.tmp", "cache/*", "cache/.*"):
         for path in tmp_dir.glob(pattern):
             with contextlib.suppress(OSError):
                 path.unlink()
-    with contextlib.suppress(OSError):
-        tmp_dir.rmdir()
+    for folder in (tmp_dir / "cache", tmp_dir):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 # ---------------------------------------------------------------- journals
@@ -237,52 +288,145 @@ class Journal:
             self._f.close()
 
 
-def read_journals(tmp_dir: Path) -> dict[int, dict[str, Any]]:
-    """Finished batches from every journal in the temp dir, whichever world size wrote them."""
-    done: dict[int, dict[str, Any]] = {}
-    for path in journal_files(tmp_dir):
-        for line in path.read_bytes().split(b"\n"):
-            if not line.strip():
-                continue
+class JournalIndex:
+    """Where each finished batch is journaled (file and byte offset), whichever world size
+    wrote it. Only the index is held; an entry is read when its batch is reused, so resuming a
+    run of a million examples does not load every prediction on every rank."""
+
+    def __init__(self, tmp_dir: Path) -> None:
+        self._where: dict[int, tuple[Path, int]] = {}
+        for path in journal_files(tmp_dir) if tmp_dir.is_dir() else []:
+            offset = 0
+            with open(path, "rb") as f:
+                for line in f:
+                    start, offset = offset, offset + len(line)
+                    if not line.endswith(b"\n"):
+                        continue  # a torn last line from a crash while it was written: that batch runs again
+                    head = line[:64]
+                    try:
+                        # Entries start with {"batch":N,...}: the index needs no full parse.
+                        index = int(head.split(b":", 1)[1].split(b",", 1)[0])
+                    except (IndexError, ValueError):
+                        logger.debug("%s: skipping an unreadable journal line", path)
+                        continue
+                    self._where.setdefault(index, (path, start))
+
+    def __contains__(self, index: int) -> bool:
+        return index in self._where
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def get(self, index: int) -> dict[str, Any] | None:
+        if index not in self._where:
+            return None
+        path, offset = self._where[index]
+        with open(path, "rb") as f:
+            f.seek(offset)
             try:
-                entry = json.loads(line)
-                index = int(entry["batch"])
-            except (ValueError, KeyError, TypeError):
-                # A torn line from a crash while it was written: that batch simply runs again.
-                logger.debug("%s: skipping an unreadable journal line", path)
-                continue
-            done.setdefault(index, entry)
-    return done
+                entry = json.loads(f.readline())
+            except ValueError:
+                return None
+        return entry if isinstance(entry, dict) and entry.get("batch") == index else None
+
+
+def read_journals(tmp_dir: Path) -> dict[int, dict[str, Any]]:
+    """Every finished batch's journal entry (small runs and tests; runs use JournalIndex)."""
+    index = JournalIndex(tmp_dir)
+    return {i: e for i in sorted(index._where) if (e := index.get(i)) is not None}
 
 
 # ---------------------------------------------------------------- rank files
 
 
+RANK_SCHEMA = pa.schema([
+    ("position", pa.int64()),  # the example's place in the data, checked against its id by rank 0
+    ("id", pa.string()),  # the example id as JSON text
+    ("pred", pa.list_(pa.string())),  # candidates, best first
+    ("scores", pa.list_(pa.float64())),  # beam scores of the candidates, when returned
+    ("n_tokens", pa.int64()),
+    ("metric_stats", pa.string()),  # JSON: {metric: statistics}, when scoring
+    ("sentence_scores", pa.string()),  # JSON: {key: score}, when scoring
+])
+
+
+def rank_table_file(tmp_dir: Path, rank: int) -> Path:
+    return tmp_dir / f"rank_{rank}_output.arrow"
+
+
+class RankWriter:
+    """A rank's records as an Arrow file that grows one record batch per planned batch, so the
+    rank never holds its whole share. Written under a temporary name; `close` renames it into
+    place and then writes the small stats file that tells rank 0 the rank is done."""
+
+    def __init__(self, tmp_dir: Path, rank: int) -> None:
+        self.tmp_dir, self.rank = tmp_dir, rank
+        self.path = rank_table_file(tmp_dir, rank)
+        self._partial = self.path.with_name(self.path.name + ".partial")
+        self._sink = pa.OSFile(str(self._partial), "wb")
+        self._writer = pa.ipc.new_file(self._sink, RANK_SCHEMA)
+
+    def add(self, positions: Sequence[int], records: Sequence[Mapping[str, Any]]) -> None:
+        def js(key: str) -> list[str | None]:
+            return [json.dumps(r[key], ensure_ascii=False, separators=(",", ":")) if key in r else None for r in records]
+
+        columns = [
+            pa.array(positions, pa.int64()),
+            pa.array([json.dumps(r["id"], ensure_ascii=False) for r in records], pa.string()),
+            pa.array([r["pred"] if isinstance(r["pred"], list) else [r["pred"]] for r in records], pa.list_(pa.string())),
+            pa.array([r.get("scores") for r in records], pa.list_(pa.float64())),
+            pa.array([r["n_tokens"] for r in records], pa.int64()),
+            pa.array(js("metric_stats"), pa.string()),
+            pa.array(js("sentence_scores"), pa.string()),
+        ]
+        try:
+            self._writer.write_batch(pa.record_batch(columns, schema=RANK_SCHEMA))
+        except OSError as e:
+            reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+            raise RunFailed(
+                f"{self._partial}: cannot write ({reason}); the batches journaled before this one are kept: "
+                "make room, then rerun the same command with --resume"
+            ) from e
+
+    def close(self, stats: Mapping[str, Any]) -> Path:
+        try:
+            self._writer.close()
+            self._sink.flush()
+            os.fsync(self._sink.fileno())
+            self._sink.close()
+            os.replace(self._partial, self.path)
+        except OSError as e:
+            raise _write_error(self.path, e) from e
+        path = rank_file(self.tmp_dir, self.rank)
+        write_atomic(path, dumps({"rank": self.rank, "stats": dict(stats)}))
+        return path
+
+    def abandon(self) -> None:
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        with contextlib.suppress(OSError):
+            self._sink.close()
+            self._partial.unlink()
+
+
 @dataclass(frozen=True)
 class RankOutput:
     rank: int
-    records: list[dict[str, Any]]
+    table: Any  # pyarrow.Table with RANK_SCHEMA, memory-mapped
     stats: dict[str, Any]
     path: Path
 
 
-def write_rank_output(tmp_dir: Path, rank: int, records: Sequence[Mapping[str, Any]], stats: Mapping[str, Any]) -> Path:
-    path = rank_file(tmp_dir, rank)
-    # Compact: a machine-read file on rank 0's critical path (100k records parse in well under 1 s).
-    payload = {"rank": rank, "records": list(records), "stats": dict(stats)}
-    write_atomic(path, json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
-    return path
-
-
 def read_rank_output(path: Path, rank: int) -> RankOutput:
+    table_path = rank_table_file(path.parent, rank)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        records, stats = data["records"], data["stats"]
-        if not isinstance(records, list) or not all(isinstance(r, dict) and "id" in r for r in records):
-            raise ValueError("records must be a list of objects with an 'id'")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise RunStateError(f"{path}: unreadable rank file ({e})") from e
-    return RankOutput(rank, records, stats, path)
+        stats = json.loads(path.read_text(encoding="utf-8"))["stats"]
+        table = pa.ipc.open_file(pa.memory_map(str(table_path), "r")).read_all()
+        if not table.schema.equals(RANK_SCHEMA):
+            raise ValueError(f"unexpected columns {table.schema.names}")
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+        raise RunStateError(f"{table_path}: unreadable rank file ({e})") from e
+    return RankOutput(rank, table, stats, table_path)
 
 
 def wait_for_rank_files(

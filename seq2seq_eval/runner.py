@@ -10,6 +10,7 @@ import os
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,12 +18,11 @@ from typing import Any
 
 from . import metrics as metric_fns
 from .config import EvalConfig
-from .data import Examples, load_examples
+from .data import iter_examples
 from .dist import DistEnv, ProcessGroup, dist_env
-from .errors import EvalError, Interrupted, RunFailed, RunStateError
+from .errors import DataError, EvalError, Interrupted, RunFailed, RunStateError
 from .generate import (
     Generator,
-    encode_sources,
     generation_config_for,
     load_model,
     load_model_config,
@@ -33,21 +33,33 @@ from .generate import (
 )
 from .merge import merge_by_id
 from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
-from .report import check_output_locations, lowest_scoring_line, now_iso, package_versions, summary_table, write_outputs
+from .report import (
+    check_output_locations,
+    input_files,
+    lowest_scoring_line,
+    now_iso,
+    package_versions,
+    summary_table,
+    write_outputs,
+)
 from .runfiles import (
+    STOPPED,
     Journal,
+    JournalIndex,
+    RankWriter,
+    RunLock,
     check_tmp_dir,
     cleanup_tmp_dir,
-    STOPPED,
-    RunLock,
     journal_file,
     prepare_tmp_dir,
     rank_file,
-    read_journals,
     read_rank_output,
+    refuse_earlier_run,
     wait_for_rank_files,
-    write_rank_output,
+    write_json_atomic,
 )
+from .store import ExampleStore, write_store
+from .tokens import SourceTokens, load_shards, shard_is_complete, shard_range, tokenize, write_shard
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -56,15 +68,14 @@ logger = logging.getLogger("seq2seq_eval")
 class Prepared:
     """Everything derived before generation: identical on every rank."""
 
-    examples: Examples
+    store: ExampleStore
     tokenizer: Any
     model_config: Any
     generation_config: Any
     prefix: str
-    input_ids: list[list[int]]
+    tokens: SourceTokens
     batches: list[Batch]
     manifest: dict[str, Any]
-    n_truncated: int = 0
 
 
 @dataclass
@@ -101,20 +112,71 @@ def _model_identity(model_config: Any, model_name: str) -> dict[str, Any]:
     return identity
 
 
-def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
-    from .errors import DataError
+def _data_key(cfg: EvalConfig) -> str:
+    """What the examples cache depends on: the input options and, for local files, their size
+    and modification time (a changed file is converted again; its new fingerprint then tells a
+    --resume that the data changed)."""
+    files = [f for f in input_files(cfg) if not str(f).startswith(str(Path(cfg.model_name).expanduser()))]
+    stamp = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(files)]
+    options = [_canonical(cfg.dataset or cfg.data_dir), cfg.dataset_config, cfg.split, cfg.type_path, cfg.n_obs,
+               cfg.source_column, cfg.target_column, cfg.id_column, cfg.src_lang, cfg.tgt_lang, cfg.pseudolabels]
+    return hashlib.sha256(json.dumps([options, stamp], default=str).encode()).hexdigest()
 
-    examples = load_examples(cfg, (lambda fn: pg.main_first(fn, DataError)) if pg is not None else None)
+
+def _examples_store(cfg: EvalConfig, pg: ProcessGroup | None, cache: Path) -> tuple[ExampleStore, dict[str, Any]]:
+    """The examples as an Arrow file in the cache: converted once by rank 0 (the others wait and
+    then map it), reused by a resumed or restarted run whose inputs are unchanged."""
+    path, meta_path = cache / "examples.arrow", cache / "examples.json"
+    key = _data_key(cfg)
+
+    def build() -> dict[str, Any]:
+        try:
+            meta = json.loads(meta_path.read_text())
+            if meta.get("key") == key and path.is_file():
+                return meta
+        except (OSError, ValueError):
+            pass
+        examples, origin = iter_examples(cfg)
+        n, sha = write_store(path, examples)
+        meta = {"key": key, "n": n, "sha256": sha, "origin": origin}
+        write_json_atomic(meta_path, meta)  # last: the store above is complete
+        return meta
+
+    meta = pg.main_first(build, DataError) if pg is not None else build()
+    return ExampleStore(path, meta["origin"]), meta
+
+
+def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str, store: ExampleStore,
+                   tokenizer: Any, prefix: str, max_len: int | None) -> SourceTokens:
+    """Each rank tokenizes its 1/world of the sources (a dry run: all of them), then maps every
+    shard. Shards already complete for the same key (a resume, a restart) are kept."""
+    world = env.world_size if pg is not None else 1
+    ranges = [shard_range(len(store), r, world) for r in range(world)]
+    start, end = ranges[env.rank if pg is not None else 0]
+    if not shard_is_complete(cache, key, start, end):
+        flat, lengths, truncated = tokenize(tokenizer, store.iter_sources(start, end), prefix, max_len)
+        write_shard(cache, key, start, end, flat, lengths, truncated)
+    if pg is not None:
+        pg.barrier()  # every shard is on disk
+    return load_shards(cache, ranges)
+
+
+def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path) -> Prepared:
     model_config, base_gc = load_model_config(cfg)
     tokenizer = load_tokenizer(cfg)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
     prefix = source_prefix(model_config, cfg)
     max_source_length = source_limit(model_config, tokenizer, cfg)
-    input_ids, n_truncated = encode_sources(tokenizer, [e.source for e in examples.items], prefix, max_source_length)
-    lengths = [len(ids) for ids in input_ids]
+    model = _model_identity(model_config, cfg.model_name)
+    cache.mkdir(parents=True, exist_ok=True)
+    store, data = _examples_store(cfg, pg, cache)
+    token_key = hashlib.sha256(json.dumps(
+        [data["sha256"], model, prefix, max_source_length, type(tokenizer).__name__, len(tokenizer)], sort_keys=True
+    ).encode()).hexdigest()
+    tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length)
     out_cap = gc.max_new_tokens or gc.max_length
     batches = make_batches(
-        lengths,
+        tokens.lengths.tolist(),
         bs=None if cfg.max_tokens else cfg.bs,
         max_tokens=cfg.max_tokens,
         out_ratio=1.0 if cfg.task == "translation" else 0.25,
@@ -123,13 +185,13 @@ def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
     )
     gen_settings = {k: v for k, v in gc.to_diff_dict().items() if k != "transformers_version"}
     manifest = {
-        "model": _model_identity(model_config, cfg.model_name),
+        "model": model,
         "data": {
             # Resolved: the same files named relatively, absolutely or with a trailing slash
             # are the same run to --resume.
             "path": _canonical(cfg.dataset if cfg.dataset is not None else cfg.data_dir),
             "dataset_config": cfg.dataset_config, "split": cfg.split,
-            "n_examples": len(examples), "sha256": examples.fingerprint(),
+            "n_examples": len(store), "sha256": data["sha256"],
         },
         "task": cfg.task,
         "type_path": cfg.type_path,
@@ -141,17 +203,16 @@ def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
         "generation": json.loads(json.dumps(gen_settings, sort_keys=True, default=str)),
         "plan": {"bs": None if cfg.max_tokens else cfg.bs, "max_tokens": cfg.max_tokens, "sha256": plan_digest(batches)},
     }
-    return Prepared(examples, tokenizer, model_config, gc, prefix, input_ids, batches, manifest, n_truncated)
+    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest)
 
 
 def describe_plan(prep: Prepared, world_size: int) -> str:
-    lengths = [len(ids) for ids in prep.input_ids]
     deal = assign_batches(prep.batches, world_size)
     lines = [
-        f"{len(prep.examples)} examples from {prep.examples.origin}, {len(prep.batches)} batches, "
-        f"source padding efficiency {padding_efficiency(prep.batches, lengths):.3f}",
+        f"{len(prep.store)} examples from {prep.store.origin}, {len(prep.batches)} batches, "
+        f"source padding efficiency {padding_efficiency(prep.batches, prep.tokens.lengths):.3f}",
         f"generation: {json.dumps(prep.manifest['generation'], sort_keys=True)}",
-        f"sources truncated to {prep.manifest['max_source_length']} tokens: {prep.n_truncated}"
+        f"sources truncated to {prep.manifest['max_source_length']} tokens: {prep.tokens.truncated}"
         if prep.manifest["max_source_length"] is not None else "sources are not truncated (no model limit)",
     ]
     for rank, indices in enumerate(deal):
@@ -205,11 +266,13 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     t_start = time.perf_counter()
     check_output_locations(cfg)
     if cfg.dry_run:
-        # A dry run is one process that never joins a group: it validates and prints the plan.
+        # A dry run is one process that never joins a group: it validates and prints the plan,
+        # converting and tokenizing into a throwaway folder (the run's temp dir stays untouched).
         resolve_device(cfg, env)
-        prep = prepare(cfg)
-        check_tmp_dir(Path(cfg.tmp_dir), prep.manifest, cfg.resume)
-        return Outcome(plan_text=describe_plan(prep, env.world_size))
+        with tempfile.TemporaryDirectory(prefix="seq2seq_eval_dry_run_") as cache:
+            prep = prepare(cfg, env, None, Path(cache))
+            check_tmp_dir(Path(cfg.tmp_dir), prep.manifest, cfg.resume)
+            return Outcome(plan_text=describe_plan(prep, env.world_size))
     device, backend = resolve_device(cfg, env)
     if device.type == "cuda":
         import torch
@@ -221,17 +284,13 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     prep: Prepared | None = None
     try:
         with _Signals():
-            prep = prepare(cfg, pg)
-            lock = _claim_tmp_dir(cfg, env, pg, prep, tmp_dir)
+            lock = _claim_tmp_dir(cfg, env, pg, tmp_dir)
+            prep = prepare(cfg, env, pg, tmp_dir / "cache")
+            _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             model = load_model(cfg, device)
             t_loaded = time.perf_counter()
-            records, stats = _generate_rank(cfg, env, prep, model, device, tmp_dir)
+            stats = _generate_rank(cfg, env, prep, model, device, tmp_dir)
             stats["model_load_seconds"] = t_loaded - t_start
-            t_scored = time.perf_counter()
-            if not cfg.pseudolabels:
-                _attach_example_stats(cfg, prep, records)
-            stats["scoring_seconds"] = time.perf_counter() - t_scored
-            write_rank_output(tmp_dir, env.rank, records, stats)
             if not env.is_main:
                 return Outcome()
             return _finish(cfg, env, prep, tmp_dir, stats, t_start)
@@ -270,58 +329,74 @@ def _main_rank_is_gone(tmp_dir: Path) -> bool:
     return not (tmp_dir / STOPPED).exists()
 
 
-def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, prep: Prepared, tmp_dir: Path) -> RunLock | None:
-    """Rank 0 locks and checks the temp dir; every rank learns the verdict from one broadcast,
-    so a refused run stops on all ranks before any of them writes a journal line."""
-    lock = None
+def _agree(env: DistEnv, pg: ProcessGroup, check: Any) -> None:
+    """Rank 0 runs `check`; every rank learns its verdict from one broadcast, so a refused run
+    stops on all ranks before any of them writes a journal line."""
     verdict: str | None = None
     if env.is_main:
         try:
-            try:
-                tmp_dir.mkdir(parents=True, exist_ok=True)
-                if not os.access(tmp_dir, os.W_OK):
-                    raise PermissionError(13, "Permission denied")
-            except OSError as e:
-                raise RunStateError(f"--tmp_dir {tmp_dir}: not writable ({e.strerror})") from e
-            lock = RunLock(tmp_dir)
-            lock.acquire()
-            # A worker group restarted by torchrun (--max_restarts) resumes by itself.
-            found = prepare_tmp_dir(tmp_dir, prep.manifest, cfg.resume or env.restart_count > 0)
-            if found:
-                logger.info("resuming from %d journal(s) in %s", found, tmp_dir)
+            check()
         except EvalError as e:
-            if lock is not None:
-                lock.release()
-            verdict = str(e)
-            pg.broadcast(verdict)
+            pg.broadcast(str(e))
             raise
     verdict = pg.broadcast(verdict)
     if verdict is not None:
         raise RunStateError(verdict)
-    return lock
 
 
-def _journal_entry_matches(entry: dict[str, Any], batch: Batch, prep: Prepared) -> bool:
-    recs = entry.get("records")
-    if not isinstance(recs, list) or len(recs) != len(batch.members):
+def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Path) -> RunLock | None:
+    """Rank 0 creates and locks the temp dir before anything is written there (the examples
+    cache comes next), and refuses an earlier run's files unless resuming."""
+    holder: list[RunLock] = []
+
+    def claim() -> None:
+        try:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(tmp_dir, os.W_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as e:
+            raise RunStateError(f"--tmp_dir {tmp_dir}: not writable ({e.strerror})") from e
+        lock = RunLock(tmp_dir)
+        lock.acquire()
+        try:
+            # A worker group restarted by torchrun (--max_restarts) resumes by itself.
+            refuse_earlier_run(tmp_dir, cfg.resume or env.restart_count > 0)
+        except EvalError:
+            lock.release()
+            raise
+        holder.append(lock)
+
+    _agree(env, pg, claim)
+    return holder[0] if holder else None
+
+
+def _check_manifest(cfg: EvalConfig, env: DistEnv, tmp_dir: Path, manifest: dict[str, Any]) -> None:
+    found = prepare_tmp_dir(tmp_dir, manifest, cfg.resume or env.restart_count > 0)
+    if found:
+        logger.info("resuming from %d journal(s) in %s", found, tmp_dir)
+
+
+def _journal_entry_matches(entry: dict[str, Any] | None, ids: list[Any]) -> bool:
+    recs = entry.get("records") if entry is not None else None
+    if not isinstance(recs, list) or len(recs) != len(ids):
         return False
-    return all(r.get("id") == prep.examples.items[m].id for r, m in zip(recs, batch.members))
+    return all(isinstance(r, dict) and r.get("id") == i for r, i in zip(recs, ids))
 
 
-def _generate_rank(
-    cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, device: Any, tmp_dir: Path
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, device: Any, tmp_dir: Path) -> dict[str, Any]:
+    """Generate (or take from the journal) this rank's batches, scoring each on the way, into
+    its rank file; returns the rank's stats."""
     from tqdm.auto import tqdm
 
     generator = Generator(model, prep.tokenizer, prep.generation_config, device, seed=cfg.seed)
     mine = assign_batches(prep.batches, env.world_size)[env.rank]
-    finished = read_journals(tmp_dir)
+    finished = JournalIndex(tmp_dir)
     journal = Journal(journal_file(tmp_dir, env.rank))
-    records: list[dict[str, Any]] = []
+    writer = RankWriter(tmp_dir, env.rank)
     stats = {
         "rank": env.rank, "examples": 0, "batches": len(mine), "resumed_batches": 0,
         "generated_examples": 0, "generated_tokens": 0, "new_generated_tokens": 0, "source_tokens": 0, "padded_source_tokens": 0,
-        "generation_seconds": 0.0, "device": str(device),
+        "generation_seconds": 0.0, "scoring_seconds": 0.0, "device": str(device),
     }
     bar = tqdm(
         total=sum(len(prep.batches[i].members) for i in mine),
@@ -331,18 +406,20 @@ def _generate_rank(
     try:
         for index in mine:
             batch = prep.batches[index]
+            members = list(batch.members)
+            ids = prep.store.ids(members)
             entry = finished.get(index)
-            if entry is not None and _journal_entry_matches(entry, batch, prep):
-                batch_records = entry["records"]
+            if _journal_entry_matches(entry, ids):
+                batch_records = entry["records"]  # type: ignore[index]
                 stats["resumed_batches"] += 1
             else:
                 t0 = time.perf_counter()
-                out = generator([prep.input_ids[m] for m in batch.members], index)
+                out = generator([prep.tokens.ids(m) for m in members], index)
                 dt = time.perf_counter() - t0
                 batch_records = []
-                for j, m in enumerate(batch.members):
+                for j, ex_id in enumerate(ids):
                     rec: dict[str, Any] = {
-                        "id": prep.examples.items[m].id,
+                        "id": ex_id,
                         "pred": out.preds[j] if cfg.pseudolabels else out.preds[j][0],
                         "n_tokens": out.n_tokens[j],
                     }
@@ -351,14 +428,21 @@ def _generate_rank(
                     batch_records.append(rec)
                 journal.append({"batch": index, "records": batch_records, "seconds": dt})
                 stats["generation_seconds"] += dt
-                stats["generated_examples"] += len(batch.members)
+                stats["generated_examples"] += len(members)
                 stats["new_generated_tokens"] += sum(out.n_tokens)
-                stats["source_tokens"] += sum(len(prep.input_ids[m]) for m in batch.members)
+                stats["source_tokens"] += int(prep.tokens.lengths[members].sum())
                 stats["padded_source_tokens"] += batch.padded_tokens
-            records.extend(batch_records)
-            stats["examples"] += len(batch.members)
+            if not cfg.pseudolabels:
+                t0 = time.perf_counter()
+                _attach_example_stats(cfg, prep.store.targets(members), batch_records)
+                stats["scoring_seconds"] += time.perf_counter() - t0
+            writer.add(members, batch_records)
+            stats["examples"] += len(members)
             stats["generated_tokens"] += sum(r["n_tokens"] for r in batch_records)
-            bar.update(len(batch.members))
+            bar.update(len(members))
+    except BaseException:
+        writer.abandon()
+        raise
     finally:
         bar.close()
         journal.close()
@@ -370,16 +454,17 @@ def _generate_rank(
         import resource
 
         stats["peak_memory_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-    return records, stats
+    writer.close(stats)
+    return stats
 
 
-def _attach_example_stats(cfg: EvalConfig, prep: Prepared, records: list[dict[str, Any]]) -> None:
+def _attach_example_stats(cfg: EvalConfig, targets: list[Any], records: list[dict[str, Any]]) -> None:
     """Per-example metric statistics ({metric name: statistics}) and sentence-level scores
     ({key: score}), computed by the rank that generated them, so rank 0 only adds them up and
     writes them (rouge-score and TER are the slow parts of a large run)."""
-    refs = {e.id: e.references for e in prep.examples.items}
     names = cfg.metric_names
-    per_example = metric_fns.metric_statistics(names, [r["pred"] for r in records], [refs[r["id"]] for r in records])
+    refs = [(t,) if isinstance(t, str) else tuple(t) for t in targets]
+    per_example = metric_fns.metric_statistics(names, [r["pred"] for r in records], refs)
     for rec, st, sent in zip(records, per_example, metric_fns.sentence_scores(names, per_example)):
         rec["metric_stats"] = st
         rec["sentence_scores"] = sent
@@ -388,7 +473,7 @@ def _attach_example_stats(cfg: EvalConfig, prep: Prepared, records: list[dict[st
 def _missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
     if missing_ranks is None:
         missing_ranks = [r for r in range(env.world_size) if not rank_file(tmp_dir, r).exists()]
-    done = read_journals(tmp_dir) if tmp_dir.exists() else {}
+    done = JournalIndex(tmp_dir)
     deal = assign_batches(prep.batches, env.world_size)
     left = {
         r: sum(len(prep.batches[i].members) for i in deal[r] if i not in done) for r in missing_ranks
@@ -397,7 +482,7 @@ def _missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Pat
     unfinished = sum(len(b.members) for b in prep.batches if b.index not in done)
     return (
         f"rank(s) {', '.join(map(str, missing_ranks)) or 'none'} did not finish ({per_rank} examples left); "
-        f"{unfinished} of {len(prep.examples)} examples still to generate ({len(done)} of {len(prep.batches)} "
+        f"{unfinished} of {len(prep.store)} examples still to generate ({len(done)} of {len(prep.batches)} "
         f"batches are kept in {tmp_dir}); resume with: {resume_command(env)}"
     )
 
@@ -410,64 +495,66 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
     )
     t_merge = time.perf_counter()
     outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
-    records = merge_by_id(outputs, prep.examples.ids)
+    table, order = merge_by_id(outputs, prep.store)
     per_rank = [o.stats for o in outputs]
-    n = len(records)
-    metrics: dict[str, Any] | None = None
-    if not cfg.pseudolabels:
-        num_refs = metric_fns.sacrebleu_num_refs([e.references for e in prep.examples.items])
-        metrics = dict(metric_fns.combine_metrics(cfg.metric_names, [r["metric_stats"] for r in records], num_refs))
-    t_end = time.perf_counter()
-    gen_seconds = max(s["generation_seconds"] for s in per_rank)
-    # Rates cover what this run generated; batches reused from a journal cost no time here.
-    generated = sum(s["generated_examples"] for s in per_rank)
-    tokens = sum(s["new_generated_tokens"] for s in per_rank)
-    padded = sum(s["padded_source_tokens"] for s in per_rank)
-    throughput = {
-        "generated_examples": generated,
-        "samples_per_second": generated / gen_seconds if gen_seconds else None,
-        "generated_tokens_per_second": tokens / gen_seconds if gen_seconds else None,
-        "generation_seconds": gen_seconds,
-        "source_padding_efficiency": sum(s["source_tokens"] for s in per_rank) / padded if padded else None,
-        "rank_imbalance": gen_seconds / (sum(s["generation_seconds"] for s in per_rank) / len(per_rank))
-        if gen_seconds else None,
-        "time_breakdown": {
-            "model_load": my_stats["model_load_seconds"],
-            "generation": my_stats["generation_seconds"],
-            "scoring_on_rank": my_stats["scoring_seconds"],
-            "waiting": t_merge - t_wait,
-            "merge_and_scoring": t_end - t_merge,
-            "total": t_end - t_start,
-        },
-        "per_rank": per_rank,
-    }
-    summary: dict[str, Any] = dict(metrics or {})
-    summary.update({
-        "n_obs": n,
-        # As the legacy script: generation time over the run's examples. A resumed run's
-        # reused batches cost nothing here, hence the generation-only figure beside it.
-        "seconds_per_sample": gen_seconds / n,
-        "seconds_per_generated_sample": gen_seconds / generated if generated else None,
-        "n_gpus": env.world_size,
-        "throughput": throughput,
-        "provenance": {
-            "config": cfg.to_dict(),
-            "generation": prep.manifest["generation"],
-            "prefix": prep.prefix,
-            "model": prep.manifest["model"],
-            "data": prep.manifest["data"],
-            "plan": prep.manifest["plan"],
-            "versions": package_versions(),
-            "date": now_iso(),
-            "world_size": env.world_size,
-            "device_type": my_stats["device"].split(":")[0],
-        },
-    })
+    n = len(prep.store)
+
+    def summarize(totals: metric_fns.MetricTotals | None) -> dict[str, Any]:
+        metrics = totals.result(prep.store.sacrebleu_num_refs) if totals is not None else {}
+        t_end = time.perf_counter()
+        gen_seconds = max(s["generation_seconds"] for s in per_rank)
+        # Rates cover what this run generated; batches reused from a journal cost no time here.
+        generated = sum(s["generated_examples"] for s in per_rank)
+        tokens = sum(s["new_generated_tokens"] for s in per_rank)
+        padded = sum(s["padded_source_tokens"] for s in per_rank)
+        throughput = {
+            "generated_examples": generated,
+            "samples_per_second": generated / gen_seconds if gen_seconds else None,
+            "generated_tokens_per_second": tokens / gen_seconds if gen_seconds else None,
+            "generation_seconds": gen_seconds,
+            "source_padding_efficiency": sum(s["source_tokens"] for s in per_rank) / padded if padded else None,
+            "rank_imbalance": gen_seconds / (sum(s["generation_seconds"] for s in per_rank) / len(per_rank))
+            if gen_seconds else None,
+            "time_breakdown": {
+                "model_load": my_stats["model_load_seconds"],
+                "generation": my_stats["generation_seconds"],
+                "scoring_on_rank": my_stats["scoring_seconds"],
+                "waiting": t_merge - t_wait,
+                "merge_and_scoring": t_end - t_merge,
+                "total": t_end - t_start,
+            },
+            "per_rank": per_rank,
+        }
+        summary: dict[str, Any] = dict(metrics)
+        summary.update({
+            "n_obs": n,
+            # As the legacy script: generation time over the run's examples. A resumed run's
+            # reused batches cost nothing here, hence the generation-only figure beside it.
+            "seconds_per_sample": gen_seconds / n,
+            "seconds_per_generated_sample": gen_seconds / generated if generated else None,
+            "n_gpus": env.world_size,
+            "throughput": throughput,
+            "provenance": {
+                "config": cfg.to_dict(),
+                "generation": prep.manifest["generation"],
+                "prefix": prep.prefix,
+                "model": prep.manifest["model"],
+                "data": prep.manifest["data"],
+                "plan": prep.manifest["plan"],
+                "versions": package_versions(),
+                "date": now_iso(),
+                "world_size": env.world_size,
+                "device_type": my_stats["device"].split(":")[0],
+            },
+        })
+        return summary
+
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
-    written = write_outputs(cfg, prep.examples.items, records, summary, tail_since=t_merge)
+    written, summary, totals = write_outputs(cfg, prep.store, table, order, summarize, tail_since=t_merge)
+    del table, outputs  # the rank files are memory-mapped: unmap before they are removed
     if not cfg.debug:
         cleanup_tmp_dir(tmp_dir)
-    table = summary_table(summary, per_rank)
-    if metrics is not None:
-        table += "\n" + lowest_scoring_line(cfg.metric_names[0], prep.examples.ids, records)
-    return Outcome(metrics=summary, written=written, table=table)
+    text = summary_table(summary, per_rank)
+    if totals is not None:
+        text += "\n" + lowest_scoring_line(prep.store, totals)
+    return Outcome(metrics=summary, written=written, table=text)

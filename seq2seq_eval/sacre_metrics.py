@@ -106,8 +106,12 @@ class SacreMetric:
         ``num_refs`` is what the signature reports (``reference_count``): sacrebleu learns it
         while reading references, which this path never does.
         """
+        return self.score_from_totals(self.totals(stats), num_refs)
+
+    def score_from_totals(self, totals: Sequence[Any], num_refs: int = 1) -> dict[str, Any]:
+        """``combine`` from column sums already added up (see metrics.MetricTotals)."""
         metric = self.build()
-        result = metric._compute_score_from_stats(self.totals(stats))
+        result = metric._compute_score_from_stats(list(totals))
         metric.num_refs = num_refs
         return {self.name: float(result.score), f"{self.name}_signature": str(metric.get_signature())}
 

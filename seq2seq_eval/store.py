@@ -110,6 +110,37 @@ class ExampleStore:
     def has_targets(self) -> bool:
         return self._table.column("target").null_count < len(self)
 
+    @property
+    def id_column(self) -> Any:
+        """The ids as JSON text (an Arrow column), for vectorized checks."""
+        return self._table.column("id")
+
+    @property
+    def reference_counts(self) -> tuple[int, int]:
+        """The fewest and the most references any example has (0, 0 without targets)."""
+        import pyarrow.compute as pc
+
+        counts = pc.list_value_length(self._table.column("target"))
+        low, high = pc.min(counts).as_py(), pc.max(counts).as_py()
+        return (low or 0, high or 0)
+
+    @property
+    def max_references(self) -> int:
+        return max(1, self.reference_counts[1])
+
+    @property
+    def sacrebleu_num_refs(self) -> int:
+        """What sacrebleu's signature reports: the reference count, or -1 when it varies."""
+        low, high = self.reference_counts
+        return high if low == high else -1
+
+    def slice(self, start: int, n: int) -> list[Example]:
+        """Examples start..start+n-1, in data order."""
+        part = self._table.slice(start, n)
+        ids = [json.loads(i) for i in part.column("id").to_pylist()]
+        return [Example(i, s, _target(t)) for i, s, t in
+                zip(ids, part.column("source").to_pylist(), part.column("target").to_pylist())]
+
     def _take(self, column: str, positions: Sequence[int]) -> list[Any]:
         return self._table.column(column).take(pa.array(positions, pa.int64())).to_pylist()
 
@@ -125,14 +156,6 @@ class ExampleStore:
     def examples(self, positions: Sequence[int]) -> list[Example]:
         return [Example(i, s, t) for i, s, t in zip(self.ids(positions), self.sources(positions),
                                                    self.targets(positions))]
-
-    def iter_slices(self, rows: int = 50_000) -> Iterator[tuple[int, list[Example]]]:
-        """(start, examples) for consecutive slices, in data order."""
-        for start in range(0, len(self), rows):
-            part = self._table.slice(start, rows)
-            ids = [json.loads(i) for i in part.column("id").to_pylist()]
-            yield start, [Example(i, s, _target(t)) for i, s, t in
-                          zip(ids, part.column("source").to_pylist(), part.column("target").to_pylist())]
 
     def iter_sources(self, start: int, end: int, rows: int = 10_000) -> Iterator[list[str]]:
         for lo in range(start, end, rows):

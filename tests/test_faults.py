@@ -181,19 +181,25 @@ def test_concurrent_run_is_refused_and_dead_holder_is_not(slow_case, tmp_path):
 
 def test_full_disk_keeps_the_previous_rank_file(tmp_path):
     from seq2seq_eval.errors import EvalError
-    from seq2seq_eval.runfiles import read_rank_output, rank_file, write_rank_output
+    from seq2seq_eval.runfiles import RankWriter, rank_file, read_rank_output
 
     mnt = tmp_path / "small"
     mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
-        write_rank_output(mnt, 0, [{"id": 0, "pred": "first"}], {"examples": 1})
-        big = [{"id": i, "pred": "x" * 1000} for i in range(200)]  # ~200 KB: more than the disk holds
+        first = RankWriter(mnt, 0)
+        first.add([0], [{"id": 0, "pred": "first", "n_tokens": 1}])
+        first.close({"examples": 1})
+        big = RankWriter(mnt, 0)
         with pytest.raises(EvalError, match="disk full"):
-            write_rank_output(mnt, 0, big, {"examples": 200})
+            for i in range(200):  # ~200 KB: more than the disk holds
+                big.add([i], [{"id": i, "pred": "x" * 1000, "n_tokens": 1}])
+            big.close({"examples": 200})
+        big.abandon()
         again = read_rank_output(rank_file(mnt, 0), 0)
-        assert again.records == [{"id": 0, "pred": "first"}]
-        assert [p.name for p in mnt.iterdir()] == ["rank_0_output.json"]  # no temp file left behind
+        assert again.table.column("pred").to_pylist() == [["first"]] and again.stats == {"examples": 1}
+        # no partial or temporary file left behind
+        assert sorted(p.name for p in mnt.iterdir()) == ["rank_0_output.arrow", "rank_0_output.json"]
     finally:
         subprocess.run(["umount", str(mnt)], check=False)

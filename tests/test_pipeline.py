@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from seq2seq_eval.runfiles import read_rank_output
 from conftest import assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
 
 
@@ -70,8 +71,8 @@ def test_more_ranks_than_batches(tiny_model, tmp_path):
     assert_ok(torchrun(3, args + ["--save_dir", str(tmp_path / "w3"), "--debug"], cwd=tmp_path))
     assert_ok(single(args + ["--save_dir", str(tmp_path / "w1")], cwd=tmp_path))
     assert (tmp_path / "w3" / "test_generations.txt").read_bytes() == (tmp_path / "w1" / "test_generations.txt").read_bytes()
-    rank2 = json.loads((tmp_path / "w3_tmp" / "rank_2_output.json").read_text())
-    assert rank2["records"] == [] and rank2["stats"]["examples"] == 0
+    rank2 = read_rank_output(tmp_path / "w3_tmp" / "rank_2_output.json", 2)
+    assert rank2.table.num_rows == 0 and rank2.stats["examples"] == 0
     # --debug keeps the temp dir and writes the ordered references
     assert (tmp_path / "w3" / "test_references.txt").read_text().splitlines() == tgt
 

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from seq2seq_eval.runfiles import read_rank_output
 from conftest import assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
 from sacrebleu.metrics import BLEU, CHRF, TER
 
@@ -104,7 +105,9 @@ def test_rank_files_carry_statistics_keyed_by_metric(two_refs):
     names = METRICS.split(",")
     sizes = []
     for rank in range(3):
-        records = json.loads((Path(f"{save}_tmp") / f"rank_{rank}_output.json").read_text())["records"]
+        out = read_rank_output(Path(f"{save}_tmp") / f"rank_{rank}_output.json", rank)
+        records = [{"id": json.loads(r["id"]), "pred": r["pred"][0], "metric_stats": json.loads(r["metric_stats"]),
+                    "sentence_scores": json.loads(r["sentence_scores"])} for r in out.table.to_pylist()]
         sizes.append(len(records))
         preds = [r["pred"] for r in records]
         refs = [(tgt[r["id"]], tgt2[r["id"]]) for r in records]

@@ -18,16 +18,18 @@ from seq2seq_eval.config import EMBEDDED_DATA, EvalConfig, field_docs, parse_val
 from seq2seq_eval.data import read_lines
 from seq2seq_eval.dist import DistEnv, choose_device, dist_env
 from seq2seq_eval.errors import ConfigError, DataError, EvalError, MergeError, SyncTimeoutError
+from seq2seq_eval.data import Example
 from seq2seq_eval.merge import merge_by_id
+from seq2seq_eval.store import ExampleStore, write_store
 from seq2seq_eval.runfiles import (
     Journal,
     journal_file,
     rank_file,
     read_journals,
+    RankWriter,
     read_rank_output,
     wait_for_rank_files,
     write_atomic,
-    write_rank_output,
 )
 
 # ---------------------------------------------------------------- generate options
@@ -427,58 +429,89 @@ def test_read_journals_of_an_empty_folder(tmp_path):
 # ---------------------------------------------------------------- merge by id
 
 
-def rank_outputs(tmp_path: Path, per_rank: list[list[object]]):
-    """Real rank files, written and read back the way the runner does."""
+def rank_outputs(tmp_path: Path, per_rank: list[list[object]], planned: list[object]):
+    """Real rank files and a real example store, written and read back the way the runner does.
+    A record's data position is where its id is planned (past the end when it is not)."""
+    store_path = tmp_path / "examples.arrow"
+    write_store(store_path, [Example(i, f"s{i}", f"t{i}") for i in planned])
+    store = ExampleStore(store_path, "test data")
     outs = []
     for rank, ids in enumerate(per_rank):
-        path = write_rank_output(tmp_path, rank, [{"id": i, "pred": f"p{i}"} for i in ids], {"rank": rank})
+        writer = RankWriter(tmp_path, rank)
+        for i in ids:  # one planned batch per record
+            position = planned.index(i) if i in planned else len(planned) + 7
+            writer.add([position], [{"id": i, "pred": f"p{i}", "n_tokens": 1}])
+        path = writer.close({"rank": rank})
         assert path == rank_file(tmp_path, rank)
         outs.append(read_rank_output(path, rank))
-    return outs
+    return outs, store
 
 
-def test_merge_orders_by_plan_not_by_rank(tmp_path):
-    outs = rank_outputs(tmp_path, [[3, 0], [], [2, 1, 4]])
-    merged = merge_by_id(outs, [0, 1, 2, 3, 4])
-    assert [r["id"] for r in merged] == [0, 1, 2, 3, 4]
-    assert [r["pred"] for r in merged] == ["p0", "p1", "p2", "p3", "p4"]
+def _merged(outs, store) -> list[tuple[object, str]]:
+    table, order = merge_by_id(outs, store)
+    rows = table.take(order).to_pylist()
+    return [(json.loads(r["id"]), r["pred"][0]) for r in rows]
+
+
+def test_merge_orders_by_data_not_by_rank(tmp_path):
+    outs, store = rank_outputs(tmp_path, [[3, 0], [], [2, 1, 4]], [0, 1, 2, 3, 4])
+    assert _merged(outs, store) == [(0, "p0"), (1, "p1"), (2, "p2"), (3, "p3"), (4, "p4")]
 
 
 def test_merge_string_ids(tmp_path):
-    outs = rank_outputs(tmp_path, [["b"], ["a", "c"]])
-    assert [r["id"] for r in merge_by_id(outs, ["a", "b", "c"])] == ["a", "b", "c"]
+    outs, store = rank_outputs(tmp_path, [["b"], ["a", "c"]], ["a", "b", "c"])
+    assert [i for i, _ in _merged(outs, store)] == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize(
     "per_rank, planned, message",
     [
-        ([[0, 1, 1], [2]], [0, 1, 2], r"rank_0_output\.json: example id 1 appears twice"),
-        ([[0, 1], [2, 1]], [0, 1, 2], r"rank_1_output\.json: example id 1 appears again \(first in rank_0_output\.json\)"),
+        ([[0, 1, 1], [2]], [0, 1, 2], r"rank_0_output\.arrow: example id 1 appears twice"),
+        ([[0, 1], [2, 1]], [0, 1, 2], r"rank_1_output\.arrow: example id 1 appears again \(first in rank_0_output\.arrow\)"),
         ([[0, 1], [3]], [0, 1, 2, 3], r"rank files are missing example id\(s\) 2$"),
-        ([[0, 1], [2, 99]], [0, 1, 2], r"rank_1_output\.json: example id\(s\) 99 are not in the evaluated data"),
+        ([[0, 1], [2, 99]], [0, 1, 2], r"rank_1_output\.arrow: example id\(s\) 99 are not in the evaluated data"),
         ([["a"], ["b"]], ["a", "b", "c"], r"missing example id\(s\) 'c'"),
         # an int is not the string of its digits (ids keep their JSON type)
-        ([[0], [1]], ["0", "1"], r"rank_0_output\.json: example id\(s\) 0, 1 are not in the evaluated data"),
+        ([[0], [1]], ["0", "1"],
+         r"rank_0_output\.arrow: example id\(s\) 0 are not in the evaluated data at that place \(expected id '0'\)"),
         ([list(range(5)), []], list(range(20)), r"missing example id\(s\) 5, 6, .*, 14, \.\.\. \(15 in all\)"),
     ],
     ids=["twice-in-one-file", "again-in-another-file", "missing", "unexpected", "missing-string-id",
          "int-vs-string-id", "many-missing"],
 )
 def test_merge_errors_name_the_id_and_the_file(tmp_path, per_rank, planned, message):
+    if per_rank == [[0], [1]]:
+        # positions of the string ids "0" and "1": the records claim those places with int ids
+        outs, store = rank_outputs(tmp_path, [["0"], ["1"]], planned)
+        outs = _with_ids(tmp_path, outs, [[0], [1]])
+    else:
+        outs, store = rank_outputs(tmp_path, per_rank, planned)
     with pytest.raises(MergeError, match=message):
-        merge_by_id(rank_outputs(tmp_path, per_rank), planned)
+        merge_by_id(outs, store)
+
+
+def _with_ids(tmp_path: Path, outs, ids_per_rank):
+    """The same rank files with other ids in the same places."""
+    result = []
+    for out, ids in zip(outs, ids_per_rank):
+        writer = RankWriter(tmp_path, out.rank)
+        rows = out.table.to_pylist()
+        for row, i in zip(rows, ids):
+            writer.add([row["position"]], [{"id": i, "pred": row["pred"], "n_tokens": 1}])
+        result.append(read_rank_output(writer.close({"rank": out.rank}), out.rank))
+    return result
 
 
 # ---------------------------------------------------------------- waiting for rank files
 
 
 def test_wait_returns_when_every_rank_file_exists(tmp_path):
-    rank_outputs(tmp_path, [[0], [1]])
+    rank_outputs(tmp_path, [[0], [1]], [0, 1])
     assert wait_for_rank_files(tmp_path, 2, timeout_s=5) == [rank_file(tmp_path, 0), rank_file(tmp_path, 1)]
 
 
 def test_wait_times_out_naming_the_missing_ranks(tmp_path):
-    rank_outputs(tmp_path, [[0], [1]])
+    rank_outputs(tmp_path, [[0], [1]], [0, 1])
     start = time.monotonic()
     with pytest.raises(SyncTimeoutError, match=r"waited 0\.3 s \(--sync_timeout\) for rank files; missing from rank\(s\) 2, 3; hi$"):
         wait_for_rank_files(tmp_path, 4, timeout_s=0.3, describe_missing=lambda missing: "; hi")

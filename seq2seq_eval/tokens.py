@@ -1,0 +1,110 @@
+"""Source token ids, tokenized once per run and shared through the temp dir.
+
+Each rank tokenizes a contiguous 1/world of the examples into its own shard (a flat int32 array
+of ids and an int32 array of lengths); every rank then maps all shards. A shard is written under
+a temporary name, renamed, and described by a small JSON file written last: a shard without its
+description (a crash mid-write) is simply tokenized again. A resumed run or a torchrun restart
+with the same world size and cache key reuses the shards as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .generate import encode_sources
+
+CHUNK = 10_000
+"""Sources per tokenizer call: the tokenizer's output for a chunk is the largest transient."""
+
+
+def shard_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    return n * rank // world_size, n * (rank + 1) // world_size
+
+
+def tokenize(tokenizer: Any, sources: Iterable[Sequence[str]], prefix: str, max_len: int | None) -> tuple[np.ndarray, np.ndarray, int]:
+    """Flat ids, per-source lengths and the number truncated, chunk by chunk."""
+    ids_parts, len_parts, truncated = [], [], 0
+    for chunk in sources:
+        ids, n_trunc = encode_sources(tokenizer, chunk, prefix, max_len)
+        truncated += n_trunc
+        len_parts.append(np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids)))
+        ids_parts.append(np.fromiter((t for x in ids for t in x), dtype=np.int32))
+    flat = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
+    lengths = np.concatenate(len_parts) if len_parts else np.zeros(0, np.int32)
+    return flat, lengths, truncated
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def _names(cache: Path, start: int, end: int) -> tuple[Path, Path, Path]:
+    stem = cache / f"tokens_{start}_{end}"
+    return stem.with_suffix(".ids.npy"), stem.with_suffix(".lens.npy"), stem.with_suffix(".json")
+
+
+def write_shard(cache: Path, key: str, start: int, end: int, flat: np.ndarray, lengths: np.ndarray, truncated: int) -> None:
+    ids_path, lens_path, meta_path = _names(cache, start, end)
+    _save_npy(ids_path, flat)
+    _save_npy(lens_path, lengths)
+    # Last: its presence says the two arrays above are complete.
+    tmp = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "start": start, "end": end, "truncated": truncated}))
+    os.replace(tmp, meta_path)
+
+
+def shard_is_complete(cache: Path, key: str, start: int, end: int) -> bool:
+    ids_path, lens_path, meta_path = _names(cache, start, end)
+    try:
+        meta = json.loads(meta_path.read_text())
+        lengths = np.load(lens_path, mmap_mode="r")
+        flat = np.load(ids_path, mmap_mode="r")
+    except (OSError, ValueError):
+        return False
+    return meta.get("key") == key and len(lengths) == end - start and int(lengths.sum()) == len(flat)
+
+
+@dataclass
+class SourceTokens:
+    """Every shard of a world, mapped: ids of any example by position."""
+
+    starts: np.ndarray  # first position of each shard
+    flats: list[np.ndarray]  # memory-mapped ids of each shard
+    offsets: list[np.ndarray]  # per shard: where each example's ids start in its flat array
+    lengths: np.ndarray  # all examples' lengths, in data order
+    truncated: int
+
+    def ids(self, position: int) -> list[int]:
+        shard = int(np.searchsorted(self.starts, position, side="right")) - 1
+        local = position - int(self.starts[shard])
+        lo = int(self.offsets[shard][local])
+        return self.flats[shard][lo : lo + int(self.lengths[position])].tolist()
+
+
+def load_shards(cache: Path, ranges: Sequence[tuple[int, int]]) -> SourceTokens:
+    starts, flats, offsets, lens, truncated = [], [], [], [], 0
+    for start, end in ranges:
+        ids_path, lens_path, meta_path = _names(cache, start, end)
+        lengths = np.load(lens_path)
+        starts.append(start)
+        flats.append(np.load(ids_path, mmap_mode="r"))
+        offsets.append(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]]) if len(lengths) else lengths)
+        lens.append(lengths)
+        truncated += int(json.loads(meta_path.read_text())["truncated"])
+    return SourceTokens(np.asarray(starts, np.int64), flats, offsets,
+                        np.concatenate(lens) if lens else np.zeros(0, np.int32), truncated)
