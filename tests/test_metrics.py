@@ -381,7 +381,9 @@ def test_split_sentences_uses_the_same_parameters_as_nltk(nltk_sent_tokenize):
     assert ours.abbrev_types == theirs.abbrev_types
     assert ours.collocations == theirs.collocations
     assert ours.sent_starters == theirs.sent_starters
-    assert dict(ours.ortho_context) == dict(theirs.ortho_context)
+    # A defaultdict(int) gains a 0 for every key looked up while tokenizing (earlier tests in the
+    # same process do): entries of 0 are the same as absent ones.
+    assert {k: v for k, v in ours.ortho_context.items() if v} == {k: v for k, v in theirs.ortho_context.items() if v}
     assert type(ours.ortho_context) is type(theirs.ortho_context)
     for text, _ in SPLIT_CASES:
         assert split_sentences(text) == nltk_sent_tokenize(text, "english")
