@@ -87,13 +87,20 @@ def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
     tgt_path = data_dir / f"{type_path}.target"
     if not src_path.exists():
         raise DataError(f"{src_path}: file not found; expected {type_path}.source in --data_dir")
+    if not tgt_path.exists() and need_targets:
+        raise DataError(f"{tgt_path}: file not found; expected references to score against")
+    return load_files(src_path, tgt_path if tgt_path.exists() else None, str(data_dir))
+
+
+def load_files(src_path: Path, tgt_path: Path | None, origin: str) -> Examples:
+    """One source per line and, when given, one reference per line; ids are 0-based line numbers."""
     sources = read_lines(src_path)
     if not sources:
         raise DataError(f"{src_path}: no examples; expected one source per line")
     for i, s in enumerate(sources, start=1):
         _check_text(src_path, i, s, "source")
     targets: list[str | None]
-    if tgt_path.exists():
+    if tgt_path is not None:
         tgts = read_lines(tgt_path)
         if len(tgts) != len(sources):
             raise DataError(
@@ -103,12 +110,10 @@ def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
         for i, t in enumerate(tgts, start=1):
             _check_text(tgt_path, i, t, "reference")
         targets = list(tgts)
-    elif need_targets:
-        raise DataError(f"{tgt_path}: file not found; expected references to score against")
     else:
         targets = [None] * len(sources)
     items = tuple(Example(i, s, t) for i, (s, t) in enumerate(zip(sources, targets)))
-    return Examples(items, str(data_dir))
+    return Examples(items, origin)
 
 
 def load_jsonl(path: Path, need_targets: bool) -> Examples:
@@ -159,8 +164,11 @@ def check_unique_ids(ids: Sequence[ExampleId], origin: str) -> None:
 def load_examples(cfg: EvalConfig, main_first: Callable | None = None) -> Examples:
     """`main_first(fn)` runs fn on rank 0 before the other ranks: a datasets split is then
     prepared (downloaded, converted to Arrow) once, and the others read rank 0's cache."""
-    need_targets = not cfg.pseudolabels
-    if cfg.dataset is not None:
+    need_targets = cfg.scored
+    if cfg.input_path is not None:
+        ref = Path(cfg.reference_path) if cfg.reference_path is not None else None
+        examples = load_files(Path(cfg.input_path), ref, cfg.input_path)
+    elif cfg.dataset is not None:
         from .hf_data import load_hf_examples
 
         def load() -> Examples:

@@ -83,7 +83,7 @@ def write_outputs(
         metrics = dict(metrics)
         if tail_since is not None and "throughput" in metrics:
             metrics["throughput"]["time_breakdown"]["tail"] = time.perf_counter() - tail_since
-        name = f"{cfg.type_path}_{cfg.metric_name}.json" if not cfg.pseudolabels else f"{cfg.type_path}_run_info.json"
+        name = f"{cfg.type_path}_{cfg.metric_name}.json" if cfg.scored else f"{cfg.type_path}_run_info.json"
         path = save_dir / name
         write_atomic(path, dumps(metrics))
         written.append(path)

@@ -31,6 +31,7 @@ from .generate import (
     resolve_device,
     source_limit,
     source_prefix,
+    task_entry,
 )
 from .merge import merge_by_id
 from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
@@ -100,6 +101,9 @@ def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
     examples = load_examples(cfg, (lambda fn: pg.main_first(fn, DataError)) if pg is not None else None)
     model_config, base_gc = load_model_config(cfg)
     tokenizer = load_tokenizer(cfg)
+    entry = task_entry(model_config, cfg.task)
+    if entry.note and (pg is None or pg.env.is_main):  # every rank sees the same; one says it
+        logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
     prefix = source_prefix(model_config, cfg)
     max_source_length = source_limit(model_config, tokenizer, cfg)
@@ -110,7 +114,7 @@ def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
         lengths,
         bs=None if cfg.max_tokens else cfg.bs,
         max_tokens=cfg.max_tokens,
-        out_ratio=1.0 if cfg.task == "translation" else 0.25,
+        out_ratio=1.0 if cfg.task_family == "translation" else 0.25,
         out_cap=out_cap,
         beams=gc.num_beams or 1,
     )
@@ -119,6 +123,7 @@ def prepare(cfg: EvalConfig, pg: ProcessGroup | None = None) -> Prepared:
         "model": _model_identity(model_config, cfg.model_name),
         "data": {"origin": examples.origin, "n_examples": len(examples), "sha256": examples.fingerprint()},
         "task": cfg.task,
+        "task_settings": {"entry": entry.name, "params": json.loads(json.dumps(entry.params, default=str))},
         "type_path": cfg.type_path,
         "prefix": prefix,
         "max_source_length": max_source_length,
@@ -137,7 +142,9 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
     lines = [
         f"{len(prep.examples)} examples from {prep.examples.origin}, {len(prep.batches)} batches, "
         f"source padding efficiency {padding_efficiency(prep.batches, lengths):.3f}",
+        f"task settings: {_describe_entry(prep.manifest['task_settings'])}",
         f"generation: {json.dumps(prep.manifest['generation'], sort_keys=True)}",
+        f"source prefix: {prep.prefix!r}",
         f"sources truncated to {prep.manifest['max_source_length']} tokens: {prep.n_truncated}"
         if prep.manifest["max_source_length"] is not None else "sources are not truncated (no model limit)",
     ]
@@ -146,6 +153,12 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
         cost = sum(prep.batches[i].cost for i in indices)
         lines.append(f"rank {rank}: {len(indices)} batches, {n} examples, est. cost {cost:.0f}")
     return "\n".join(lines)
+
+
+def _describe_entry(settings: dict[str, Any]) -> str:
+    if settings["entry"] is None:
+        return "none (no task_specific_params entry applies)"
+    return f"task_specific_params[{settings['entry']!r}] = {json.dumps(settings['params'], sort_keys=True)}"
 
 
 def resume_command(env: DistEnv) -> str:
@@ -202,7 +215,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
             records, stats = _generate_rank(cfg, env, prep, model, device, tmp_dir)
             stats["model_load_seconds"] = t_loaded - t_start
             t_scored = time.perf_counter()
-            if not cfg.pseudolabels:
+            if cfg.scored:
                 _attach_example_stats(cfg, prep, records)
             stats["scoring_seconds"] = time.perf_counter() - t_scored
             write_rank_output(tmp_dir, env.rank, records, stats)
@@ -340,7 +353,7 @@ def _attach_example_stats(cfg: EvalConfig, prep: Prepared, records: list[dict[st
     """Per-example metric statistics, computed by the rank that generated them, so rank 0 only
     adds them up (rouge-score is the slow part of a large summarization run)."""
     refs = {e.id: e.target for e in prep.examples.items}
-    per_example = metric_fns.example_statistics(cfg.task, [r["pred"] for r in records], [refs[r["id"]] for r in records])
+    per_example = metric_fns.example_statistics(cfg.task_family, [r["pred"] for r in records], [refs[r["id"]] for r in records])
     for rec, st in zip(records, per_example):
         rec["metric_stats"] = st
 
@@ -374,8 +387,8 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
     per_rank = [o.stats for o in outputs]
     n = len(records)
     metrics: dict[str, Any] | None = None
-    if not cfg.pseudolabels:
-        metrics = dict(metric_fns.combine(cfg.task, [r["metric_stats"] for r in records]))
+    if cfg.scored:
+        metrics = dict(metric_fns.combine(cfg.task_family, [r["metric_stats"] for r in records]))
     t_end = time.perf_counter()
     gen_seconds = max(s["generation_seconds"] for s in per_rank)
     # Rates cover what this run generated; batches reused from a journal cost no time here.
@@ -407,6 +420,7 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
         "throughput": throughput,
         "provenance": {
             "config": cfg.to_dict(),
+            "task_settings": prep.manifest["task_settings"],
             "generation": prep.manifest["generation"],
             "prefix": prep.prefix,
             "model": prep.manifest["model"],
