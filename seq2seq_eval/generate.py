@@ -344,7 +344,7 @@ def generated_lengths(sequences: Any, eos_token_id: int | list[int] | None, pad_
     return torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, unfinished)
 
 
-class _OncePerRun(logging.Filter):
+class OncePerRun(logging.Filter):
     """Lets each distinct message through once. transformers warns about a generation setting
     on every generate() call, i.e. every batch, over the progress bar; once per run says it."""
 
@@ -388,7 +388,7 @@ class Generator:
         # own generation_config: a max_length cleared above would come back from there. The
         # model carries exactly the settings computed for this run instead.
         model.generation_config = copy.deepcopy(self.gc)
-        self._once = _OncePerRun()
+        self._once = OncePerRun()
         self.device = device
         self.seed = seed
         pad = tokenizer.pad_token_id
