@@ -522,3 +522,14 @@ def test_a_repeated_transformers_warning_is_shown_once(monkeypatch):
     child.warning("another warning")  # outside a generate() call: not filtered
     assert seen == ["Both `max_new_tokens` (=6) and `max_length`(=300) seem to have been set.",
                     "another warning", "another warning"]
+
+
+def test_the_embedded_models_readme_states_its_task_settings():
+    """data_samples/README.md quotes config.json's task_specific_params; the quote must be exact."""
+    repo = Path(zoo.__file__).resolve().parents[1]
+    readme = (repo / "data_samples" / "README.md").read_text(encoding="utf-8")
+    start = readme.index('"task_specific_params":')
+    end = readme.index("\n      }", start) + len("\n      }")
+    stated = json.loads("{" + readme[start:end] + "}")["task_specific_params"]
+    config = json.loads((repo / "data_samples" / "model" / "config.json").read_text(encoding="utf-8"))
+    assert stated == config["task_specific_params"]
