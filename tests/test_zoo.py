@@ -34,8 +34,6 @@ from conftest import _env, make_corpus, write_legacy
 import zoo
 from zoo import Published
 
-pytestmark = pytest.mark.skipif(not zoo.SPM.exists(), reason=f"{zoo.SPM} not available (../shared/realdata)")
-
 T5_TASK_PARAMS = {
     "summarization": {"early_stopping": True, "length_penalty": 2.0, "max_length": 200, "min_length": 30,
                       "no_repeat_ngram_size": 3, "num_beams": 4, "prefix": "summarize: "},
@@ -327,6 +325,8 @@ RUN_ARGS = ["--max_new_tokens", "6", "--min_new_tokens", "1", "--bs", "2", "--de
 
 @pytest.fixture(scope="module")
 def zoo_models(tmp_path_factory) -> dict[str, Path]:
+    if not zoo.SPM.exists():
+        pytest.skip(f"{zoo.SPM} not available (../shared/realdata): the sentencepiece tokenizers need it")
     src, tgt = make_corpus(200, seed=1)
     base = tmp_path_factory.mktemp("zoo")
     return {name: zoo.build(spec, base / name, src + tgt) for name, spec in ZOO.items()}
@@ -533,3 +533,58 @@ def test_the_embedded_models_readme_states_its_task_settings():
     stated = json.loads("{" + readme[start:end] + "}")["task_specific_params"]
     config = json.loads((repo / "data_samples" / "model" / "config.json").read_text(encoding="utf-8"))
     assert stated == config["task_specific_params"]
+
+
+# ---------------------------------------------------------------- task names (no model)
+
+EMBEDDED_STYLE = {"translation": {"num_beams": 4}, "summarization": {"num_beams": 2}}
+PEGASUS_LARGE_STYLE = {"summarization_xsum": {"max_length": 64}, "summarization_cnn_dailymail": {"max_length": 128}}
+
+
+@pytest.mark.parametrize(
+    "tsp, task, entry, note",
+    [
+        # a key equal to the task name: that entry (the legacy rule)
+        (T5_TASK_PARAMS, "translation_en_to_fr", "translation_en_to_fr", ""),
+        (T5_TASK_PARAMS, "summarization", "summarization", ""),
+        (PEGASUS_LARGE_STYLE, "summarization_xsum", "summarization_xsum", ""),
+        # the plain family name: the family's only entry, or none when it has none
+        ({"summarization_xsum": {"max_length": 64}}, "summarization", "summarization_xsum", ""),
+        (EMBEDDED_STYLE, "translation", "translation", ""),
+        ({"summarization": {}}, "translation", None, ""),
+        (None, "translation", None, ""),
+        # another name: the model's plain family entry, else none (and the log says what it has)
+        (EMBEDDED_STYLE, "translation_en_to_ro", "translation", ""),
+        (T5_TASK_PARAMS, "translation_de_to_en", None,
+         "the model's task_specific_params has translation_en_to_de, translation_en_to_fr, translation_en_to_ro "
+         "but no 'translation_de_to_en'"),
+        (None, "summarization_cnn", None, ""),
+    ],
+)
+def test_task_entry(tsp, task, entry, note):
+    from types import SimpleNamespace
+
+    from seq2seq_eval.generate import task_entry
+
+    got = task_entry(SimpleNamespace(task_specific_params=tsp), task)
+    assert (got.name, got.note) == (entry, note)
+    assert got.params == ((tsp or {}).get(entry, {}) if entry else {})
+
+
+@pytest.mark.parametrize(
+    "tsp, task, listed",
+    [
+        (T5_TASK_PARAMS, "translation", "translation_en_to_de, translation_en_to_fr, translation_en_to_ro"),
+        (PEGASUS_LARGE_STYLE, "summarization", "summarization_cnn_dailymail, summarization_xsum"),
+    ],
+)
+def test_a_plain_family_name_with_several_entries_is_refused(tsp, task, listed):
+    from types import SimpleNamespace
+
+    from seq2seq_eval.errors import ConfigError
+    from seq2seq_eval.generate import task_entry
+
+    with pytest.raises(ConfigError, match=rf"^--task {task}: the model has several {task} settings in its "
+                                          rf"task_specific_params \({listed}\) and none named '{task}'; "
+                                          r"pass one of them as --task$"):
+        task_entry(SimpleNamespace(task_specific_params=tsp), task)
