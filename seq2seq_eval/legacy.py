@@ -23,6 +23,7 @@ from typing import Any
 
 from .cli import build_parser, parse_generate_kwargs
 from .config import CONFIG_FIELDS, EvalConfig
+from .errors import ConfigError
 from .runfiles import write_atomic
 
 SUBCOMMANDS = ("score", "compare")
@@ -122,8 +123,6 @@ def build_legacy(argv: Sequence[str]) -> tuple[EvalConfig, LegacyOutputs]:
 def refuse_legacy_only(rest: Sequence[str]) -> None:
     """In the project's form, name the legacy-only options for what they are (instead of taking
     --dump-args for a generate option that lacks a value)."""
-    from .errors import ConfigError
-
     for token in rest:
         name = token.split("=", 1)[0]
         if name in LEGACY_ONLY:
@@ -132,6 +131,3 @@ def refuse_legacy_only(rest: Sequence[str]) -> None:
                 "[--reference_path REF] [--score_path FILE] ...`; the project's form writes its "
                 "metrics into --save_dir"
             )
-
-
-__all__ = ["LegacyOutputs", "build_legacy", "is_legacy_command", "legacy_scores", "refuse_legacy_only"]
