@@ -385,8 +385,9 @@ class Generator:
         self.gc.return_dict_in_generate = True
         self.gc.output_scores = int(generation_config.num_return_sequences or 1) > 1
         # generate() fills settings left unset (None) in the config it is given from the model's
-        # own generation_config: a max_length cleared above would come back from there. The
-        # model carries exactly the settings computed for this run instead.
+        # own generation_config: a max_length that generation_config_for cleared, or a beam-only
+        # setting it dropped, would come back from there. The model carries exactly the settings
+        # computed for this run instead.
         model.generation_config = copy.deepcopy(self.gc)
         self._once = OncePerRun()
         self.device = device
