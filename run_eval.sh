@@ -27,8 +27,8 @@ NNODES=${NNODES:-1}
 # The dry run also prints the batch plan for this world size.
 WORLD=$((NPROC * NNODES))
 # RANK=0 with the launch's WORLD_SIZE: the plan is printed for that many ranks (a dry run never
-# joins a process group).
-RANK=0 LOCAL_RANK=0 WORLD_SIZE=$WORLD LOCAL_WORLD_SIZE=$NPROC "$PYTHON" -m seq2seq_eval --dry_run "$@"
+# joins a process group). --dry_run goes last: the legacy form starts with its positional MODEL.
+RANK=0 LOCAL_RANK=0 WORLD_SIZE=$WORLD LOCAL_WORLD_SIZE=$NPROC "$PYTHON" -m seq2seq_eval "$@" --dry_run
 
 if [ "$NNODES" -gt 1 ]; then
   rdzv=(--nnodes "$NNODES" --node_rank "${NODE_RANK:?set NODE_RANK for multi-node runs}"

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         if default not in (None, "") and "(default" not in help_text:
             help_text += f" (default: {default})"
         kwargs: dict = {"dest": f.name, "type": _field_type(f.name), "default": argparse.SUPPRESS, "help": help_text}
-        choices = {"task": TASKS, "device": DEVICES, "dist_backend": BACKENDS}.get(f.name)
+        choices = {"device": DEVICES, "dist_backend": BACKENDS}.get(f.name)
         if choices:
             kwargs["choices"] = choices
         if f.name == "target_column":
@@ -95,6 +95,9 @@ def parse_generate_kwargs(rest: Sequence[str]) -> tuple[tuple[str, object], ...]
 def build_config(argv: Sequence[str]) -> EvalConfig:
     parser = build_parser()
     ns, rest = parser.parse_known_args(argv)
+    from .legacy import refuse_legacy_only
+
+    refuse_legacy_only(rest)
     values = {k: v for k, v in vars(ns).items() if k != "local_rank" and v is not None}
     values["generate_kwargs"] = parse_generate_kwargs(rest)
     return EvalConfig(**values)
@@ -152,7 +155,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             print(compare_main(argv[1:]))
             return 0
-        cfg = build_config(argv)
+        from .legacy import build_legacy, is_legacy_command
+
+        # run_eval.py's form (MODEL INPUT_PATH SAVE_PATH ...) also writes SAVE_PATH and SCORE_PATH.
+        cfg, legacy = build_legacy(argv) if is_legacy_command(argv) else (build_config(argv), None)
         _setup_logging(env.is_main, cfg.debug)
         from .runner import run
 
@@ -162,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             hf_logging.disable_progress_bar()
 
         outcome = run(cfg, env)
+        if legacy is not None and env.is_main and not cfg.dry_run:
+            outcome = legacy.finish(cfg, outcome)
     except EvalError as e:
         if debug:
             raise

@@ -11,6 +11,7 @@ from .errors import ConfigError
 from .metric_names import parse_metric_names
 
 TASKS = ("translation", "summarization")
+"""Task families: what --task is scored as (BLEU or ROUGE)."""
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "nccl", "gloo")
 
@@ -50,6 +51,17 @@ def _check_generate_option(key: str, value: Any) -> None:
         raise ConfigError(f"--{key} {value!r}: expected {kind}")
 
 
+def family_of(task: str) -> str | None:
+    """The family a task name belongs to, as the legacy scripts read it: any name containing
+    "translation" (translation_en_to_de) is scored with BLEU, one containing "summarization"
+    (summarization_xsum) with ROUGE; None for anything else."""
+    if "translation" in task:
+        return "translation"
+    if "summarization" in task:
+        return "summarization"
+    return None
+
+
 def parse_value(text: str) -> Any:
     """A command-line value as int, float, bool, None or string (the legacy script's rules)."""
     lowered = text.lower()
@@ -76,12 +88,16 @@ class EvalConfig:
     """Local path or Hugging Face hub name of a seq2seq model (default: the embedded model)."""
     data_dir: str = ""
     """Folder with {type_path}.source/.target, or a .jsonl file (default: the embedded sample set of --task)."""
+    input_path: str | None = None
+    """A file with one source per line, instead of --data_dir (the legacy run_eval.py's INPUT_PATH)."""
+    reference_path: str | None = None
+    """The references of --input_path, one per line; without it the run only generates."""
     save_dir: str = "eval_results"
     """Where the metrics, generations and pseudolabels are written."""
     type_path: str = "test"
     """Split name: reads {data_dir}/{type_path}.source and .target."""
     task: str = "translation"
-    """translation (BLEU) or summarization (ROUGE)."""
+    """translation (BLEU), summarization (ROUGE), or a name containing one of them, such as a key of the model's task_specific_params (translation_en_to_de), whose entry is then applied."""
     metrics: str = ""
     """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge (default: bleu for translation, rouge for summarization)."""
     bs: int = 8
@@ -140,8 +156,11 @@ class EvalConfig:
     """Extra --key value pairs passed to model.generate() (e.g. --num_beams 4)."""
 
     def __post_init__(self) -> None:
-        if self.task not in TASKS:
-            raise ConfigError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if family_of(self.task) is None:
+            raise ConfigError(
+                f"--task must be translation, summarization or a name containing one of them "
+                f"(e.g. translation_en_to_de), got {self.task!r}"
+            )
         _check_min("--bs", self.bs, 1)
         if self.max_tokens is not None:
             _check_min("--max_tokens", self.max_tokens, 1)
@@ -178,15 +197,19 @@ class EvalConfig:
                 )
         if self.pseudo_target and self.num_return_sequences < 2:
             raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")
-        object.__setattr__(self, "metrics", ",".join(parse_metric_names(self.metrics, self.task)) if self.metrics else "")
+        object.__setattr__(self, "metrics", ",".join(parse_metric_names(self.metrics, self.task_family)) if self.metrics else "")
         object.__setattr__(self, "target_column", _target_columns(self.target_column))
         if self.dataset is None and any(
             v is not None
             for v in (self.dataset_config, self.split, self.source_column, self.target_column, self.id_column)
         ):
             raise ConfigError("--dataset_config/--split/--*_column need --dataset")
-        if not self.data_dir and self.dataset is None:
-            object.__setattr__(self, "data_dir", str(EMBEDDED_DATA[self.task]))
+        if self.reference_path is not None and self.input_path is None:
+            raise ConfigError("--reference_path needs --input_path (the sources it goes with)")
+        if self.input_path is not None and (self.data_dir or self.dataset is not None):
+            raise ConfigError("--input_path replaces --data_dir and --dataset; pass only one of them")
+        if not self.data_dir and self.dataset is None and self.input_path is None:
+            object.__setattr__(self, "data_dir", str(EMBEDDED_DATA[self.task_family]))
         if not self.tmp_dir:
             object.__setattr__(self, "tmp_dir", f"{self.save_dir.rstrip('/')}_tmp")
 
@@ -204,13 +227,23 @@ class EvalConfig:
         return self.num_return_sequences > 1
 
     @property
+    def task_family(self) -> str:
+        """translation or summarization: what decides the metric, whatever the task's full name."""
+        return family_of(self.task)  # type: ignore[return-value]  # checked in __post_init__
+
+    @property
+    def scored(self) -> bool:
+        """Whether the run computes metrics: not for pseudolabels, nor for --input_path without references."""
+        return not self.pseudolabels and (self.input_path is None or self.reference_path is not None)
+
+    @property
     def metric_name(self) -> str:
-        return "bleu" if self.task == "translation" else "rouge"
+        return "bleu" if self.task_family == "translation" else "rouge"
 
     @property
     def metric_names(self) -> tuple[str, ...]:
         """--metrics as names, in the order given; the task's main metric when empty."""
-        return parse_metric_names(self.metrics, self.task)
+        return parse_metric_names(self.metrics, self.task_family)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

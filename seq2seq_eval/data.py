@@ -157,20 +157,26 @@ def iter_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Iterator[
     tgt_path = data_dir / f"{type_path}.target"
     if not src_path.exists():
         raise DataError(f"{src_path}: file not found; expected {type_path}.source in --data_dir")
-    n = count_lines(src_path)
-    if n == 0:
-        raise DataError(f"{src_path}: no examples; expected one source per line")
     ref_paths: list[Path] = []
     if tgt_path.exists():
         ref_paths = [tgt_path, *extra_reference_files(data_dir, type_path)]
-        for path in ref_paths:
-            _check_count(path, n, src_path, "source")
     elif need_targets:
         raise DataError(f"{tgt_path}: file not found; expected references to score against")
-    return _legacy_rows(src_path, ref_paths)
+    return iter_files(src_path, ref_paths)
 
 
-def _legacy_rows(src_path: Path, ref_paths: list[Path]) -> Iterator[Example]:
+def iter_files(src_path: Path, ref_paths: Sequence[Path]) -> Iterator[Example]:
+    """One source per line and one reference per line of each reference file, as a stream; ids
+    are 0-based line numbers. The line counts are checked before the first example is yielded."""
+    n = count_lines(src_path)
+    if n == 0:
+        raise DataError(f"{src_path}: no examples; expected one source per line")
+    for path in ref_paths:
+        _check_count(path, n, src_path, "source")
+    return _rows(src_path, list(ref_paths))
+
+
+def _rows(src_path: Path, ref_paths: list[Path]) -> Iterator[Example]:
     ref_streams = [iter_lines(p) for p in ref_paths]
     for (lineno, source), *refs in zip(iter_lines(src_path), *ref_streams):
         _check_text(src_path, lineno, source, "source")
@@ -252,13 +258,17 @@ def load_examples(cfg: EvalConfig) -> Examples:
 def iter_examples(cfg: EvalConfig) -> tuple[Iterator[Example], str]:
     """The examples the run evaluates (the first --n_obs), as a stream, and where they come from.
     The input is opened and checked at once; its rows are read as the iterator goes."""
-    need_targets = not cfg.pseudolabels
+    need_targets = cfg.scored
     if cfg.dataset is not None:
         from .hf_data import iter_hf_examples
 
         return iter_hf_examples(cfg, need_targets)  # applies --n_obs before reading any column
     path = Path(cfg.data_dir)
-    if path.suffix == ".jsonl" or path.is_file():
+    if cfg.input_path is not None:  # the legacy run_eval.py command line
+        path = Path(cfg.input_path)
+        refs = [Path(cfg.reference_path)] if cfg.reference_path is not None else []
+        examples = iter_files(path, refs)
+    elif path.suffix == ".jsonl" or path.is_file():
         if not path.exists():
             raise DataError(f"--data_dir {path}: file not found")
         if path.suffix in (".source", ".target"):

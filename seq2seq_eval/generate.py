@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .beam_cache import beam_cache
-from .config import EvalConfig
+from .config import EvalConfig, family_of
 from .errors import ConfigError, ModelError
 
 logger = logging.getLogger("seq2seq_eval")
@@ -150,14 +151,52 @@ def _first_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
-def task_params(model_config: Any, task: str) -> dict[str, Any]:
-    """The model config's task_specific_params for `task` (keys like "translation_en_to_de"
-    count for "translation" when there is exactly one of them)."""
+@dataclass(frozen=True)
+class TaskEntry:
+    """The model's task_specific_params entry a run applies, or none."""
+
+    name: str | None
+    """The key used (translation_en_to_de), or None when no entry applies."""
+    params: dict[str, Any]
+    """The entry as published (prefix, beams, lengths, ...); empty when none applies."""
+    note: str = ""
+    """Why no entry applies although the model has entries of the task's family, for the log."""
+
+
+def task_entry(model_config: Any, task: str) -> TaskEntry:
+    """Which task_specific_params entry `--task` selects, by the legacy scripts' rule (an entry
+    whose key equals the task name) made safe for the plain family names:
+
+    - a key equal to the task name: that entry (translation_en_to_de, summarization);
+    - the plain family name (translation) and one entry of that family: that entry; several: an
+      error naming them, since applying none of them would silently evaluate without the prefix
+      and beams the model expects (T5 ships translation_en_to_de, _fr and _ro);
+    - another name (translation_de_to_en): the model's plain family entry if it has one, else
+      none; the note says which entries of the family the model does have.
+    """
     tsp = getattr(model_config, "task_specific_params", None) or {}
     if task in tsp:
-        return dict(tsp[task])
-    matches = [k for k in tsp if k.startswith(task)]
-    return dict(tsp[matches[0]]) if len(matches) == 1 else {}
+        return TaskEntry(task, dict(tsp[task]))
+    family = family_of(task)
+    same_family = sorted(k for k in tsp if family_of(k) == family)
+    if task == family:
+        if len(same_family) == 1:
+            return TaskEntry(same_family[0], dict(tsp[same_family[0]]))
+        if same_family:
+            raise ConfigError(
+                f"--task {task}: the model has several {family} settings in its task_specific_params "
+                f"({', '.join(same_family)}) and none named {task!r}; pass one of them as --task"
+            )
+        return TaskEntry(None, {})
+    if family in tsp:
+        return TaskEntry(family, dict(tsp[family]))
+    note = f"the model's task_specific_params has {', '.join(same_family)} but no {task!r}" if same_family else ""
+    return TaskEntry(None, {}, note)
+
+
+def task_params(model_config: Any, task: str) -> dict[str, Any]:
+    """The model config's task_specific_params entry that `task` selects (see task_entry)."""
+    return task_entry(model_config, task).params
 
 
 # Settings generate() uses only in beam search, or only when sampling. A model's defaults or task
@@ -213,6 +252,13 @@ def generation_config_for(model_config: Any, base: Any, tokenizer: Any, cfg: Eva
             setattr(gc, key, value)
     for key, value in user.items():
         setattr(gc, key, value)
+    # A limit of one kind from the user replaces the other kind from the model or its task entry
+    # (--max_new_tokens 24 over a task entry's max_length 300): generate() would use the user's
+    # anyway, after warning on every batch that both are set.
+    for mine, other in (("max_new_tokens", "max_length"), ("max_length", "max_new_tokens"),
+                        ("min_new_tokens", "min_length"), ("min_length", "min_new_tokens")):
+        if user.get(mine) is not None and other not in user:
+            setattr(gc, other, None)
     if "num_beams" not in user and not gc.do_sample and (gc.num_beams or 1) < cfg.num_return_sequences:
         gc.num_beams = cfg.num_return_sequences
     # Sampling draws each candidate independently; beam search returns at most num_beams of them.
@@ -298,6 +344,35 @@ def generated_lengths(sequences: Any, eos_token_id: int | list[int] | None, pad_
     return torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, unfinished)
 
 
+class OncePerRun(logging.Filter):
+    """Lets each distinct message through once. transformers warns about a generation setting
+    on every generate() call, i.e. every batch, over the progress bar; once per run says it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+    @contextlib.contextmanager
+    def on(self, library_logger: logging.Logger) -> Iterator[None]:
+        # On the handlers: a logger's own filters do not see records its child loggers
+        # (transformers.generation.utils) propagate to it.
+        handlers = list(library_logger.handlers)
+        for handler in handlers:
+            handler.addFilter(self)
+        try:
+            yield
+        finally:
+            for handler in handlers:
+                handler.removeFilter(self)
+
+
 class Generator:
     """Generates one batch at a time on one device."""
 
@@ -309,6 +384,12 @@ class Generator:
         self.gc = copy.deepcopy(generation_config)
         self.gc.return_dict_in_generate = True
         self.gc.output_scores = int(generation_config.num_return_sequences or 1) > 1
+        # generate() fills settings left unset (None) in the config it is given from the model's
+        # own generation_config: a max_length that generation_config_for cleared, or a beam-only
+        # setting it dropped, would come back from there. The model carries exactly the settings
+        # computed for this run instead.
+        model.generation_config = copy.deepcopy(self.gc)
+        self._once = OncePerRun()
         self.device = device
         self.seed = seed
         pad = tokenizer.pad_token_id
@@ -332,7 +413,7 @@ class Generator:
         cache = beam_cache(self.model, self.gc)
         extra = {} if cache is None else {"past_key_values": cache}
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self._once.on(logging.getLogger("transformers")):
                 out = self.model.generate(
                     input_ids=input_ids.to(self.device, non_blocking=True),
                     attention_mask=attention.to(self.device, non_blocking=True),

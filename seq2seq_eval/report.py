@@ -61,9 +61,9 @@ def planned_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Path]:
             paths.append(save_dir / f"{p}.pseudo.target")
     if cfg.debug:
         paths += [save_dir / (f"{p}_references.txt" if k == 0 else f"{p}_references.{k}.txt") for k in range(n_refs)]
-    if not cfg.pseudolabels and not cfg.no_examples_file:
+    if cfg.scored and not cfg.no_examples_file:
         paths.append(save_dir / f"{p}_examples.jsonl")
-    paths.append(save_dir / (f"{p}_run_info.json" if cfg.pseudolabels else f"{p}_{cfg.metric_name}.json"))
+    paths.append(save_dir / (f"{p}_{cfg.metric_name}.json" if cfg.scored else f"{p}_run_info.json"))
     return paths
 
 
@@ -173,8 +173,8 @@ def write_outputs(
         legacy, jsonl = files[next(names)], files[next(names)]
         pseudo = files[next(names)] if cfg.pseudo_target else None
     refs_files = [files[next(names)] for _ in range(n_refs)] if cfg.debug else []
-    examples_file = files[next(names)] if not cfg.pseudolabels and not cfg.no_examples_file else None
-    totals = MetricTotals(cfg.metric_names) if not cfg.pseudolabels else None
+    examples_file = files[next(names)] if cfg.scored and not cfg.no_examples_file else None
+    totals = MetricTotals(cfg.metric_names) if cfg.scored else None
     try:
         if legacy is not None:
             legacy.write(b"[" if len(order) else b"[]")

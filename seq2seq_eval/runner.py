@@ -30,6 +30,7 @@ from .generate import (
     resolve_device,
     source_limit,
     source_prefix,
+    task_entry,
 )
 from .merge import merge_by_id
 from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
@@ -164,6 +165,9 @@ def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str,
 def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path) -> Prepared:
     model_config, base_gc = load_model_config(cfg)
     tokenizer = load_tokenizer(cfg)
+    entry = task_entry(model_config, cfg.task)
+    if entry.note and (pg is None or pg.env.is_main):  # every rank sees the same; one says it
+        logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
     prefix = source_prefix(model_config, cfg)
     max_source_length = source_limit(model_config, tokenizer, cfg)
@@ -179,7 +183,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
         tokens.lengths.tolist(),
         bs=None if cfg.max_tokens else cfg.bs,
         max_tokens=cfg.max_tokens,
-        out_ratio=1.0 if cfg.task == "translation" else 0.25,
+        out_ratio=1.0 if cfg.task_family == "translation" else 0.25,
         out_cap=out_cap,
         beams=gc.num_beams or 1,
     )
@@ -194,6 +198,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
             "n_examples": len(store), "sha256": data["sha256"],
         },
         "task": cfg.task,
+        "task_settings": {"entry": entry.name, "params": json.loads(json.dumps(entry.params, default=str))},
         "type_path": cfg.type_path,
         "prefix": prefix,
         "max_source_length": max_source_length,
@@ -211,7 +216,9 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
     lines = [
         f"{len(prep.store)} examples from {prep.store.origin}, {len(prep.batches)} batches, "
         f"source padding efficiency {padding_efficiency(prep.batches, prep.tokens.lengths):.3f}",
+        f"task settings: {_describe_entry(prep.manifest['task_settings'])}",
         f"generation: {json.dumps(prep.manifest['generation'], sort_keys=True)}",
+        f"source prefix: {prep.prefix!r}",
         f"sources truncated to {prep.manifest['max_source_length']} tokens: {prep.tokens.truncated}"
         if prep.manifest["max_source_length"] is not None else "sources are not truncated (no model limit)",
     ]
@@ -220,6 +227,12 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
         cost = sum(prep.batches[i].cost for i in indices)
         lines.append(f"rank {rank}: {len(indices)} batches, {n} examples, est. cost {cost:.0f}")
     return "\n".join(lines)
+
+
+def _describe_entry(settings: dict[str, Any]) -> str:
+    if settings["entry"] is None:
+        return "none (no task_specific_params entry applies)"
+    return f"task_specific_params[{settings['entry']!r}] = {json.dumps(settings['params'], sort_keys=True)}"
 
 
 def resume_command(env: DistEnv, argv: list[str] | None = None) -> str:
@@ -432,7 +445,7 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, de
                 stats["new_generated_tokens"] += sum(out.n_tokens)
                 stats["source_tokens"] += int(prep.tokens.lengths[members].sum())
                 stats["padded_source_tokens"] += batch.padded_tokens
-            if not cfg.pseudolabels:
+            if cfg.scored:
                 t0 = time.perf_counter()
                 _attach_example_stats(cfg, prep.store.targets(members), batch_records)
                 stats["scoring_seconds"] += time.perf_counter() - t0
@@ -536,6 +549,7 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
             "throughput": throughput,
             "provenance": {
                 "config": cfg.to_dict(),
+                "task_settings": prep.manifest["task_settings"],
                 "generation": prep.manifest["generation"],
                 "prefix": prep.prefix,
                 "model": prep.manifest["model"],

@@ -138,7 +138,7 @@ def test_abbreviated_switch_needs_a_value():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--task", "qa"], r"argument --task: invalid choice: 'qa'"),
+        (["--task", "qa"], r"--task must be translation, summarization or a name containing one of them"),
         (["--bs", "x"], r"argument --bs: invalid int value: 'x'"),
         (["--bs"], r"argument --bs: expected one argument"),
     ],
@@ -154,7 +154,8 @@ def test_argparse_errors_are_config_errors(argv, message):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"task": "qa"}, r"--task must be one of translation, summarization, got 'qa'"),
+        ({"task": "qa"}, r"--task must be translation, summarization or a name containing one of them "
+                         r"\(e\.g\. translation_en_to_de\), got 'qa'"),
         ({"bs": 0}, r"--bs must be an integer >= 1, got 0"),
         ({"bs": True}, r"--bs must be an integer >= 1, got True"),
         ({"bs": 2.0}, r"--bs must be an integer >= 1, got 2.0"),
