@@ -433,7 +433,10 @@ def run_seq2seq_eval(key: str, a: argparse.Namespace, data_dir: Path, root: Path
     generated = reencoded = padded = steps = 0
     for journal in sorted(tmp.glob("journal_rank_*.jsonl")):
         for line in journal.read_text().splitlines():
-            records = json.loads(line)["records"]
+            entry = json.loads(line)
+            if "records" not in entry:
+                continue  # a split after running out of memory (seq2seq_eval/oom.py): its halves follow
+            records = entry["records"]
             # n_tokens: the example's generated tokens up to its first EOS, as generate.generated_lengths
             # counts them for (a)/(b); the longest of a batch is its number of decoder steps.
             width = max(r["n_tokens"] for r in records)

@@ -32,6 +32,7 @@ from .generate import (
     source_prefix,
 )
 from .merge import merge_by_id
+from .oom import run_batch
 from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
 from .report import check_output_locations, now_iso, package_versions, summary_table, write_outputs
 from .runfiles import (
@@ -43,6 +44,7 @@ from .runfiles import (
     journal_file,
     prepare_tmp_dir,
     rank_file,
+    read_journal_batches,
     read_journals,
     read_rank_output,
     wait_for_rank_files,
@@ -315,13 +317,13 @@ def _generate_rank(
 
     generator = Generator(model, prep.tokenizer, prep.generation_config, device, seed=cfg.seed)
     mine = assign_batches(prep.batches, env.world_size)[env.rank]
-    finished = read_journals(tmp_dir)
+    journaled = read_journal_batches(tmp_dir)
     journal = Journal(journal_file(tmp_dir, env.rank))
     records: list[dict[str, Any]] = []
     stats = {
         "rank": env.rank, "examples": 0, "batches": len(mine), "resumed_batches": 0,
         "generated_examples": 0, "generated_tokens": 0, "new_generated_tokens": 0, "source_tokens": 0, "padded_source_tokens": 0,
-        "generation_seconds": 0.0, "device": str(device),
+        "generation_seconds": 0.0, "device": str(device), "split_batches": 0, "out_of_memory_errors": 0,
     }
     bar = tqdm(
         total=sum(len(prep.batches[i].members) for i in mine),
@@ -331,30 +333,27 @@ def _generate_rank(
     try:
         for index in mine:
             batch = prep.batches[index]
-            entry = finished.get(index)
+            pieces = journaled.get(index)
+            entry = pieces.finished() if pieces is not None else None
             if entry is not None and _journal_entry_matches(entry, batch, prep):
                 batch_records = entry["records"]
                 stats["resumed_batches"] += 1
+                stats["split_batches"] += "parts" in entry
             else:
-                t0 = time.perf_counter()
-                out = generator([prep.input_ids[m] for m in batch.members], index)
-                dt = time.perf_counter() - t0
-                batch_records = []
-                for j, m in enumerate(batch.members):
-                    rec: dict[str, Any] = {
-                        "id": prep.examples.items[m].id,
-                        "pred": out.preds[j] if cfg.pseudolabels else out.preds[j][0],
-                        "n_tokens": out.n_tokens[j],
-                    }
-                    if out.scores is not None:
-                        rec["scores"] = out.scores[j]
-                    batch_records.append(rec)
-                journal.append({"batch": index, "records": batch_records, "seconds": dt})
-                stats["generation_seconds"] += dt
-                stats["generated_examples"] += len(batch.members)
-                stats["new_generated_tokens"] += sum(out.n_tokens)
-                stats["source_tokens"] += sum(len(prep.input_ids[m]) for m in batch.members)
-                stats["padded_source_tokens"] += batch.padded_tokens
+                # Splits in halves on out of memory, journaling each split and sub-batch (oom.py).
+                done = run_batch(
+                    generator, index, [prep.input_ids[m] for m in batch.members],
+                    [prep.examples.items[m].id for m in batch.members],
+                    journal=journal, journaled=pieces, pseudolabels=cfg.pseudolabels, device=device,
+                )
+                batch_records = done.records
+                stats["generation_seconds"] += done.seconds
+                stats["generated_examples"] += done.generated_examples
+                stats["new_generated_tokens"] += done.new_tokens
+                stats["source_tokens"] += done.source_tokens
+                stats["padded_source_tokens"] += done.padded_source_tokens
+                stats["split_batches"] += done.split
+                stats["out_of_memory_errors"] += done.out_of_memory
             records.extend(batch_records)
             stats["examples"] += len(batch.members)
             stats["generated_tokens"] += sum(r["n_tokens"] for r in batch_records)
@@ -425,6 +424,8 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
         "generated_tokens_per_second": tokens / gen_seconds if gen_seconds else None,
         "generation_seconds": gen_seconds,
         "source_padding_efficiency": sum(s["source_tokens"] for s in per_rank) / padded if padded else None,
+        # Planned batches that ran as sub-batches after running out of memory (oom.py).
+        "split_batches": sum(s.get("split_batches", 0) for s in per_rank),
         "rank_imbalance": gen_seconds / (sum(s["generation_seconds"] for s in per_rank) / len(per_rank))
         if gen_seconds else None,
         "time_breakdown": {
