@@ -338,7 +338,7 @@ def _generate_rank(
             if entry is not None and _journal_entry_matches(entry, batch, prep):
                 batch_records = entry["records"]
                 stats["resumed_batches"] += 1
-                stats["split_batches"] += "parts" in entry
+                stats["split_batches"] += int("parts" in entry)
             else:
                 # Splits in halves on out of memory, journaling each split and sub-batch (oom.py).
                 done = run_batch(
@@ -352,7 +352,7 @@ def _generate_rank(
                 stats["new_generated_tokens"] += done.new_tokens
                 stats["source_tokens"] += done.source_tokens
                 stats["padded_source_tokens"] += done.padded_source_tokens
-                stats["split_batches"] += done.split
+                stats["split_batches"] += int(done.split)
                 stats["out_of_memory_errors"] += done.out_of_memory
             records.extend(batch_records)
             stats["examples"] += len(batch.members)
