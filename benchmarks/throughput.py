@@ -132,7 +132,8 @@ class Worker:
         import torch.distributed as dist
         from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-        dist.init_process_group("gloo")
+        if not dist.is_initialized():  # benchmarks/gpu.py runs the methods in process, in a group of one
+            dist.init_process_group("gloo")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.args = args
         self.save_dir = Path(args.save_dir)
@@ -140,7 +141,13 @@ class Worker:
         self.sources = read_lines(data_dir / "test.source")
         self.targets = read_lines(data_dir / "test.target")
         self.tokenizer = AutoTokenizer.from_pretrained(args.model)
-        self.model = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval()
+        device = getattr(args, "device", "cpu")
+        if device == "cuda":  # one GPU per local rank, as seq2seq_eval places its ranks
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0)) % torch.cuda.device_count()}"
+        self.device = torch.device(device)
+        dtype = getattr(torch, getattr(args, "dtype", "float32"))
+        # As seq2seq_eval's load_model: cast, then move.
+        self.model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(dtype).to(self.device).eval()
         params = generate.task_params(self.model.config, TASK)
         self.prefix = params.pop("prefix", None) or getattr(self.model.config, "prefix", None) or ""
         # The model's generation defaults, then its task parameters, then --num_beams: the
@@ -153,6 +160,8 @@ class Worker:
             if key in known:
                 setattr(self.gc, key, value)
         self.gc.num_beams = args.num_beams
+        if getattr(args, "max_new_tokens", None):
+            self.gc.max_new_tokens = args.max_new_tokens
         self.gc.num_return_sequences = 1  # spelled out, as seq2seq_eval records it
         self.pad_id = int(self.tokenizer.pad_token_id)
         self.counter = BatchCounter(self.rank)
@@ -169,8 +178,11 @@ class Worker:
             )
         with torch.inference_mode():
             sequences = self.model.generate(
-                input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"], generation_config=self.gc
+                input_ids=encoded["input_ids"].to(self.device), attention_mask=encoded["attention_mask"].to(self.device),
+                generation_config=self.gc,
             )
+        # One transfer per batch, then decode on the host, as seq2seq_eval's Generator does.
+        sequences = sequences.cpu()
         texts = [t.strip() for t in self.tokenizer.batch_decode(
             sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )]
@@ -183,7 +195,8 @@ class Worker:
 
     def finish_generation(self) -> None:
         # Measured where seq2seq_eval measures it: right after the rank's last batch.
-        self.counter.peak_memory_bytes = peak_rss_bytes()
+        self.counter.peak_memory_bytes = (int(self.torch.cuda.max_memory_allocated(self.device))
+                                          if self.device.type == "cuda" else peak_rss_bytes())
 
     def settings(self) -> dict[str, Any]:
         diff = {k: v for k, v in self.gc.to_diff_dict().items() if k != "transformers_version"}
@@ -398,8 +411,13 @@ def fresh(path: Path) -> Path:
 def run_baseline(key: str, worker: str, a: argparse.Namespace, data_dir: Path, root: Path) -> MethodResult:
     save = fresh(root / "runs" / worker)
     target = [str(Path(__file__).resolve()), "--worker", worker, "--model", str(a.model), "--data_dir", str(data_dir),
-              "--bs", str(a.bs), "--num_beams", str(a.num_beams), "--save_dir", str(save)]
+              "--bs", str(a.bs), "--num_beams", str(a.num_beams), "--save_dir", str(save), *device_args(a, "worker")]
     wall, other = launch(METHODS[key], a.nproc, target, root / "logs" / f"{worker}.log")
+    return collect_baseline(key, save, wall, other)
+
+
+def collect_baseline(key: str, save: Path, wall: float, other: float | None) -> MethodResult:
+    """A finished (a) or (b) job's figures, from the files its rank 0 wrote."""
     stats = json.loads((save / "bench_stats.json").read_text())
     metrics = json.loads((save / "test_bleu.json").read_text())
     per_rank = stats["per_rank"]
@@ -422,18 +440,40 @@ def run_seq2seq_eval(key: str, a: argparse.Namespace, data_dir: Path, root: Path
     # --debug keeps the temp dir: its journals give per-batch generated lengths and its rank
     # files the moment each rank handed over.
     target = ["-m", "seq2seq_eval", "--model_name", str(a.model), "--data_dir", str(data_dir), "--task", TASK,
-              *batching, "--num_beams", str(a.num_beams), "--save_dir", str(save), "--tmp_dir", str(tmp), "--debug"]
+              *batching, "--num_beams", str(a.num_beams), "--save_dir", str(save), "--tmp_dir", str(tmp), "--debug",
+              *device_args(a, "seq2seq_eval")]
     wall, other = launch(METHODS[key], a.nproc, target, root / "logs" / f"{name}.log")
+    return collect_seq2seq_eval(key, a.model, save, tmp, wall, other, max_tokens)
+
+
+def device_args(a: argparse.Namespace, who: str) -> list[str]:
+    """--device, the dtype and --max_new_tokens, spelled for this script's workers or for seq2seq_eval."""
+    args = ["--device", a.device]
+    if who == "worker":
+        args += ["--dtype", a.dtype]
+    elif a.dtype != "float32":
+        args += ["--fp16" if a.dtype == "float16" else "--bf16"]
+    if a.max_new_tokens:
+        args += ["--max_new_tokens", str(a.max_new_tokens)]
+    return args
+
+
+def collect_seq2seq_eval(key: str, model: str, save: Path, tmp: Path, wall: float, other: float | None,
+                         max_tokens: int | None) -> MethodResult:
+    """A finished seq2seq_eval run's figures, from its metric file and its (kept) temp dir."""
     metrics_path = save / "test_bleu.json"
     metrics = json.loads(metrics_path.read_text())
     tp = metrics["throughput"]
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    tokenizer = AutoTokenizer.from_pretrained(model)
     generated = reencoded = padded = steps = 0
     for journal in sorted(tmp.glob("journal_rank_*.jsonl")):
         for line in journal.read_text().splitlines():
-            records = json.loads(line)["records"]
+            entry = json.loads(line)
+            if "records" not in entry:
+                continue  # a split after running out of memory (seq2seq_eval/oom.py): its halves follow
+            records = entry["records"]
             # n_tokens: the example's generated tokens up to its first EOS, as generate.generated_lengths
             # counts them for (a)/(b); the longest of a batch is its number of decoder steps.
             width = max(r["n_tokens"] for r in records)
@@ -670,6 +710,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3,
                    help="times each method runs, in turns; goals are judged on the median over rounds")
     p.add_argument("--out", default="bench_out", help="folder for data, runs, logs and results.json")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where every method generates (cuda: use --nproc 1 per GPU, or see benchmarks/gpu.py)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="model dtype for every method (seq2seq_eval's --fp16/--bf16)")
+    p.add_argument("--max_new_tokens", type=int, default=None, help="generated tokens cap for every method")
     p.add_argument("--tail_records", type=int, default=MICRO_RECORDS,
                    help="synthetic predictions for the rank-0 tail micro-benchmark")
     # Worker mode, run by torchrun for (a) and (b).

@@ -47,3 +47,8 @@ class Interrupted(EvalError):
     """The process received SIGINT/SIGTERM; finished batches are kept in the journal."""
 
     exit_code = 130
+
+
+class OutOfMemory(EvalError):
+    """One example does not fit in the device's memory even alone: its batch was split in halves
+    down to it after running out of memory. Finished batches and sub-batches are journaled."""

@@ -269,6 +269,9 @@ def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, An
     for key, fmt in (("samples_per_second", ".2f"), ("generated_tokens_per_second", ".1f")):
         if tp.get(key) is not None:
             lines.append(f"{key:<{width}}{tp[key]:>12{fmt}}")
+    if tp.get("split_batches"):
+        # Said only when it happened: a split batch's outputs may differ in the last bits (oom.py).
+        lines.append(f"{'split_batches':<{width}}{tp['split_batches']:>12d}  (out of memory: split in halves and retried)")
     if per_rank:
         lines.append(f"{'rank':>6}{'examples':>10}{'batches':>9}{'resumed':>9}{'tokens':>9}{'gen s':>9}")
         for r in per_rank:

@@ -4,6 +4,8 @@ Layout of {tmp_dir}:
     manifest.json           what run these files belong to (model, data, settings, batch plan)
     run.lock                flock'ed by rank 0 while a run is live
     journal_rank_<k>.jsonl  one line per finished batch, appended and fsynced as it finishes
+                            (and, for a batch split after running out of memory, one line per
+                            split and per finished sub-batch: see JournaledBatch)
     rank_<k>_output.arrow   rank k's records, one Arrow record batch per planned batch, renamed into place when done
     rank_<k>_output.json    rank k's stats, written atomically last: its presence means rank k is done
     cache/                  the examples as Arrow and the tokenized sources (see store.py, tokens.py)
@@ -19,7 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -288,13 +290,140 @@ class Journal:
             self._f.close()
 
 
+Range = tuple[int, int]  # [start, stop) into a planned batch's members
+
+
+@dataclass
+class JournaledBatch:
+    """What the journals hold for one planned batch.
+
+    Three kinds of line carry a batch index (older journals have only the first):
+
+    - a finished batch: ``{"batch": i, "records": [...], "seconds": s}``, records in member order;
+    - a split: ``{"batch": i, "split": [a, b], "of": n, "into": [[a, m], [m, b]], "ids": [...]}``,
+      written when members a..b-1 of the n ran out of memory together, before the halves run;
+    - a finished sub-batch: ``{"batch": i, "part": [a, b], "of": n, "records": [...], "seconds": s}``.
+
+    A resumed run reuses finished sub-batches and goes straight to the halves of a range that
+    split, instead of running out of memory on it again.
+    """
+
+    whole: dict[str, Any] | None = None
+    parts: dict[Range, dict[str, Any]] = field(default_factory=dict)
+    splits: dict[Range, dict[str, Any]] = field(default_factory=dict)
+
+    def add(self, entry: dict[str, Any]) -> bool:
+        """Files one journal line; False for a line of none of the three kinds. The first line
+        for a batch, range or split wins, as for whole batches before splits existed."""
+        if "split" in entry:
+            span, size = _range(entry.get("split")), entry.get("of")
+            into = entry.get("into")
+            if span is None or not isinstance(size, int) or span[1] > size or not isinstance(into, list):
+                return False
+            ranges = [_range(r) for r in into]
+            # The halves must tile the range exactly and each be smaller, so following splits
+            # always ends.
+            if (len(ranges) < 2 or None in ranges or ranges[0][0] != span[0] or ranges[-1][1] != span[1]  # type: ignore[index]
+                    or any(a[1] != b[0] for a, b in zip(ranges, ranges[1:]))):  # type: ignore[index]
+                return False
+            self.splits.setdefault(span, {**entry, "into": ranges})
+            return True
+        if not isinstance(entry.get("records"), list):
+            return False
+        if "part" in entry:
+            span, size = _range(entry.get("part")), entry.get("of")
+            if span is None or not isinstance(size, int) or span[1] > size or len(entry["records"]) != span[1] - span[0]:
+                return False
+            self.parts.setdefault(span, entry)
+            return True
+        if self.whole is None:
+            self.whole = entry
+        return True
+
+    def size(self) -> int | None:
+        """The batch's size as its split or sub-batch lines recorded it."""
+        for entry in (*self.splits.values(), *self.parts.values()):
+            return int(entry["of"])
+        return None
+
+    def finished(self) -> dict[str, Any] | None:
+        """The batch as one finished entry: the whole-batch line, or its sub-batches put back
+        together along the recorded splits when they cover every member; else None."""
+        if self.whole is not None:
+            return self.whole
+        size = self.size()
+        pieces = self.cover((0, size)) if size else None
+        if pieces is None:
+            return None
+        first = next(iter(self.splits.values()), None) or next(iter(self.parts.values()))
+        return {
+            "batch": first["batch"],
+            "records": [r for p in pieces for r in p["records"]],
+            "seconds": sum(float(p.get("seconds") or 0.0) for p in pieces),
+            "parts": [list(_range(p["part"]) or ()) for p in pieces],
+        }
+
+    def cover(self, span: Range) -> list[dict[str, Any]] | None:
+        """Finished sub-batches that make up `span`, in member order, following the splits."""
+        if span in self.parts:
+            return [self.parts[span]]
+        split = self.splits.get(span)
+        if split is None:
+            return None
+        pieces: list[dict[str, Any]] = []
+        for sub in split["into"]:
+            got = self.cover(sub)
+            if got is None:
+                return None
+            pieces.extend(got)
+        return pieces
+
+
+def _range(value: Any) -> Range | None:
+    if (isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            and 0 <= value[0] < value[1]):
+        return value[0], value[1]
+    return None
+
+
+def read_journal_batches(tmp_dir: Path) -> dict[int, JournaledBatch]:
+    """Every journal line in the temp dir, whichever world size wrote it, by batch index."""
+    found: dict[int, JournaledBatch] = {}
+    for path in journal_files(tmp_dir):
+        for line in path.read_bytes().split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                index = int(entry["batch"])
+            except (ValueError, KeyError, TypeError):
+                # A torn line from a crash while it was written: that batch simply runs again.
+                logger.debug("%s: skipping an unreadable journal line", path)
+                continue
+            if not found.setdefault(index, JournaledBatch()).add(entry):
+                logger.debug("%s: skipping a journal line of no known kind for batch %d", path, index)
+    return found
+
+
+def read_journals(tmp_dir: Path) -> dict[int, dict[str, Any]]:
+    """Finished batches from every journal in the temp dir, whichever world size wrote them; a
+    batch that was split is finished when its sub-batches cover all its members (see
+    JournaledBatch.finished)."""
+    done: dict[int, dict[str, Any]] = {}
+    for index, journaled in read_journal_batches(tmp_dir).items():
+        entry = journaled.finished()
+        if entry is not None:
+            done[index] = entry
+    return done
+
+
 class JournalIndex:
-    """Where each finished batch is journaled (file and byte offset), whichever world size
-    wrote it. Only the index is held; an entry is read when its batch is reused, so resuming a
-    run of a million examples does not load every prediction on every rank."""
+    """Where each batch's journal lines are (file and byte offset), whichever world size wrote
+    them. Only the index is held; a batch's lines are read when the batch comes up, so resuming
+    a run of a million examples does not load every prediction on every rank."""
 
     def __init__(self, tmp_dir: Path) -> None:
-        self._where: dict[int, tuple[Path, int]] = {}
+        self._where: dict[int, list[tuple[Path, int]]] = {}
         for path in journal_files(tmp_dir) if tmp_dir.is_dir() else []:
             offset = 0
             with open(path, "rb") as f:
@@ -302,38 +431,35 @@ class JournalIndex:
                     start, offset = offset, offset + len(line)
                     if not line.endswith(b"\n"):
                         continue  # a torn last line from a crash while it was written: that batch runs again
-                    head = line[:64]
                     try:
-                        # Entries start with {"batch":N,...}: the index needs no full parse.
-                        index = int(head.split(b":", 1)[1].split(b",", 1)[0])
+                        # Every line starts with {"batch":N,...}: the index needs no full parse.
+                        index = int(line[:64].split(b":", 1)[1].split(b",", 1)[0])
                     except (IndexError, ValueError):
                         logger.debug("%s: skipping an unreadable journal line", path)
                         continue
-                    self._where.setdefault(index, (path, start))
+                    self._where.setdefault(index, []).append((path, start))
 
-    def __contains__(self, index: int) -> bool:
-        return index in self._where
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-    def get(self, index: int) -> dict[str, Any] | None:
+    def batch(self, index: int) -> JournaledBatch | None:
+        """Everything journaled for batch `index`, or None."""
         if index not in self._where:
             return None
-        path, offset = self._where[index]
-        with open(path, "rb") as f:
-            f.seek(offset)
-            try:
-                entry = json.loads(f.readline())
-            except ValueError:
-                return None
-        return entry if isinstance(entry, dict) and entry.get("batch") == index else None
+        found = JournaledBatch()
+        for path, offset in self._where[index]:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                try:
+                    entry = json.loads(f.readline())
+                except ValueError:
+                    continue
+            if isinstance(entry, dict) and entry.get("batch") == index and not found.add(entry):
+                logger.debug("%s: skipping a journal line of no known kind for batch %d", path, index)
+        return found
+
+    def finished(self) -> set[int]:
+        """The batches whose journal lines make them complete."""
+        return {i for i in self._where if (b := self.batch(i)) is not None and b.finished() is not None}
 
 
-def read_journals(tmp_dir: Path) -> dict[int, dict[str, Any]]:
-    """Every finished batch's journal entry (small runs and tests; runs use JournalIndex)."""
-    index = JournalIndex(tmp_dir)
-    return {i: e for i in sorted(index._where) if (e := index.get(i)) is not None}
 
 
 # ---------------------------------------------------------------- rank files

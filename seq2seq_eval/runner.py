@@ -33,6 +33,7 @@ from .generate import (
     task_entry,
 )
 from .merge import merge_by_id
+from .oom import run_batch
 from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
 from .report import (
     check_output_locations,
@@ -409,7 +410,8 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, de
     stats = {
         "rank": env.rank, "examples": 0, "batches": len(mine), "resumed_batches": 0,
         "generated_examples": 0, "generated_tokens": 0, "new_generated_tokens": 0, "source_tokens": 0, "padded_source_tokens": 0,
-        "generation_seconds": 0.0, "scoring_seconds": 0.0, "device": str(device),
+        "generation_seconds": 0.0, "scoring_seconds": 0.0, "device": str(device), "split_batches": 0,
+        "out_of_memory_errors": 0,
     }
     bar = tqdm(
         total=sum(len(prep.batches[i].members) for i in mine),
@@ -421,30 +423,27 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, de
             batch = prep.batches[index]
             members = list(batch.members)
             ids = prep.store.ids(members)
-            entry = finished.get(index)
+            pieces = finished.batch(index)
+            entry = pieces.finished() if pieces is not None else None
             if _journal_entry_matches(entry, ids):
                 batch_records = entry["records"]  # type: ignore[index]
                 stats["resumed_batches"] += 1
+                stats["split_batches"] += int("parts" in entry)  # type: ignore[operator]
+                stats["split_batches"] += int("parts" in entry)
             else:
-                t0 = time.perf_counter()
-                out = generator([prep.tokens.ids(m) for m in members], index)
-                dt = time.perf_counter() - t0
-                batch_records = []
-                for j, ex_id in enumerate(ids):
-                    rec: dict[str, Any] = {
-                        "id": ex_id,
-                        "pred": out.preds[j] if cfg.pseudolabels else out.preds[j][0],
-                        "n_tokens": out.n_tokens[j],
-                    }
-                    if out.scores is not None:
-                        rec["scores"] = out.scores[j]
-                    batch_records.append(rec)
-                journal.append({"batch": index, "records": batch_records, "seconds": dt})
-                stats["generation_seconds"] += dt
-                stats["generated_examples"] += len(members)
-                stats["new_generated_tokens"] += sum(out.n_tokens)
-                stats["source_tokens"] += int(prep.tokens.lengths[members].sum())
-                stats["padded_source_tokens"] += batch.padded_tokens
+                # Splits in halves on out of memory, journaling each split and sub-batch (oom.py).
+                done = run_batch(
+                    generator, index, [prep.tokens.ids(m) for m in members], ids,
+                    journal=journal, journaled=pieces, pseudolabels=cfg.pseudolabels, device=device,
+                )
+                batch_records = done.records
+                stats["generation_seconds"] += done.seconds
+                stats["generated_examples"] += done.generated_examples
+                stats["new_generated_tokens"] += done.new_tokens
+                stats["source_tokens"] += done.source_tokens
+                stats["padded_source_tokens"] += done.padded_source_tokens
+                stats["split_batches"] += int(done.split)
+                stats["out_of_memory_errors"] += done.out_of_memory
             if cfg.scored:
                 t0 = time.perf_counter()
                 _attach_example_stats(cfg, prep.store.targets(members), batch_records)
@@ -486,7 +485,7 @@ def _attach_example_stats(cfg: EvalConfig, targets: list[Any], records: list[dic
 def _missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
     if missing_ranks is None:
         missing_ranks = [r for r in range(env.world_size) if not rank_file(tmp_dir, r).exists()]
-    done = JournalIndex(tmp_dir)
+    done = JournalIndex(tmp_dir).finished()
     deal = assign_batches(prep.batches, env.world_size)
     left = {
         r: sum(len(prep.batches[i].members) for i in deal[r] if i not in done) for r in missing_ranks
@@ -526,6 +525,8 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
             "generated_tokens_per_second": tokens / gen_seconds if gen_seconds else None,
             "generation_seconds": gen_seconds,
             "source_padding_efficiency": sum(s["source_tokens"] for s in per_rank) / padded if padded else None,
+            # Planned batches that ran as sub-batches after running out of memory (oom.py).
+            "split_batches": sum(s.get("split_batches", 0) for s in per_rank),
             "rank_imbalance": gen_seconds / (sum(s["generation_seconds"] for s in per_rank) / len(per_rank))
             if gen_seconds else None,
             "time_breakdown": {

@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from conftest import REPO, _env, assert_ok
 
@@ -61,3 +64,76 @@ def test_beam_cache_benchmark_compares_and_finds_identical_outputs(tiny_model, t
     assert lines[0].startswith("12 examples, ") and "num_beams 2" in lines[0], proc.stdout
     assert sum("samples/s" in line for line in lines[1:3]) == 2, proc.stdout
     assert lines[-1].startswith("identical predictions and token counts; median samples/s "), proc.stdout
+
+
+# ---------------------------------------------------------------- benchmarks/gpu.py on CPU
+
+
+def _gpu_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+GPU_COLUMNS = ("configuration", "method", "samples/s", "gen tok/s", "peak MB", "BLEU", "same as a", "x (a)", "x (b)")
+
+
+def test_gpu_benchmark_runs_every_step_on_cpu_in_tiny_mode(tmp_path):
+    """The GPU script's own paths (worker per configuration, the four methods in process, a
+    half-precision dtype, the --max_tokens sweep, the profile, the table) on a tiny model."""
+    out = tmp_path / "gpu"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--device", "cpu", "--tiny", "--skip_tests", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(None),
+    )
+    assert_ok(proc)
+    lines = proc.stdout.splitlines()
+    header = next(line for line in lines if line.startswith("configuration"))
+    positions = [header.find(c) for c in GPU_COLUMNS]
+    assert -1 not in positions and positions == sorted(positions), header
+    start = lines.index(header) + 2
+    rows = lines[start:start + 4]
+    assert [r[20:49].split(" --")[0].strip() for r in rows] == [
+        "(a) tutorial", "(b) legacy split", "(d) s2s", "(d0) d, generate()'s cache"], rows
+    assert all(len(r[49:].split()) == len(GPU_COLUMNS) - 2 for r in rows), rows
+    assert rows[0].startswith("marian-tiny bf16")
+    assert any(line.startswith("marian-tiny bf16    32: ") and "-> best" in line for line in lines), proc.stdout
+    assert any(line.startswith("marian-tiny bf16    5 rows x ") for line in lines), proc.stdout
+    assert sum(line.startswith(("PASS ", "MISS ")) for line in lines) == 1, proc.stdout
+    assert lines[-3].startswith("suggested GPU default: --max_tokens "), proc.stdout
+
+    summary = json.loads((out / "summary.json").read_text())
+    config = summary["configs"][0]
+    assert config["status"] == "ok" and config["rounds_done"] == 1 and sorted(config["methods"]) == ["a", "b", "d", "d0"]
+    # Equal outputs: the tiny model's predictions do not depend on the batching.
+    assert all(m["identical_to_a"] == 1.0 for m in config["methods"].values())
+    assert sorted(config["sweep"], key=int) == ["32", "96"]
+    assert summary["suggested_max_tokens"]["value"] in (32, 96)
+    assert len(config["profile"]["files"]) == 2 and all(Path(f).exists() for f in config["profile"]["files"])
+
+
+def test_gpu_benchmark_skips_steps_it_has_no_time_for(tmp_path):
+    out = tmp_path / "gpu"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--device", "cpu", "--tiny", "--budget", "1", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env(None),
+    )
+    assert_ok(proc)
+    assert "pytest -m gpu: skipped: no time left, no counts" in proc.stdout
+    assert "marian-tiny bf16    (skipped: no time left)" in proc.stdout
+    assert "MISS  pytest -m gpu: every GPU test passed, none skipped" in proc.stdout
+
+
+@pytest.mark.parametrize("xml, counts", [
+    ('<testsuites><testsuite tests="9" failures="1" errors="0" skipped="2"/></testsuites>',
+     {"passed": 6, "failed": 1, "errors": 0, "skipped": 2}),
+    ('<testsuite tests="3" failures="0" errors="1" skipped="0"/>', {"passed": 2, "failed": 0, "errors": 1, "skipped": 0}),
+    ("<testsuites><testsuite", None),  # killed while writing
+])
+def test_gpu_benchmark_reads_pytest_counts(tmp_path, xml, counts):
+    path = tmp_path / "junit.xml"
+    path.write_text(xml)
+    assert _gpu_bench().pytest_counts(path) == counts
