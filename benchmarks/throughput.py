@@ -46,6 +46,7 @@ REPO = Path(__file__).resolve().parent.parent
 # data files, the task parameters, token counts, atomic writes), so the methods differ only in
 # what is being compared: sharding, batching, generation and the hand-over to rank 0.
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # tail.py, shared with scale.py
 from seq2seq_eval import generate  # noqa: E402
 from seq2seq_eval.data import read_lines  # noqa: E402
 from seq2seq_eval.runfiles import write_json_atomic  # noqa: E402
@@ -481,7 +482,7 @@ def collect_seq2seq_eval(key: str, model: str, save: Path, tmp: Path, wall: floa
             reencoded += sum(reencoded_lengths(tokenizer, [r["pred"] for r in records]))
             padded += len(records) * width
             steps += width
-    rank_files = sorted(tmp.glob("rank_*_output.json"))
+    rank_files = sorted(tmp.glob("rank_*_output.json"))  # each rank's last write
     handover = max(p.stat().st_mtime for p in rank_files)
     per_rank = [{k: r[k] for k in ("rank", "examples", "batches", "generation_seconds", "new_generated_tokens",
                                    "source_tokens", "padded_source_tokens", "peak_memory_bytes")} for r in tp["per_rank"]]
@@ -517,51 +518,20 @@ def micro_tail(work: Path, n_records: int, n_ranks: int = 3, repeats: int = 3) -
     """Times seq2seq_eval's own rank-0 path (read rank files, merge by id, combine the metric,
     write the outputs) on `n_records` synthetic predictions in `n_ranks` rank files. Everything
     a rank would do (generating, per-example BLEU statistics, writing its file) is untimed."""
-    from seq2seq_eval import metrics
-    from seq2seq_eval.config import EvalConfig
-    from seq2seq_eval.data import Example
-    from seq2seq_eval.merge import merge_by_id
-    from seq2seq_eval.report import write_outputs
-    from seq2seq_eval.runfiles import read_rank_output, write_rank_output
+    from tail import make_rank_files, run_tail
 
     fresh(work)
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_data.py"), "--task", TASK, "--bench",
                     str(n_records), "--out", str(work / "data")], check=True, capture_output=True)
     sources = read_lines(work / "data" / TASK / "test.source")
     targets = read_lines(work / "data" / TASK / "test.target")
-    rng = random.Random(0)
-    preds = []
-    for t in targets:  # a near miss per reference, so BLEU statistics are realistic
-        words = t.split()
-        if len(words) > 1:
-            del words[rng.randrange(len(words))]
-        preds.append(" ".join(words))
-    stats = metrics.example_statistics(TASK, preds, targets)
-    examples = [Example(i, s, t) for i, (s, t) in enumerate(zip(sources, targets))]
-    # Batches of 16 dealt to ranks in a shuffled order, as a length-sorted plan deals them.
-    batches = [list(range(i, min(i + 16, n_records))) for i in range(0, n_records, 16)]
-    rng.shuffle(batches)
-    shares: list[list[dict[str, Any]]] = [[] for _ in range(n_ranks)]
-    for j, batch in enumerate(batches):
-        shares[j % n_ranks].extend(
-            {"id": i, "pred": preds[i], "n_tokens": len(preds[i].split()) + 1, "metric_stats": stats[i]} for i in batch
-        )
-    tmp = work / "tmp"
-    tmp.mkdir()
-    paths = [write_rank_output(tmp, r, share, {"rank": r, "examples": len(share)}) for r, share in enumerate(shares)]
-    ids = [e.id for e in examples]
+    make_rank_files(work / "files", sources, targets, n_ranks)
     times = []
     bleu = None
     for k in range(repeats):
-        cfg = EvalConfig(save_dir=str(fresh(work / f"out{k}")), task=TASK, data_dir=str(work / "data" / TASK))
-        t0 = time.perf_counter()
-        outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
-        records = merge_by_id(outputs, ids)
-        scores = metrics.combine(TASK, [r["metric_stats"] for r in records])
-        summary = {**scores, "n_obs": len(records), "throughput": {"time_breakdown": {}}}
-        write_outputs(cfg, examples, records, summary, tail_since=t0)
-        times.append(time.perf_counter() - t0)
-        bleu = scores["bleu"]
+        seconds, summary = run_tail(work / "files", fresh(work / f"out{k}"), n_ranks)
+        times.append(seconds)
+        bleu = summary["bleu"]
     return {"records": n_records, "rank_files": n_ranks, "seconds": times, "median_seconds": statistics.median(times),
             "max_seconds": max(times), "bleu": bleu}
 

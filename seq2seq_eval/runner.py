@@ -429,7 +429,6 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, de
                 batch_records = entry["records"]  # type: ignore[index]
                 stats["resumed_batches"] += 1
                 stats["split_batches"] += int("parts" in entry)  # type: ignore[operator]
-                stats["split_batches"] += int("parts" in entry)
             else:
                 # Splits in halves on out of memory, journaling each split and sub-batch (oom.py).
                 done = run_batch(

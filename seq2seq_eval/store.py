@@ -38,7 +38,7 @@ SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.
 def _record_batch(chunk: Sequence[Example]) -> pa.RecordBatch:
     return pa.record_batch(
         [
-            pa.array([json.dumps(e.id, ensure_ascii=False) for e in chunk], pa.string()),
+            pa.array([str(e.id) if type(e.id) is int else json.dumps(e.id, ensure_ascii=False) for e in chunk], pa.string()),
             pa.array([e.source for e in chunk], pa.string()),
             pa.array([list(e.references) if e.target is not None else None for e in chunk], pa.list_(pa.string())),
         ],

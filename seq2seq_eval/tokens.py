@@ -10,6 +10,7 @@ with the same world size and cache key reuses the shards as they are.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -35,8 +36,9 @@ def tokenize(tokenizer: Any, sources: Iterable[Sequence[str]], prefix: str, max_
     for chunk in sources:
         ids, n_trunc = encode_sources(tokenizer, chunk, prefix, max_len)
         truncated += n_trunc
-        len_parts.append(np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(ids)))
-        ids_parts.append(np.fromiter((t for x in ids for t in x), dtype=np.int32))
+        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+        len_parts.append(lengths)
+        ids_parts.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())))
     flat = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
     lengths = np.concatenate(len_parts) if len_parts else np.zeros(0, np.int32)
     return flat, lengths, truncated

@@ -588,3 +588,24 @@ def test_a_plain_family_name_with_several_entries_is_refused(tsp, task, listed):
                                           rf"task_specific_params \({listed}\) and none named '{task}'; "
                                           r"pass one of them as --task$"):
         task_entry(SimpleNamespace(task_specific_params=tsp), task)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_fast_tokenizing_equals_the_tokenizer_call(zoo_models, zoo_data, name):
+    """Sources are tokenized through the fast tokenizer's backend directly (generate._encode);
+    the ids must be the tokenizer's own, with and without truncation, and the tokenizer must be
+    left as it was."""
+    from transformers import AutoTokenizer
+
+    from seq2seq_eval.data import read_lines
+    from seq2seq_eval.generate import _encode
+
+    tokenizer = AutoTokenizer.from_pretrained(zoo_models[name])
+    texts = ["translate: " + s for s in read_lines(zoo_data / "test.source")]
+    before = (tokenizer.backend_tokenizer.truncation, tokenizer.backend_tokenizer.padding) if tokenizer.is_fast else None
+    for limit in (None, 6):
+        kwargs = {"truncation": True, "max_length": limit} if limit else {"truncation": False}
+        expected = [list(ids) for ids in AutoTokenizer.from_pretrained(zoo_models[name])(texts, **kwargs)["input_ids"]]
+        assert _encode(tokenizer, texts, limit) == expected
+    if before is not None:
+        assert (tokenizer.backend_tokenizer.truncation, tokenizer.backend_tokenizer.padding) == before

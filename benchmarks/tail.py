@@ -1,0 +1,74 @@
+"""Rank 0's tail on synthetic records: what `throughput.py` and `scale.py` time.
+
+`make_rank_files` writes, without any model, what ranks would have left in the temp dir after
+generating N examples: the example store and one rank file per rank, with batches of 16 dealt
+to the ranks in a shuffled order as a length-sorted plan deals them. `run_tail` then runs
+seq2seq_eval's own rank-0 path on them (read the rank files, merge by id, add up the metric,
+write every output) and returns its seconds.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from seq2seq_eval import metrics
+from seq2seq_eval.config import EvalConfig
+from seq2seq_eval.data import Example
+from seq2seq_eval.merge import merge_by_id
+from seq2seq_eval.report import write_outputs
+from seq2seq_eval.runfiles import RankWriter, read_rank_output
+from seq2seq_eval.store import ExampleStore, write_store
+
+TASK = "translation"
+
+
+def make_rank_files(work: Path, sources: list[str], targets: list[str], n_ranks: int, candidates: int = 1) -> None:
+    """`candidates` > 1: pseudolabel records (that many candidates with beam scores, no metric);
+    else scored records with BLEU statistics and sentence scores, as a rank computes them."""
+    n = len(sources)
+    rng = random.Random(0)
+    (work / "tmp").mkdir(parents=True, exist_ok=True)
+    write_store(work / "examples.arrow", (Example(i, s, t) for i, (s, t) in enumerate(zip(sources, targets))))
+    batches = [list(range(i, min(i + 16, n))) for i in range(0, n, 16)]
+    rng.shuffle(batches)
+    writers = [RankWriter(work / "tmp", r) for r in range(n_ranks)]
+    counts = [0] * n_ranks
+    for j, batch in enumerate(batches):
+        preds = []
+        for i in batch:  # a near miss per reference, so statistics are realistic
+            words = targets[i].split()
+            if len(words) > 1:
+                del words[rng.randrange(len(words))]
+            preds.append(" ".join(words))
+        if candidates > 1:
+            records: list[dict[str, Any]] = [
+                {"id": i, "pred": [p] + [p + " x" * k for k in range(1, candidates)], "n_tokens": len(p.split()) + 1,
+                 "scores": [-0.1 * k for k in range(candidates)]} for i, p in zip(batch, preds)]
+        else:
+            stats = metrics.metric_statistics(["bleu"], preds, [targets[i] for i in batch])
+            sentence = metrics.sentence_scores(["bleu"], stats)
+            records = [{"id": i, "pred": p, "n_tokens": len(p.split()) + 1, "metric_stats": st, "sentence_scores": se}
+                       for i, p, st, se in zip(batch, preds, stats, sentence)]
+        writers[j % n_ranks].add(batch, records)
+        counts[j % n_ranks] += len(batch)
+    for r, w in enumerate(writers):
+        w.close({"rank": r, "examples": counts[r]})
+
+
+def run_tail(work: Path, out: Path, n_ranks: int, candidates: int = 1) -> tuple[float, dict[str, Any]]:
+    """seq2seq_eval's rank-0 path on the files `make_rank_files` wrote; (seconds, metric file)."""
+    cfg = EvalConfig(save_dir=str(out), task=TASK, data_dir=str(work), num_return_sequences=candidates)
+    t0 = time.perf_counter()
+    store = ExampleStore(work / "examples.arrow", str(work))
+    outputs = [read_rank_output(work / "tmp" / f"rank_{r}_output.json", r) for r in range(n_ranks)]
+    table, order = merge_by_id(outputs, store)
+
+    def summarize(totals: metrics.MetricTotals | None) -> dict[str, Any]:
+        scores = totals.result(store.sacrebleu_num_refs) if totals is not None else {}
+        return {**scores, "n_obs": len(store), "throughput": {"time_breakdown": {}}}
+
+    _, summary, _ = write_outputs(cfg, store, table, order, summarize, tail_since=t0)
+    return time.perf_counter() - t0, summary
