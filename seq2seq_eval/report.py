@@ -128,7 +128,7 @@ def check_output_locations(cfg: EvalConfig) -> None:
             )
 
 
-ROWS_PER_CHUNK = 50_000
+ROWS_PER_CHUNK = 5_000
 """Examples taken from the rank files at a time while writing, in data order."""
 
 

@@ -78,6 +78,7 @@ class Prepared:
     tokens: SourceTokens
     batches: list[Batch]
     manifest: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per preparation step on this rank
 
 
 @dataclass
@@ -174,11 +175,14 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
     max_source_length = source_limit(model_config, tokenizer, cfg)
     model = _model_identity(model_config, cfg.model_name)
     cache.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     store, data = _examples_store(cfg, pg, cache)
+    t1 = time.perf_counter()
     token_key = hashlib.sha256(json.dumps(
         [data["sha256"], model, prefix, max_source_length, type(tokenizer).__name__, len(tokenizer)], sort_keys=True
     ).encode()).hexdigest()
     tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length)
+    t2 = time.perf_counter()
     out_cap = gc.max_new_tokens or gc.max_length
     batches = make_batches(
         tokens.lengths.tolist(),
@@ -209,7 +213,8 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
         "generation": json.loads(json.dumps(gen_settings, sort_keys=True, default=str)),
         "plan": {"bs": None if cfg.max_tokens else cfg.bs, "max_tokens": cfg.max_tokens, "sha256": plan_digest(batches)},
     }
-    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest)
+    timings = {"examples": t1 - t0, "tokenize": t2 - t1, "plan": time.perf_counter() - t2}
+    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings)
 
 
 def describe_plan(prep: Prepared, world_size: int) -> str:
@@ -227,6 +232,7 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
         n = sum(len(prep.batches[i].members) for i in indices)
         cost = sum(prep.batches[i].cost for i in indices)
         lines.append(f"rank {rank}: {len(indices)} batches, {n} examples, est. cost {cost:.0f}")
+    lines.append("prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
     return "\n".join(lines)
 
 
@@ -303,8 +309,8 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             model = load_model(cfg, device)
             t_loaded = time.perf_counter()
-            stats = _generate_rank(cfg, env, prep, model, device, tmp_dir)
-            stats["model_load_seconds"] = t_loaded - t_start
+            stats = _generate_rank(cfg, env, prep, model, device, tmp_dir,
+                                   {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings})
             if not env.is_main:
                 return Outcome()
             return _finish(cfg, env, prep, tmp_dir, stats, t_start)
@@ -397,7 +403,8 @@ def _journal_entry_matches(entry: dict[str, Any] | None, ids: list[Any]) -> bool
     return all(isinstance(r, dict) and r.get("id") == i for r, i in zip(recs, ids))
 
 
-def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, device: Any, tmp_dir: Path) -> dict[str, Any]:
+def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, device: Any, tmp_dir: Path,
+                   startup: dict[str, Any]) -> dict[str, Any]:
     """Generate (or take from the journal) this rank's batches, scoring each on the way, into
     its rank file; returns the rank's stats."""
     from tqdm.auto import tqdm
@@ -411,7 +418,7 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, de
         "rank": env.rank, "examples": 0, "batches": len(mine), "resumed_batches": 0,
         "generated_examples": 0, "generated_tokens": 0, "new_generated_tokens": 0, "source_tokens": 0, "padded_source_tokens": 0,
         "generation_seconds": 0.0, "scoring_seconds": 0.0, "device": str(device), "split_batches": 0,
-        "out_of_memory_errors": 0,
+        "out_of_memory_errors": 0, **startup,
     }
     bar = tqdm(
         total=sum(len(prep.batches[i].members) for i in mine),
@@ -529,6 +536,7 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
             "rank_imbalance": gen_seconds / (sum(s["generation_seconds"] for s in per_rank) / len(per_rank))
             if gen_seconds else None,
             "time_breakdown": {
+                "prepare": my_stats["prepare_seconds"],  # examples, tokenize, plan: within model_load
                 "model_load": my_stats["model_load_seconds"],
                 "generation": my_stats["generation_seconds"],
                 "scoring_on_rank": my_stats["scoring_seconds"],

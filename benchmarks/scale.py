@@ -1,0 +1,238 @@
+"""Cost against the number of examples, per phase, with peak memory: does a run scale to 10^6?
+
+    python benchmarks/scale.py                       # 10k, 100k and 1M examples, about 15 minutes on 2 cores
+    python benchmarks/scale.py --sizes 2000,20000    # a quick look
+
+For each size N, in one invocation, on the embedded model and legacy-layout data (scripts/
+make_data.py --bench, repeated to reach 1M):
+  - `--dry_run --bs 64` (one process, what each rank does before its first batch used to be):
+    wall, peak RSS, and its own split of preparation into examples / tokenize / plan;
+  - a real 2-rank pseudolabel run (--num_beams 2 --num_return_sequences 2 --max_new_tokens 2, so
+    that generation is cheap): each rank's seconds until its first batch is journaled, peak RSS
+    per process; at sizes up to --full_run_max (100k) it runs to the end and its generate and
+    rank-0 tail seconds are read from its run-info file; above that it is stopped after every
+    rank journaled a batch;
+  - the rank-0 tail alone (read the rank files, merge by id, write every output) on N synthetic
+    pseudolabel records with 2 candidates each, in 2 rank files: seconds and peak RSS.
+Every measured command runs in a process of its own, so each peak RSS is that command's alone.
+The goals of the scale issue are checked at the end: ratios are against 100k, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+PSEUDO = ["--num_beams", "2", "--num_return_sequences", "2", "--max_new_tokens", "2"]
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    e.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="true", CUDA_VISIBLE_DEVICES="")
+    e["PYTHONPATH"] = str(REPO) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    return e
+
+
+def measured(cmd: list[str], **kwargs: Any) -> dict[str, Any]:
+    """Runs this script's own `--_child` mode around `cmd`, so the peak RSS is cmd's alone."""
+    spec = json.dumps({"cmd": cmd, **kwargs})
+    out = subprocess.run([sys.executable, __file__, "--_child", spec], capture_output=True, text=True, env=env())
+    if out.returncode != 0:
+        raise SystemExit(f"measurement failed: {' '.join(cmd)}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def child(spec: dict[str, Any]) -> None:
+    """Run spec["cmd"]; with spec["until_journals"], stop its process group once that many
+    journals hold a batch. Prints JSON: wall seconds, seconds until each journal's first batch,
+    peak RSS (MB) of the largest process it started, exit code, output tail."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(spec["cmd"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env())
+    first: dict[str, float] = {}
+    journals = spec.get("until_journals")
+    tmp = Path(spec.get("tmp_dir", "."))
+    while proc.poll() is None:
+        for j in tmp.glob("journal_rank_*.jsonl") if journals else []:
+            if j.name not in first and j.stat().st_size > 0:
+                first[j.name] = time.perf_counter() - t0
+        if journals and len(first) >= journals:
+            os.killpg(proc.pid, signal.SIGTERM)  # enough seen: the run would go on generating
+            break
+        time.sleep(0.05)
+    output = proc.communicate()[0]
+    if not journals:
+        for j in tmp.glob("journal_rank_*.jsonl"):
+            first[j.name] = j.stat().st_mtime  # not used for full runs
+    print(json.dumps({
+        "wall": time.perf_counter() - t0, "first_batch": first, "code": proc.returncode, "tail": output[-2000:],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }))
+
+
+def tail_child(spec: dict[str, Any]) -> None:
+    from tail import run_tail
+
+    t0 = time.perf_counter()
+    seconds, summary = run_tail(Path(spec["work"]), Path(spec["out"]), 2, candidates=2)
+    print(json.dumps({"wall": time.perf_counter() - t0, "seconds": seconds,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def make_data(root: Path, sizes: list[int]) -> dict[int, Path]:
+    """N examples per size: the benchmark set of scripts/make_data.py, repeated as needed."""
+    base_n = min(max(sizes), 100_000)
+    base = root / "base"
+    if not (base / "translation" / "test.source").exists():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_data.py"), "--task", "translation",
+                        "--bench", str(base_n), "--out", str(base)], check=True, capture_output=True)
+    src = (base / "translation" / "test.source").read_bytes().splitlines(keepends=True)
+    tgt = (base / "translation" / "test.target").read_bytes().splitlines(keepends=True)
+    folders = {}
+    for n in sizes:
+        folder = root / f"data_{n}"
+        if not (folder / "test.source").exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            reps, rest = divmod(n, len(src))
+            for name, lines in (("test.source", src), ("test.target", tgt)):
+                with open(folder / name, "wb") as f:
+                    for _ in range(reps):
+                        f.writelines(lines)
+                    f.writelines(lines[:rest])
+        folders[n] = folder
+    return folders
+
+
+def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] in ("--_child", "--_tail"):
+        (child if sys.argv[1] == "--_child" else tail_child)(json.loads(sys.argv[2]))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="10000,100000,1000000")
+    p.add_argument("--full_run_max", type=int, default=100_000, help="largest N whose 2-rank run goes to the end")
+    p.add_argument("--out", default="bench_scale")
+    a = p.parse_args()
+    sizes = sorted(int(x) for x in a.sizes.split(","))
+    root = Path(a.out).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"sizes {sizes}; data under {root}", flush=True)
+    folders = make_data(root, sizes)
+    py = sys.executable
+    rows: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        r: dict[str, Any] = {}
+        dry = measured([py, "-m", "seq2seq_eval", "--data_dir", str(folders[n]), "--dry_run", "--bs", "64",
+                        "--save_dir", str(root / f"dry_{n}")])
+        prepared = next(line for line in dry["tail"].splitlines() if line.startswith("prepared in "))
+        parts = dict(x.rsplit(" ", 2)[:2] for x in prepared[len("prepared in "):].split(", "))
+        r.update(dry_wall=dry["wall"], dry_rss=dry["peak_rss_mb"],
+                 examples=float(parts["examples"]), tokenize=float(parts["tokenize"]), plan=float(parts["plan"]))
+        print(f"N={n}: dry run {dry['wall']:.1f} s, {dry['peak_rss_mb']:.0f} MB", flush=True)
+
+        save, tmp = root / f"run_{n}", root / f"run_{n}_tmp"
+        for d in (save, tmp):
+            subprocess.run(["rm", "-rf", str(d)], check=True)
+        full = n <= a.full_run_max
+        cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "seq2seq_eval",
+               "--data_dir", str(folders[n]), "--bs", "64", *PSEUDO, "--save_dir", str(save), "--tmp_dir", str(tmp)]
+        run = measured(cmd, tmp_dir=str(tmp), until_journals=None if full else 2)
+        r.update(run_rss=run["peak_rss_mb"])
+        if full:
+            if run["code"] != 0:
+                raise SystemExit(run["tail"])
+            info = json.loads((save / "test_run_info.json").read_text())
+            tb = info["throughput"]["time_breakdown"]
+            r.update(first_batch=[s.get("model_load_seconds") for s in info["throughput"]["per_rank"]],
+                     generate=info["throughput"]["generation_seconds"], run_tail=tb["tail"], run_wall=run["wall"])
+        else:
+            r.update(first_batch=sorted(run["first_batch"].values()))
+        print(f"N={n}: 2-rank run {run['wall']:.1f} s, first batch {r['first_batch']}, {run['peak_rss_mb']:.0f} MB",
+              flush=True)
+
+        files = root / f"tail_{n}"
+        if not (files / "tmp" / "rank_1_output.json").exists():
+            subprocess.run([py, "-c", (
+                "import sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/benchmarks'];"
+                "from pathlib import Path; from tail import make_rank_files; from seq2seq_eval.data import read_lines;"
+                "d = Path(sys.argv[2]); make_rank_files(Path(sys.argv[3]), read_lines(d / 'test.source'),"
+                " read_lines(d / 'test.target'), 2, candidates=2)"), str(REPO), str(folders[n]), str(files)],
+                check=True, env=env())
+        subprocess.run(["rm", "-rf", str(root / f"tail_out_{n}")], check=True)
+        t = subprocess.run([py, __file__, "--_tail", json.dumps({"work": str(files), "out": str(root / f"tail_out_{n}")})],
+                           capture_output=True, text=True, env=env())
+        if t.returncode:
+            raise SystemExit(t.stderr[-3000:])
+        tail = json.loads(t.stdout.strip().splitlines()[-1])
+        r.update(tail=tail["seconds"], tail_rss=tail["peak_rss_mb"])
+        print(f"N={n}: rank-0 tail {tail['seconds']:.1f} s, {tail['peak_rss_mb']:.0f} MB", flush=True)
+        rows[n] = r
+
+    report(rows, sizes)
+    (root / "results.json").write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
+def report(rows: dict[int, dict[str, Any]], sizes: list[int]) -> None:
+    def fmt(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, list):
+            return "/".join(f"{x:.1f}" for x in v) if v else "-"
+        return f"{v:.1f}"
+
+    lines = [("dry run: wall s", "dry_wall"), ("dry run: peak RSS MB", "dry_rss"),
+             ("  prepare: examples s", "examples"), ("  prepare: tokenize s", "tokenize"), ("  plan s", "plan"),
+             ("2 ranks: s to first batch, per rank", "first_batch"), ("2 ranks: peak RSS MB (largest process)", "run_rss"),
+             ("2 ranks: generate s", "generate"), ("2 ranks: rank-0 tail s", "run_tail"),
+             ("tail alone, 2 candidates: s", "tail"), ("tail alone: peak RSS MB", "tail_rss")]
+    big = sizes[-1]
+    ref = 100_000 if 100_000 in rows and big != 100_000 else sizes[0]
+    head = f"{'phase':<40}" + "".join(f"{n:>12,}" for n in sizes) + f"{f'{big // 1000}k/{ref // 1000}k':>12}"
+    print("\n" + head + "\n" + "-" * len(head))
+    for label, key in lines:
+        cells = "".join(f"{fmt(rows[n].get(key)):>12}" for n in sizes)
+        a, b = rows[big].get(key), rows[ref].get(key)
+        if isinstance(a, list) and isinstance(b, list) and a and b:
+            a, b = max(a), max(b)
+        ratio = f"{a / b:.2f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "-"
+        print(f"{label:<40}{cells}{ratio:>12}")
+    growth = (big / ref) if big != ref else 1.0
+    base = rows[sizes[0]]
+    print(f"\nN grew {growth:.0f}x from {ref:,} to {big:,}")
+    if big >= 1_000_000:
+        r = rows[big]
+        per_example = (r["dry_rss"] - rows[ref]["dry_rss"]) * 2**20 / (big - ref)
+        checks = [
+            ("--dry_run at 1M: peak RSS <= 1.0 GB and wall <= 60 s", r["dry_rss"] <= 1024 and r["dry_wall"] <= 60,
+             f"{r['dry_rss']:.0f} MB, {r['dry_wall']:.1f} s"),
+            ("2-rank run at 1M: every rank's first batch <= 40 s, every process <= 1.5 GB",
+             max(r["first_batch"]) <= 40 and r["run_rss"] <= 1536,
+             f"{fmt(r['first_batch'])} s (launch to first journaled batch), {r['run_rss']:.0f} MB"),
+            ("rank-0 tail on 1M pseudolabel records x2: <= 30 s and <= 1.5 GB", r["tail"] <= 30 and r["tail_rss"] <= 1536,
+             f"{r['tail']:.1f} s, {r['tail_rss']:.0f} MB"),
+            ("memory above the fixed baseline <= 500 bytes per example (dry run, 100k -> 1M)", per_example <= 500,
+             f"{per_example:.0f} bytes"),
+        ]
+        for key in ("dry_wall", "examples", "tokenize", "plan", "tail", "dry_rss", "tail_rss", "run_rss"):
+            a, b = r.get(key), rows[ref].get(key)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+                checks.append((f"growth {key} 1M/100k <= ~{growth:.0f} (10% slack)", a / b <= growth * 1.1, f"{a / b:.2f}"))
+        for label, ok, value in checks:
+            print(f"{'PASS' if ok else 'MISS'}  {label}: {value}")
+    del base
+
+
+if __name__ == "__main__":
+    sys.exit(main())
