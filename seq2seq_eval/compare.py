@@ -532,6 +532,20 @@ def load_run(save_dir: str | Path) -> Run:
     type_path = gen_path.name[: -len("_generations.txt")]
     preds = read_lines(gen_path)
     config, data_info = _run_config(save_dir, type_path)
+    examples_file = save_dir / f"{type_path}_examples.jsonl"
+    if examples_file.is_file():
+        # Written by the run itself, in data order: ids, sources and references as it scored them.
+        rows = [json.loads(line) for line in read_lines(examples_file) if line.strip()]
+        if len(rows) != len(preds):
+            raise DataError(f"{gen_path}: {len(preds)} lines but {examples_file} has {len(rows)}")
+        k = max(len(r["references"]) for r in rows)
+        return Run(
+            predictions=preds,
+            references=[[r["references"][j] if j < len(r["references"]) else None for r in rows] for j in range(k)],
+            sources=[r["source"] for r in rows], ids=[r["id"] for r in rows],
+            task=config.get("task") if config else None, type_path=type_path, path=save_dir,
+            references_note=str(examples_file),
+        )
     examples: Examples | None = None
     note = "no metric file with provenance"
     if config is not None:

@@ -138,6 +138,8 @@ class EvalConfig:
     """Validate flags, data and model, print the batch plan, and exit without generating."""
     pseudo_target: bool = False
     """With --num_return_sequences: also write the best candidates as {type_path}.pseudo.target."""
+    compare_to: str | None = None
+    """An earlier run's --save_dir (same examples): adds a paired significance test against it to the metric file and the summary."""
     no_examples_file: bool = False
     """Do not write {type_path}_examples.jsonl (per-example predictions, references and sentence scores)."""
     dataset: str | None = None
@@ -195,6 +197,8 @@ class EvalConfig:
                     f"--num_beams ({beams}): beam search returns at most num_beams sequences; "
                     "sample with --do_sample true for more"
                 )
+        if self.compare_to is not None and not self.scored:
+            raise ConfigError("--compare_to needs a scored run: not --num_return_sequences > 1, and with references")
         if self.pseudo_target and self.num_return_sequences < 2:
             raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")
         object.__setattr__(self, "metrics", ",".join(parse_metric_names(self.metrics, self.task_family)) if self.metrics else "")

@@ -292,6 +292,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
         with tempfile.TemporaryDirectory(prefix="seq2seq_eval_dry_run_") as cache:
             prep = prepare(cfg, env, None, Path(cache))
             check_tmp_dir(Path(cfg.tmp_dir), prep.manifest, cfg.resume)
+            _earlier_run(cfg, prep)
             return Outcome(plan_text=describe_plan(prep, env.world_size))
     device, backend = resolve_device(cfg, env)
     if device.type == "cuda":
@@ -307,13 +308,15 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
             lock = _claim_tmp_dir(cfg, env, pg, tmp_dir)
             prep = prepare(cfg, env, pg, tmp_dir / "cache")
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
+            earlier: list[Any] = []  # --compare_to's run, checked before any generation
+            _agree(env, pg, lambda: earlier.append(_earlier_run(cfg, prep)))
             model = load_model(cfg, device)
             t_loaded = time.perf_counter()
             stats = _generate_rank(cfg, env, prep, model, device, tmp_dir,
                                    {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings})
             if not env.is_main:
                 return Outcome()
-            return _finish(cfg, env, prep, tmp_dir, stats, t_start)
+            return _finish(cfg, env, prep, tmp_dir, stats, t_start, earlier[0] if earlier else None)
     except Interrupted as e:
         if prep is None:
             raise
@@ -488,6 +491,32 @@ def _attach_example_stats(cfg: EvalConfig, targets: list[Any], records: list[dic
         rec["sentence_scores"] = sent
 
 
+def _earlier_run(cfg: EvalConfig, prep: Prepared) -> Any:
+    """--compare_to's run, read and checked against this run's examples before any waiting."""
+    if cfg.compare_to is None:
+        return None
+    from .compare import check_same_examples, load_run
+
+    earlier = load_run(cfg.compare_to)
+    check_same_examples(earlier, prep.store.ids(range(len(prep.store))), "this run")
+    return earlier
+
+
+def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: Any) -> dict[str, Any]:
+    """The paired test of this run against --compare_to's, with compare's own code."""
+    import pyarrow as pa
+
+    from .compare import compare_systems
+
+    preds = [p[0] for p in table.take(pa.array(order)).column("pred").to_pylist()]
+    refs = prep.store.targets(range(len(prep.store)))
+    k = prep.store.max_references
+    streams = [[(r,) if isinstance(r, str) else r for r in refs]]
+    streams = [[t[j] if j < len(t) else None for t in streams[0]] for j in range(k)]
+    baseline = f"{Path(cfg.compare_to).name or cfg.compare_to} (--compare_to)"
+    return compare_systems({baseline: earlier.predictions, "this run": preds}, streams, metrics=cfg.metric_names)
+
+
 def _missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
     if missing_ranks is None:
         missing_ranks = [r for r in range(env.world_size) if not rank_file(tmp_dir, r).exists()]
@@ -505,7 +534,8 @@ def _missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Pat
     )
 
 
-def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stats: dict[str, Any], t_start: float) -> Outcome:
+def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stats: dict[str, Any], t_start: float,
+            earlier: Any) -> Outcome:
     t_wait = time.perf_counter()
     paths = wait_for_rank_files(
         tmp_dir, env.world_size, cfg.sync_timeout,
@@ -519,6 +549,8 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
 
     def summarize(totals: metric_fns.MetricTotals | None) -> dict[str, Any]:
         metrics = totals.result(prep.store.sacrebleu_num_refs) if totals is not None else {}
+        if earlier is not None:
+            metrics["comparison"] = _compare(cfg, prep, table, order, earlier)
         t_end = time.perf_counter()
         gen_seconds = max(s["generation_seconds"] for s in per_rank)
         # Rates cover what this run generated; batches reused from a journal cost no time here.
@@ -579,4 +611,8 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
     text = summary_table(summary, per_rank)
     if totals is not None:
         text += "\n" + lowest_scoring_line(prep.store, totals)
+    if "comparison" in summary:
+        from .compare import format_table
+
+        text += "\n\n" + format_table(summary["comparison"])
     return Outcome(metrics=summary, written=written, table=text)

@@ -630,3 +630,37 @@ def test_several_reference_streams():
     assert out["results"]["a"]["rouge1"]["score"] == math.fsum(best) / len(best)
     with pytest.raises(DataError, match="reference stream 2 has 4 lines but stream 1 has 5"):
         compare_systems({"a": SYS_A, "b": SYS_B}, [TGT, TGT[:4]])
+
+
+# ---------------------------------------------------------------------------
+# --compare_to in the main run
+# ---------------------------------------------------------------------------
+
+
+def test_main_run_compares_to_an_earlier_run(tiny_model, data23, tmp_path, capsys):
+    """The metric file's `comparison` is what `compare` gives on the two save dirs, and the summary
+    shows the table; a run on other data is refused before anything is generated."""
+    from conftest import assert_ok, metrics_of, single
+
+    base = ["--model_name", str(tiny_model), "--data_dir", str(data23), "--metrics", "bleu,chrf"]
+    assert_ok(single(base + ["--save_dir", str(tmp_path / "a")], cwd=tmp_path))
+    run = single(base + ["--num_beams", "1", "--save_dir", str(tmp_path / "b"), "--compare_to", str(tmp_path / "a")],
+                 cwd=tmp_path)
+    assert_ok(run)
+    comparison = metrics_of(tmp_path / "b")["comparison"]
+    assert comparison["systems"] == ["a (--compare_to)", "this run"] and comparison["metrics"] == ["bleu", "chrf"]
+    assert main(["compare", "--predictions", str(tmp_path / "a"), str(tmp_path / "b"), "--json",
+                 "--metrics", "bleu,chrf"]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    for metric in ("bleu", "chrf"):
+        assert comparison["results"]["this run"][metric] == direct["results"]["b"][metric]
+    assert "p-value" in run.stdout and "this run" in run.stdout
+    other = tmp_path / "other"  # the first 22 examples only
+    other.mkdir()
+    for name in ("test.source", "test.target"):
+        (other / name).write_text("".join((data23 / name).read_text().splitlines(keepends=True)[:22]))
+    refused = single(base + ["--data_dir", str(other), "--save_dir", str(tmp_path / "c"), "--compare_to",
+                             str(tmp_path / "a")], cwd=tmp_path)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert [line for line in refused.stderr.splitlines() if line.strip()][-1].startswith("seq2seq_eval: error: ")
+    assert not (tmp_path / "c_tmp").exists() or not list((tmp_path / "c_tmp").glob("journal_rank_*.jsonl"))
