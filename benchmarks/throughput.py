@@ -29,7 +29,6 @@ import json
 import math
 import os
 import platform
-import random
 import resource
 import shutil
 import statistics

@@ -241,14 +241,6 @@ def _target_field(record: dict, path: Path, lineno: int, required: bool) -> str 
     return value[0] if len(value) == 1 else tuple(value)
 
 
-def check_unique_ids(ids: Sequence[ExampleId], origin: str) -> None:
-    seen: set[ExampleId] = set()
-    for i in ids:
-        if i in seen:
-            raise DataError(f"{origin}: duplicated id {i!r}; expected unique ids")
-        seen.add(i)
-
-
 def load_examples(cfg: EvalConfig) -> Examples:
     """Every example in memory: for small inputs (compare, tests). A run streams them instead."""
     examples, origin = iter_examples(cfg)

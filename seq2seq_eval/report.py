@@ -74,28 +74,24 @@ def stale_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Path]:
             if (save_dir / f"{cfg.output_prefix}{s}").is_file() and save_dir / f"{cfg.output_prefix}{s}" not in planned]
 
 
+def data_files(cfg: EvalConfig) -> list[Path]:
+    """The local data files a run reads (a local dataset's files, the legacy layout's files of
+    --type_path, a .jsonl file, --input_path and --reference_path)."""
+    if cfg.input_path is not None:
+        return [Path(p).expanduser() for p in (cfg.input_path, cfg.reference_path) if p is not None and Path(p).is_file()]
+    path = Path(cfg.dataset if cfg.dataset is not None else cfg.data_dir).expanduser()
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []  # a hub dataset, or a missing path (reported when the data is read)
+    found = path.rglob("*") if cfg.dataset is not None else path.glob(f"{cfg.type_path}.*")
+    return sorted(f for f in found if f.is_file())
+
+
 def input_files(cfg: EvalConfig) -> list[Path]:
-    """The local files a run reads: data files, a local dataset's files, the model folder's files."""
-    files: list[Path] = []
-
-    def add(path: Path) -> None:
-        if path.is_file():
-            files.append(path)
-        elif path.is_dir():
-            files.extend(f for f in path.rglob("*") if f.is_file())
-
+    """The local files a run reads: its data files and the model folder's files."""
     model = Path(cfg.model_name).expanduser()
-    if model.is_dir():
-        files.extend(f for f in model.iterdir() if f.is_file())
-    if cfg.dataset is not None:
-        add(Path(cfg.dataset).expanduser())
-    else:
-        data = Path(cfg.data_dir).expanduser()
-        if data.is_dir():
-            files.extend(f for f in data.glob(f"{cfg.type_path}.*") if f.is_file())
-        else:
-            add(data)
-    return files
+    return data_files(cfg) + (sorted(f for f in model.iterdir() if f.is_file()) if model.is_dir() else [])
 
 
 def _check_folder(flag: str, folder: Path) -> None:
@@ -132,10 +128,23 @@ ROWS_PER_CHUNK = 5_000
 """Examples taken from the rank files at a time while writing, in data order."""
 
 
+def _indented(value: Any, level: int) -> str:
+    # json.dumps(..., indent=1) goes through the pure-Python encoder, a third of rank 0's tail on
+    # a million pseudolabels; this builds the same text with the C encoder doing the scalars.
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]"
+        pad = " " * (level + 1)
+        return "[\n" + ",\n".join(pad + _indented(v, level + 1) for v in value) + "\n" + " " * level + "]"
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _legacy_record(record: Mapping[str, Any]) -> bytes:
-    # One element of json.dumps(list, indent=1, sort_keys=True): the same bytes as dumping the
-    # whole list at once, written one element at a time.
-    return (" " + json.dumps(record, ensure_ascii=False, sort_keys=True, indent=1).replace("\n", "\n ")).encode("utf-8")
+    """One element of json.dumps(list, ensure_ascii=False, sort_keys=True, indent=1): the same
+    bytes as dumping the whole list at once, written one element at a time. Values are strings,
+    numbers, None or lists of them (tested against json.dumps)."""
+    items = ",\n".join(f"  {json.dumps(k, ensure_ascii=False)}: {_indented(record[k], 2)}" for k in sorted(record))
+    return (" {\n" + items + "\n }").encode("utf-8")
 
 
 def write_outputs(

@@ -37,7 +37,7 @@ from .oom import run_batch
 from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
 from .report import (
     check_output_locations,
-    input_files,
+    data_files,
     lowest_scoring_line,
     now_iso,
     package_versions,
@@ -61,7 +61,7 @@ from .runfiles import (
     write_json_atomic,
 )
 from .store import ExampleStore, write_store
-from .tokens import SourceTokens, load_shards, shard_is_complete, shard_range, tokenize, write_shard
+from .tokens import SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -119,9 +119,8 @@ def _data_key(cfg: EvalConfig) -> str:
     """What the examples cache depends on: the input options and, for local files, their size
     and modification time (a changed file is converted again; its new fingerprint then tells a
     --resume that the data changed)."""
-    files = [f for f in input_files(cfg) if not str(f).startswith(str(Path(cfg.model_name).expanduser()))]
-    stamp = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(files)]
-    options = [_canonical(cfg.dataset or cfg.data_dir), cfg.dataset_config, cfg.split, cfg.type_path, cfg.n_obs,
+    stamp = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in data_files(cfg)]
+    options = [_canonical(cfg.input_path or cfg.dataset or cfg.data_dir), cfg.reference_path, cfg.dataset_config, cfg.split, cfg.type_path, cfg.n_obs,
                cfg.source_column, cfg.target_column, cfg.id_column, cfg.src_lang, cfg.tgt_lang, cfg.pseudolabels]
     return hashlib.sha256(json.dumps([options, stamp], default=str).encode()).hexdigest()
 
@@ -157,8 +156,7 @@ def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str,
     ranges = [shard_range(len(store), r, world) for r in range(world)]
     start, end = ranges[env.rank if pg is not None else 0]
     if not shard_is_complete(cache, key, start, end):
-        flat, lengths, truncated = tokenize(tokenizer, store.iter_sources(start, end), prefix, max_len)
-        write_shard(cache, key, start, end, flat, lengths, truncated)
+        tokenize_to(cache, key, start, end, tokenizer, store.iter_sources(start, end), prefix, max_len)
     if pg is not None:
         pg.barrier()  # every shard is on disk
     return load_shards(cache, ranges)
@@ -198,7 +196,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
         "data": {
             # Resolved: the same files named relatively, absolutely or with a trailing slash
             # are the same run to --resume.
-            "path": _canonical(cfg.dataset if cfg.dataset is not None else cfg.data_dir),
+            "path": _canonical(cfg.input_path or cfg.dataset or cfg.data_dir),
             "dataset_config": cfg.dataset_config, "split": cfg.split,
             "n_examples": len(store), "sha256": data["sha256"],
         },

@@ -120,7 +120,7 @@ class ExampleStore:
         """The fewest and the most references any example has (0, 0 without targets)."""
         import pyarrow.compute as pc
 
-        counts = pc.list_value_length(self._table.column("target"))
+        counts = pc.fill_null(pc.list_value_length(self._table.column("target")), 0)
         low, high = pc.min(counts).as_py(), pc.max(counts).as_py()
         return (low or 0, high or 0)
 

@@ -30,18 +30,30 @@ def shard_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
     return n * rank // world_size, n * (rank + 1) // world_size
 
 
-def tokenize(tokenizer: Any, sources: Iterable[Sequence[str]], prefix: str, max_len: int | None) -> tuple[np.ndarray, np.ndarray, int]:
-    """Flat ids, per-source lengths and the number truncated, chunk by chunk."""
-    ids_parts, len_parts, truncated = [], [], 0
-    for chunk in sources:
-        ids, n_trunc = encode_sources(tokenizer, chunk, prefix, max_len)
-        truncated += n_trunc
-        lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
-        len_parts.append(lengths)
-        ids_parts.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())))
-    flat = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.int32)
-    lengths = np.concatenate(len_parts) if len_parts else np.zeros(0, np.int32)
-    return flat, lengths, truncated
+def tokenize_to(cache: Path, key: str, start: int, end: int, tokenizer: Any, sources: Iterable[Sequence[str]],
+                prefix: str, max_len: int | None) -> None:
+    """Tokenize sources start..end-1 chunk by chunk, appending each chunk's ids to the shard's
+    file as it goes: memory stays at one chunk (a million sources' ids would be hundreds of MB,
+    twice over while concatenated). The description is written last."""
+    ids_path, lens_path, meta_path = _names(cache, start, end)
+    tmp = ids_path.with_name(f".{ids_path.name}.{os.getpid()}.tmp")
+    len_parts, truncated = [], 0
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in sources:
+                ids, n_trunc = encode_sources(tokenizer, chunk, prefix, max_len)
+                truncated += n_trunc
+                lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
+                len_parts.append(lengths)
+                f.write(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())).tobytes())
+        os.replace(tmp, ids_path)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    _save_npy(lens_path, np.concatenate(len_parts) if len_parts else np.zeros(0, np.int32))
+    tmp_meta = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
+    tmp_meta.write_text(json.dumps({"key": key, "start": start, "end": end, "truncated": truncated}))
+    os.replace(tmp_meta, meta_path)
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -56,18 +68,16 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
 
 
 def _names(cache: Path, start: int, end: int) -> tuple[Path, Path, Path]:
-    stem = cache / f"tokens_{start}_{end}"
-    return stem.with_suffix(".ids.npy"), stem.with_suffix(".lens.npy"), stem.with_suffix(".json")
+    stem = f"tokens_{start}_{end}"
+    return cache / f"{stem}.ids.bin", cache / f"{stem}.lens.npy", cache / f"{stem}.json"
 
 
 def write_shard(cache: Path, key: str, start: int, end: int, flat: np.ndarray, lengths: np.ndarray, truncated: int) -> None:
+    """A shard from arrays already in memory (tests)."""
     ids_path, lens_path, meta_path = _names(cache, start, end)
-    _save_npy(ids_path, flat)
-    _save_npy(lens_path, lengths)
-    # Last: its presence says the two arrays above are complete.
-    tmp = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "start": start, "end": end, "truncated": truncated}))
-    os.replace(tmp, meta_path)
+    ids_path.write_bytes(np.asarray(flat, np.int32).tobytes())
+    _save_npy(lens_path, np.asarray(lengths, np.int32))
+    meta_path.write_text(json.dumps({"key": key, "start": start, "end": end, "truncated": truncated}))
 
 
 def shard_is_complete(cache: Path, key: str, start: int, end: int) -> bool:
@@ -75,10 +85,10 @@ def shard_is_complete(cache: Path, key: str, start: int, end: int) -> bool:
     try:
         meta = json.loads(meta_path.read_text())
         lengths = np.load(lens_path, mmap_mode="r")
-        flat = np.load(ids_path, mmap_mode="r")
+        size = ids_path.stat().st_size
     except (OSError, ValueError):
         return False
-    return meta.get("key") == key and len(lengths) == end - start and int(lengths.sum()) == len(flat)
+    return meta.get("key") == key and len(lengths) == end - start and int(lengths.sum()) * 4 == size
 
 
 @dataclass
@@ -104,7 +114,7 @@ def load_shards(cache: Path, ranges: Sequence[tuple[int, int]]) -> SourceTokens:
         ids_path, lens_path, meta_path = _names(cache, start, end)
         lengths = np.load(lens_path)
         starts.append(start)
-        flats.append(np.load(ids_path, mmap_mode="r"))
+        flats.append(np.memmap(ids_path, dtype=np.int32, mode="r") if ids_path.stat().st_size else np.zeros(0, np.int32))
         offsets.append(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)[:-1]]) if len(lengths) else lengths)
         lens.append(lengths)
         truncated += int(json.loads(meta_path.read_text())["truncated"])

@@ -537,3 +537,36 @@ def test_generated_lengths_stop_at_the_first_eos():
     seq = torch.tensor([[0, 5, 6, 1, 1, 1], [0, 5, 6, 7, 8, 9], [0, 1, 0, 0, 0, 0], [0, 4, 2, 0, 0, 0]])
     assert generated_lengths(seq, 1, 0).tolist() == [3, 5, 1, 2]
     assert generated_lengths(seq, [1, 2], 0).tolist() == [3, 5, 1, 2]
+
+
+# ---------------------------------------------------------------- pseudolabel_results.json, streamed
+
+
+def test_legacy_pseudolabel_records_are_json_dumps_with_indent_1():
+    """Streamed one record at a time, the file must be byte-identical to json.dumps of the whole
+    list (the legacy format), for every kind of value a record holds."""
+    import random
+
+    from seq2seq_eval.report import _legacy_record
+
+    rng = random.Random(0)
+
+    def value(depth: int = 0) -> object:
+        kind = rng.randrange(6 if depth < 2 else 4)
+        if kind == 0:
+            return None
+        if kind == 1:
+            return rng.randrange(-5, 10**6)
+        if kind == 2:
+            return 'ü"\\\n\t\u2028' + str(rng.random())
+        if kind == 3:
+            return rng.random()
+        if kind == 4:
+            return []
+        return [value(depth + 1) for _ in range(rng.randrange(1, 4))]
+
+    for _ in range(500):
+        record = {"id": rng.choice([3, "x y"]), "source": value(), "target": value(),
+                  "preds": [value() for _ in range(rng.randrange(0, 3))]}
+        whole = json.dumps([record], ensure_ascii=False, sort_keys=True, indent=1)
+        assert whole == "[\n" + _legacy_record(record).decode("utf-8") + "\n]"
