@@ -202,4 +202,4 @@ def test_full_disk_keeps_the_previous_rank_file(tmp_path):
         # no partial or temporary file left behind
         assert sorted(p.name for p in mnt.iterdir()) == ["rank_0_output.arrow", "rank_0_output.json"]
     finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

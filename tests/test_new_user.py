@@ -120,7 +120,7 @@ def test_read_only_save_dir_fails_in_the_dry_run(tiny_model, data, tmp_path):
             assert lines[0] == f"{PREFIX}--save_dir {ro / 'out'}: {ro} is on a read-only file system; " \
                                "expected a folder the run can write"
     finally:
-        subprocess.run(["umount", str(ro)], check=False)
+        subprocess.run(["umount", "-l", str(ro)], check=False)
 
 
 def test_full_disk_mid_run_is_one_line_and_the_journal_resumes(tiny_model, tmp_path):
@@ -157,7 +157,7 @@ def test_full_disk_mid_run_is_one_line_and_the_journal_resumes(tiny_model, tmp_p
     finally:
         if proc.poll() is None:
             proc.kill()
-        subprocess.run(["umount", str(small)], check=False)
+        subprocess.run(["umount", "-l", str(small)], check=False)
     assert_ok(single(args + ["--save_dir", str(tmp_path / "out"), "--tmp_dir", str(resumed_tmp), "--resume"],
                      cwd=tmp_path))
     m = metrics_of(tmp_path / "out")
