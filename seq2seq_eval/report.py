@@ -128,6 +128,11 @@ ROWS_PER_CHUNK = 5_000
 """Examples taken from the rank files at a time while writing, in data order."""
 
 
+# One encoder for every record: json.dumps builds a new JSONEncoder per call when given options,
+# a fifth of rank 0's tail on a million pseudolabels. Same output as json.dumps(x, ensure_ascii=False).
+_encode = json.JSONEncoder(ensure_ascii=False).encode
+
+
 def _indented(value: Any, level: int) -> str:
     # json.dumps(..., indent=1) goes through the pure-Python encoder, a third of rank 0's tail on
     # a million pseudolabels; this builds the same text with the C encoder doing the scalars.
@@ -136,14 +141,14 @@ def _indented(value: Any, level: int) -> str:
             return "[]"
         pad = " " * (level + 1)
         return "[\n" + ",\n".join(pad + _indented(v, level + 1) for v in value) + "\n" + " " * level + "]"
-    return json.dumps(value, ensure_ascii=False)
+    return _encode(value)
 
 
 def _legacy_record(record: Mapping[str, Any]) -> bytes:
     """One element of json.dumps(list, ensure_ascii=False, sort_keys=True, indent=1): the same
     bytes as dumping the whole list at once, written one element at a time. Values are strings,
     numbers, None or lists of them (tested against json.dumps)."""
-    items = ",\n".join(f"  {json.dumps(k, ensure_ascii=False)}: {_indented(record[k], 2)}" for k in sorted(record))
+    items = ",\n".join(f"  {_encode(k)}: {_indented(record[k], 2)}" for k in sorted(record))
     return (" {\n" + items + "\n }").encode("utf-8")
 
 
@@ -199,8 +204,7 @@ def write_outputs(
                         {"id": e.id, "source": e.source, "target": e.target, "preds": p})
                     for i, (e, p) in enumerate(zip(examples, preds))))
                 jsonl.write("".join(
-                    json.dumps({"id": e.id, "source": e.source, "target": e.target, "candidates": p, "scores": sc},
-                               ensure_ascii=False) + "\n"
+                    _encode({"id": e.id, "source": e.source, "target": e.target, "candidates": p, "scores": sc}) + "\n"
                     for e, p, sc in zip(examples, preds, scores)).encode("utf-8"))
                 if pseudo is not None:
                     pseudo.write("".join(_one_line(p[0]) + "\n" for p in preds).encode("utf-8"))
