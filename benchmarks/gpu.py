@@ -242,12 +242,16 @@ def profile_batch(spec: dict[str, Any], model: Path, data_dir: Path, max_tokens:
 
     from seq2seq_eval import generate, runner
 
+    import tempfile
+
+    from seq2seq_eval.dist import DistEnv
+
     cfg = s2s_config(spec, model, data_dir, out / "unused", max_tokens)
-    prep = runner.prepare(cfg)
+    prep = runner.prepare(cfg, DistEnv(), None, Path(tempfile.mkdtemp(prefix="gpu_profile_")))
     device = torch.device(spec["device"])
     loaded = generate.load_model(cfg, device)
     batch = max(prep.batches, key=lambda b: b.cost)
-    ids = [prep.input_ids[m] for m in batch.members]
+    ids = [prep.tokens.ids(m) for m in batch.members]
     gen = generate.Generator(loaded, prep.tokenizer, prep.generation_config, device)
     cuda = spec["device"] == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
