@@ -248,7 +248,7 @@ def examples_jsonl(examples: Sequence[Example], predictions: Sequence[str],
     for e, pred, scores in zip(examples, predictions, sentence):
         row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": pred}
         row.update(scores or {})
-        lines.append(json.dumps(row, ensure_ascii=False))
+        lines.append(_encode(row))
     return "".join(line + "\n" for line in lines).encode("utf-8")
 
 

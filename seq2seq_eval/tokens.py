@@ -51,9 +51,14 @@ def tokenize_to(cache: Path, key: str, start: int, end: int, tokenizer: Any, sou
         with contextlib.suppress(OSError):
             tmp.unlink()
     _save_npy(lens_path, np.concatenate(len_parts) if len_parts else np.zeros(0, np.int32))
-    tmp_meta = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
-    tmp_meta.write_text(json.dumps({"key": key, "start": start, "end": end, "truncated": truncated}))
-    os.replace(tmp_meta, meta_path)
+    _write_meta(meta_path, key, start, end, truncated)
+
+
+def _write_meta(meta_path: Path, key: str, start: int, end: int, truncated: int) -> None:
+    # Renamed into place last: its presence says the shard's two arrays are complete.
+    tmp = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"key": key, "start": start, "end": end, "truncated": truncated}))
+    os.replace(tmp, meta_path)
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
@@ -77,7 +82,7 @@ def write_shard(cache: Path, key: str, start: int, end: int, flat: np.ndarray, l
     ids_path, lens_path, meta_path = _names(cache, start, end)
     ids_path.write_bytes(np.asarray(flat, np.int32).tobytes())
     _save_npy(lens_path, np.asarray(lengths, np.int32))
-    meta_path.write_text(json.dumps({"key": key, "start": start, "end": end, "truncated": truncated}))
+    _write_meta(meta_path, key, start, end, truncated)
 
 
 def shard_is_complete(cache: Path, key: str, start: int, end: int) -> bool:
