@@ -17,12 +17,16 @@ from typing import Any
 from seq2seq_eval import metrics
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.data import Example
-from seq2seq_eval.merge import merge_by_id
-from seq2seq_eval.report import write_outputs
+from seq2seq_eval.merge import RowTaker, merge_by_id
+from seq2seq_eval.report import output_lines, write_outputs
 from seq2seq_eval.runfiles import RankWriter, read_rank_output
 from seq2seq_eval.store import ExampleStore, write_store
 
 TASK = "translation"
+
+
+def _config(work: Path, out: Path, candidates: int) -> EvalConfig:
+    return EvalConfig(save_dir=str(out), task=TASK, data_dir=str(work), num_return_sequences=candidates)
 
 
 def make_rank_files(work: Path, sources: list[str], targets: list[str], n_ranks: int, candidates: int = 1) -> None:
@@ -31,7 +35,10 @@ def make_rank_files(work: Path, sources: list[str], targets: list[str], n_ranks:
     n = len(sources)
     rng = random.Random(0)
     (work / "tmp").mkdir(parents=True, exist_ok=True)
-    write_store(work / "examples.arrow", (Example(i, s, t) for i, (s, t) in enumerate(zip(sources, targets))))
+    examples = [Example(i, s, t) for i, (s, t) in enumerate(zip(sources, targets))]
+    write_store(work / "examples.arrow", examples)
+    # What each rank serializes as it goes, so the tail below is rank 0's part alone.
+    cfg = _config(work, work, candidates)
     batches = [list(range(i, min(i + 16, n))) for i in range(0, n, 16)]
     rng.shuffle(batches)
     writers = [RankWriter(work / "tmp", r) for r in range(n_ranks)]
@@ -52,7 +59,7 @@ def make_rank_files(work: Path, sources: list[str], targets: list[str], n_ranks:
             sentence = metrics.sentence_scores(["bleu"], stats)
             records = [{"id": i, "pred": p, "n_tokens": len(p.split()) + 1, "metric_stats": st, "sentence_scores": se}
                        for i, p, st, se in zip(batch, preds, stats, sentence)]
-        writers[j % n_ranks].add(batch, records)
+        writers[j % n_ranks].add(batch, records, output_lines(cfg, [examples[i] for i in batch], records))
         counts[j % n_ranks] += len(batch)
     for r, w in enumerate(writers):
         w.close({"rank": r, "examples": counts[r]})
@@ -60,7 +67,7 @@ def make_rank_files(work: Path, sources: list[str], targets: list[str], n_ranks:
 
 def run_tail(work: Path, out: Path, n_ranks: int, candidates: int = 1) -> tuple[float, dict[str, Any]]:
     """seq2seq_eval's rank-0 path on the files `make_rank_files` wrote; (seconds, metric file)."""
-    cfg = EvalConfig(save_dir=str(out), task=TASK, data_dir=str(work), num_return_sequences=candidates)
+    cfg = _config(work, out, candidates)
     t0 = time.perf_counter()
     store = ExampleStore(work / "examples.arrow", str(work))
     outputs = [read_rank_output(work / "tmp" / f"rank_{r}_output.json", r) for r in range(n_ranks)]
@@ -70,5 +77,5 @@ def run_tail(work: Path, out: Path, n_ranks: int, candidates: int = 1) -> tuple[
         scores = totals.result(store.sacrebleu_num_refs) if totals is not None else {}
         return {**scores, "n_obs": len(store), "throughput": {"time_breakdown": {}}}
 
-    _, summary, _ = write_outputs(cfg, store, table, order, summarize, tail_since=t0)
+    _, summary, _ = write_outputs(cfg, store, RowTaker(outputs), order, summarize, tail_since=t0)
     return time.perf_counter() - t0, summary

@@ -15,7 +15,7 @@ from typing import Any
 
 from .config import EvalConfig
 from .data import Example
-from .errors import OutputError
+from .errors import OutputError, RunStateError
 from .metrics import MetricTotals
 from .runfiles import AtomicFile, dumps, write_atomic
 
@@ -152,22 +152,60 @@ def _legacy_record(record: Mapping[str, Any]) -> bytes:
     return (" {\n" + items + "\n }").encode("utf-8")
 
 
+def output_lines(cfg: EvalConfig, examples: Sequence[Example], records: Sequence[Mapping[str, Any]]) -> dict[str, list[bytes]]:
+    """Each example's bytes in every output file that has one line (or element) per example, as
+    the rank that generated it serializes them: rank 0 then only concatenates them in data order.
+    Building these strings was most of rank 0's tail on a million pseudolabels, a serial step at
+    the end of the run; on the ranks it costs microseconds per example, in parallel.
+
+    Keys are runfiles.LINE_COLUMNS: out_gen ({type_path}_generations.txt, also .pseudo.target), out_legacy
+    (an element of pseudolabel_results.json, with the ",\n" that precedes it), out_jsonl (a line
+    of _pseudolabels.jsonl), out_example (a line of _examples.jsonl; needs sentence_scores)."""
+    preds = [r["pred"] if isinstance(r["pred"], list) else [r["pred"]] for r in records]
+    lines: dict[str, list[bytes]] = {"out_gen": [(_one_line(p[0]) + "\n").encode("utf-8") for p in preds]}
+    if cfg.pseudolabels:
+        lines["out_legacy"] = [
+            b",\n" + _legacy_record({"id": e.id, "source": e.source, "target": e.target, "preds": p})
+            for e, p in zip(examples, preds)]
+        lines["out_jsonl"] = [
+            (_encode({"id": e.id, "source": e.source, "target": e.target, "candidates": p, "scores": r.get("scores")})
+             + "\n").encode("utf-8")
+            for e, p, r in zip(examples, preds, records)]
+    if cfg.scored and not cfg.no_examples_file:
+        lines["out_example"] = [_example_line(e, p[0], r.get("sentence_scores")) for e, p, r in zip(examples, preds, records)]
+    return lines
+
+
+def _concatenated(part: Any, column: str) -> memoryview:
+    """The values of a binary column, end to end, without a Python object per row."""
+    import numpy as np
+
+    array = part.column(column).combine_chunks()
+    if array.null_count:
+        raise RunStateError(f"rank files lack the serialized {column!r} of some examples; "
+                            "expected rank files written by this version (rerun without --resume)")
+    if len(array) == 0:
+        return memoryview(b"")
+    _, offsets_buf, data = array.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int32)[array.offset : array.offset + len(array) + 1]
+    return memoryview(data)[int(offsets[0]) : int(offsets[-1])]
+
+
 def write_outputs(
     cfg: EvalConfig,
     store: Any,
-    table: Any,
+    rows: Any,
     order: Any,
     summarize: Callable[[MetricTotals | None], dict[str, Any]],
     tail_since: float | None = None,
 ) -> tuple[list[Path], dict[str, Any], MetricTotals | None]:
     """Write every output in one pass over the examples in data order, `ROWS_PER_CHUNK` at a
     time, each file through a temporary name, so memory stays at one chunk and a failure midway
-    leaves no half file behind. The metrics are added up in the same pass; `summarize(totals)`
-    then builds the metric file's content, written last: its presence means the run completed.
-    With `tail_since` (a perf_counter time), the seconds from then to just before that last
-    write are recorded as throughput.time_breakdown.tail."""
-    import pyarrow as pa
-
+    leaves no half file behind. Per-example lines come serialized from the ranks (output_lines);
+    the metrics are added up in the same pass; `summarize(totals)` then builds the metric file's
+    content, written last: its presence means the run completed. `rows` (a merge.RowTaker) gives
+    rank file rows by the numbers in `order`. With `tail_since` (a perf_counter time), the seconds from then to
+    just before that last write are recorded as throughput.time_breakdown.tail."""
     save_dir = Path(cfg.save_dir)
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
@@ -193,30 +231,26 @@ def write_outputs(
         if legacy is not None:
             legacy.write(b"[" if len(order) else b"[]")
         for start in range(0, len(order), ROWS_PER_CHUNK):
-            part = table.take(pa.array(order[start : start + ROWS_PER_CHUNK]))
-            examples = store.slice(start, part.num_rows)
-            preds = part.column("pred").to_pylist()
-            gen.write("".join(_one_line(p[0]) + "\n" for p in preds).encode("utf-8"))
-            if cfg.pseudolabels:
-                scores = part.column("scores").to_pylist()
-                legacy.write(b"".join(
-                    (b",\n" if start + i else b"\n") + _legacy_record(
-                        {"id": e.id, "source": e.source, "target": e.target, "preds": p})
-                    for i, (e, p) in enumerate(zip(examples, preds))))
-                jsonl.write("".join(
-                    _encode({"id": e.id, "source": e.source, "target": e.target, "candidates": p, "scores": sc}) + "\n"
-                    for e, p, sc in zip(examples, preds, scores)).encode("utf-8"))
-                if pseudo is not None:
-                    pseudo.write("".join(_one_line(p[0]) + "\n" for p in preds).encode("utf-8"))
-            for k, f in enumerate(refs_files):
-                f.write("".join(_one_line(e.references[k] if k < len(e.references) else "") + "\n"
-                                for e in examples).encode("utf-8"))
+            part = rows.take(order[start : start + ROWS_PER_CHUNK])
+            generations = _concatenated(part, "out_gen")
+            gen.write(generations)
+            if pseudo is not None:
+                pseudo.write(generations)
+            if legacy is not None and jsonl is not None:
+                elements = _concatenated(part, "out_legacy")
+                legacy.write(elements[1:] if start == 0 else elements)  # no comma before the first
+                jsonl.write(_concatenated(part, "out_jsonl"))
+            if refs_files:
+                examples = store.slice(start, part.num_rows)
+                for k, f in enumerate(refs_files):
+                    f.write("".join(_one_line(e.references[k] if k < len(e.references) else "") + "\n"
+                                    for e in examples).encode("utf-8"))
             if totals is not None:
                 stats = [json.loads(x) for x in part.column("metric_stats").to_pylist()]
                 sentence = [json.loads(x) for x in part.column("sentence_scores").to_pylist()]
                 totals.add(stats, sentence)
                 if examples_file is not None:
-                    examples_file.write(examples_jsonl(examples, [p[0] for p in preds], sentence))
+                    examples_file.write(_concatenated(part, "out_example"))
         if legacy is not None:
             legacy.write(b"\n]\n" if len(order) else b"\n")
         summary = summarize(totals)
@@ -235,21 +269,17 @@ def write_outputs(
     return planned, summary, totals
 
 
-def examples_jsonl(examples: Sequence[Example], predictions: Sequence[str],
-                   sentence: Sequence[Mapping[str, float]]) -> bytes:
-    """{type_path}_examples.jsonl: one JSON object per example, in the order of the data.
+def _example_line(e: Example, prediction: str, scores: Mapping[str, float] | None) -> bytes:
+    """A line of {type_path}_examples.jsonl, one JSON object per example in the order of the data.
 
     Keys: id, source, references (always a list, so every row has the same type and
     `datasets.load_dataset("json", ...)` reads the file), prediction, then the sentence-level
     score of each metric (bleu, chrf, chrf++, ter, rouge1, rouge2, rougeL, rougeLsum), as the
     generating rank computed them.
     """
-    lines = []
-    for e, pred, scores in zip(examples, predictions, sentence):
-        row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": pred}
-        row.update(scores or {})
-        lines.append(_encode(row))
-    return "".join(line + "\n" for line in lines).encode("utf-8")
+    row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": prediction}
+    row.update(scores or {})
+    return (_encode(row) + "\n").encode("utf-8")
 
 
 def lowest_scoring_line(store: Any, totals: MetricTotals, k: int = 5) -> str:

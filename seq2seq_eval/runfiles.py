@@ -18,6 +18,7 @@ import errno
 import fcntl
 import json
 import logging
+import mmap
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -473,7 +474,13 @@ RANK_SCHEMA = pa.schema([
     ("n_tokens", pa.int64()),
     ("metric_stats", pa.string()),  # JSON: {metric: statistics}, when scoring
     ("sentence_scores", pa.string()),  # JSON: {key: score}, when scoring
+    # The example's bytes in each per-example output file, serialized by this rank (report.output_lines)
+    ("out_gen", pa.binary()),
+    ("out_legacy", pa.binary()),
+    ("out_jsonl", pa.binary()),
+    ("out_example", pa.binary()),
 ])
+LINE_COLUMNS = ("out_gen", "out_legacy", "out_jsonl", "out_example")
 
 
 def rank_table_file(tmp_dir: Path, rank: int) -> Path:
@@ -498,16 +505,24 @@ class RankWriter:
         self._writer = pa.ipc.new_file(self._sink, RANK_SCHEMA)
         self._positions: list[int] = []
         self._records: list[Mapping[str, Any]] = []
+        self._lines: dict[str, list[bytes | None]] = {name: [] for name in LINE_COLUMNS}
 
-    def add(self, positions: Sequence[int], records: Sequence[Mapping[str, Any]]) -> None:
+    def add(self, positions: Sequence[int], records: Sequence[Mapping[str, Any]],
+            lines: Mapping[str, Sequence[bytes]] | None = None) -> None:
+        """`lines`: the records' serialized output lines by column (report.output_lines); a
+        column left out is null."""
         self._positions.extend(positions)
         self._records.extend(records)
+        for name, values in self._lines.items():
+            given = (lines or {}).get(name)
+            values.extend(given if given is not None else [None] * len(records))
         if len(self._positions) >= self.ROWS_PER_WRITE:
             self._flush()
 
     def _flush(self) -> None:
-        positions, records = self._positions, self._records
+        positions, records, lines = self._positions, self._records, self._lines
         self._positions, self._records = [], []
+        self._lines = {name: [] for name in LINE_COLUMNS}
 
         def js(key: str) -> list[str | None]:
             return [json.dumps(r[key], ensure_ascii=False, separators=(",", ":")) if key in r else None for r in records]
@@ -520,6 +535,7 @@ class RankWriter:
             pa.array([r["n_tokens"] for r in records], pa.int64()),
             pa.array(js("metric_stats"), pa.string()),
             pa.array(js("sentence_scores"), pa.string()),
+            *(pa.array(lines[name], pa.binary()) for name in LINE_COLUMNS),
         ]
         try:
             self._writer.write_batch(pa.record_batch(columns, schema=RANK_SCHEMA))
@@ -559,18 +575,38 @@ class RankOutput:
     table: Any  # pyarrow.Table with RANK_SCHEMA, memory-mapped
     stats: dict[str, Any]
     path: Path
+    mapping: Any = None  # the mmap behind `table`
+
+    def releaser(self, batch: pa.RecordBatch) -> Callable[[], None]:
+        """A call that drops this process's mapping of `batch`'s pages (they stay in the page
+        cache and are mapped again if read again): see merge.RowTaker for why."""
+        if self.mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return lambda: None
+        base = pa.py_buffer(self.mapping).address
+        spans = [(buf.address, buf.address + buf.size) for column in batch.columns
+                 for buf in column.buffers() if buf is not None and buf.size]
+        if not spans:
+            return lambda: None
+        lo = (min(a for a, _ in spans) - base) // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = max(b for _, b in spans) - base
+        if lo < 0 or hi > len(self.mapping):
+            return lambda: None  # not memory-mapped from this file after all
+        mapping = self.mapping
+        return lambda: mapping.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 def read_rank_output(path: Path, rank: int) -> RankOutput:
     table_path = rank_table_file(path.parent, rank)
     try:
         stats = json.loads(path.read_text(encoding="utf-8"))["stats"]
-        table = pa.ipc.open_file(pa.memory_map(str(table_path), "r")).read_all()
+        with open(table_path, "rb") as f:
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        table = pa.ipc.open_file(pa.py_buffer(mapping)).read_all()
         if not table.schema.equals(RANK_SCHEMA):
             raise ValueError(f"unexpected columns {table.schema.names}")
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
         raise RunStateError(f"{table_path}: unreadable rank file ({e})") from e
-    return RankOutput(rank, table, stats, table_path)
+    return RankOutput(rank, table, stats, table_path, mapping)
 
 
 def wait_for_rank_files(

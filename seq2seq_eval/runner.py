@@ -32,7 +32,7 @@ from .generate import (
     source_prefix,
     task_entry,
 )
-from .merge import merge_by_id
+from .merge import RowTaker, merge_by_id
 from .oom import run_batch
 from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
 from .report import (
@@ -40,6 +40,7 @@ from .report import (
     data_files,
     lowest_scoring_line,
     now_iso,
+    output_lines,
     package_versions,
     summary_table,
     write_outputs,
@@ -455,7 +456,7 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, de
                 t0 = time.perf_counter()
                 _attach_example_stats(cfg, prep.store.targets(members), batch_records)
                 stats["scoring_seconds"] += time.perf_counter() - t0
-            writer.add(members, batch_records)
+            writer.add(members, batch_records, output_lines(cfg, prep.store.examples(members), batch_records))
             stats["examples"] += len(members)
             stats["generated_tokens"] += sum(r["n_tokens"] for r in batch_records)
             bar.update(len(members))
@@ -602,7 +603,7 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
         return summary
 
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
-    written, summary, totals = write_outputs(cfg, prep.store, table, order, summarize, tail_since=t_merge)
+    written, summary, totals = write_outputs(cfg, prep.store, RowTaker(outputs), order, summarize, tail_since=t_merge)
     del table, outputs  # the rank files are memory-mapped: unmap before they are removed
     if not cfg.debug:
         cleanup_tmp_dir(tmp_dir)
