@@ -1,0 +1,105 @@
+"""Rank 0's tail on real rank files: the lines the ranks serialize, concatenated in data order,
+must be the very bytes of json.dumps over the whole data; rows are gathered batch by batch."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from seq2seq_eval.config import EvalConfig
+from seq2seq_eval.data import Example
+from seq2seq_eval.errors import RunStateError
+from seq2seq_eval.merge import RowTaker, merge_by_id
+from seq2seq_eval.report import output_lines, write_outputs
+from seq2seq_eval.runfiles import RankWriter, read_rank_output
+from seq2seq_eval.store import ExampleStore, write_store
+
+
+def _examples(n: int) -> list[Example]:
+    rng = random.Random(1)
+    odd = ['ü"\\\t', "\u2028x", "plain", "a\nb", "</s> <pad>"]
+    out = []
+    for i in range(n):
+        ex_id = i if i % 3 else f"id {i}"
+        kind = i % 4
+        target = None if kind == 0 else (f"t{i} " + rng.choice(odd)) if kind < 3 else (f"r{i}", f"second {i}")
+        out.append(Example(ex_id, f"s{i} " + rng.choice(odd), target))
+    return out
+
+
+def _rank_files(tmp_path: Path, cfg: EvalConfig, examples: list[Example], n_ranks: int, with_lines: bool = True):
+    """Batches of 4 dealt to the ranks in a shuffled order, as a length-sorted plan deals them;
+    rank files flushed every 8 rows, so each holds many record batches."""
+    store_path = tmp_path / "examples.arrow"
+    write_store(store_path, examples)
+    store = ExampleStore(store_path, "test data")
+    rng = random.Random(0)
+    batches = [list(range(i, min(i + 4, len(examples)))) for i in range(0, len(examples), 4)]
+    rng.shuffle(batches)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    writers = [RankWriter(tmp, r) for r in range(n_ranks)]
+    for w in writers:
+        w.ROWS_PER_WRITE = 8
+    for j, batch in enumerate(batches):
+        records = [{"id": examples[i].id, "pred": [f"best {i} \u2028 ü", f"next {i}"], "n_tokens": 3,
+                    "scores": [-0.5 * i, -1.0 * i - 1]} for i in batch]
+        lines = output_lines(cfg, store.examples(batch), records) if with_lines else None
+        writers[j % n_ranks].add(batch, records, lines)
+    outputs = [read_rank_output(w.close({"rank": r}), r) for r, w in enumerate(writers)]
+    return store, outputs
+
+
+def _summary(_totals):
+    return {"n_obs": 0}
+
+
+@pytest.mark.parametrize("n", [1, 53])
+def test_pseudolabel_outputs_are_the_bytes_of_json_dumps(tmp_path, n):
+    examples = _examples(n)
+    cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path),
+                     num_return_sequences=2, pseudo_target=True)
+    store, outputs = _rank_files(tmp_path, cfg, examples, 3)
+    table, order = merge_by_id(outputs, store)
+    write_outputs(cfg, store, RowTaker(outputs), order, _summary)
+    out = tmp_path / "out"
+    preds = [[f"best {i} \u2028 ü", f"next {i}"] for i in range(n)]
+    legacy = [{"id": e.id, "source": e.source, "target": list(e.target) if isinstance(e.target, tuple) else e.target,
+               "preds": p} for e, p in zip(examples, preds)]
+    assert (out / "pseudolabel_results.json").read_text(encoding="utf-8") == \
+        json.dumps(legacy, ensure_ascii=False, sort_keys=True, indent=1) + "\n"
+    jsonl = [json.dumps({"id": e.id, "source": e.source, "target": r["target"], "candidates": p,
+                         "scores": [-0.5 * i, -1.0 * i - 1]}, ensure_ascii=False)
+             for i, (e, p, r) in enumerate(zip(examples, preds, legacy))]
+    assert (out / "test_pseudolabels.jsonl").read_text(encoding="utf-8") == "".join(x + "\n" for x in jsonl)
+    # one line per example: a line separator inside a prediction becomes a space
+    best = "".join(f"best {i}   ü\n" for i in range(n))
+    assert (out / "test_generations.txt").read_text(encoding="utf-8") == best
+    assert (out / "test.pseudo.target").read_text(encoding="utf-8") == best
+
+
+def test_rows_gathered_batch_by_batch_equal_arrow_take(tmp_path):
+    cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
+    store, outputs = _rank_files(tmp_path, cfg, _examples(101), 2)
+    assert sum(o.table.column("id").num_chunks for o in outputs) > 10  # many record batches to gather from
+    table, _ = merge_by_id(outputs, store)
+    taker = RowTaker(outputs)
+    rng = np.random.default_rng(0)
+    for rows in (rng.permutation(101)[:37], np.arange(101)[::-1], np.array([5, 5, 0]), np.zeros(0, np.int64)):
+        expected = table.take(pa.array(rows, pa.int64())).to_pylist()
+        assert taker.take(rows).to_pylist() == expected
+        assert taker.take(rows).to_pylist() == expected  # pages let go of are read back the same
+
+
+def test_rank_files_without_serialized_lines_are_refused(tmp_path):
+    cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
+    store, outputs = _rank_files(tmp_path, cfg, _examples(9), 2, with_lines=False)
+    _, order = merge_by_id(outputs, store)
+    with pytest.raises(RunStateError, match=r"rank files lack the serialized 'out_gen' of some examples"):
+        write_outputs(cfg, store, RowTaker(outputs), order, _summary)
+    assert not (tmp_path / "out" / "test_generations.txt").exists()  # nothing half-written is left
