@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,40 @@ class Examples:
         from .store import fingerprint
 
         return fingerprint(self.items)
+
+
+@dataclass(frozen=True)
+class Block:
+    """Consecutive examples as columns: how inputs reach the example store. A million Example
+    objects cost seconds to build and to take apart again; the legacy layout is read straight
+    into these lists, a few MiB of each file at a time."""
+
+    ids: Sequence[ExampleId]  # a range for line-numbered inputs
+    sources: list[str]
+    targets: list[list[str] | None] | None = None  # per example, its reference(s) or None
+    reference_sets: list[list[str]] | None = None  # or: per reference file, a text per example
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def examples(self) -> Iterator[Example]:
+        targets = self.targets
+        if self.reference_sets is not None:
+            targets = [list(t) for t in zip(*self.reference_sets)]
+        for i, s, t in zip(self.ids, self.sources, targets if targets is not None else itertools.repeat(None)):
+            yield Example(i, s, None if t is None else t[0] if len(t) == 1 else tuple(t))
+
+    def head(self, n: int) -> "Block":
+        return Block(self.ids[:n], self.sources[:n], None if self.targets is None else self.targets[:n],
+                     None if self.reference_sets is None else [r[:n] for r in self.reference_sets])
+
+
+def blocks_of(examples: Iterable[Example], rows: int) -> Iterator[Block]:
+    """Examples regrouped into blocks of `rows` (the last one shorter)."""
+    it = iter(examples)
+    while chunk := list(itertools.islice(it, rows)):
+        yield Block([e.id for e in chunk], [e.source for e in chunk],
+                    [list(e.references) if e.target is not None else None for e in chunk])
 
 
 def read_lines(path: Path) -> list[str]:
@@ -98,6 +132,75 @@ def count_lines(path: Path) -> int:
     return n + (last != b"\n")
 
 
+READ_BYTES = 1 << 22
+"""Bytes read from a line file at a time by _Lines."""
+
+
+def _invalid_utf8(path: Path, lineno: int, line: bytes, e: UnicodeDecodeError) -> str:
+    return (f"{path} line {lineno}: invalid UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
+            "expected UTF-8 text")
+
+
+class _Lines:
+    """A line file read as iter_lines reads it (same rules, same messages), but decoded a few
+    MiB at a time and handed out in lists: a Python call per line is most of what reading a
+    million-line file costs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f = _open(path)
+        self._texts: list[str] = []
+        self._bad: dict[int, str] = {}  # index into _texts -> the line's invalid-UTF-8 message
+        self._read = 0  # lines handed out so far
+        self._rest = b""
+        self._eof = False
+        self._started = False
+
+    def _fill(self) -> None:
+        block = self._f.read(READ_BYTES)
+        data = self._rest + block
+        if not self._started and (len(data) >= 3 or not block):  # a BOM is whole before it is dropped
+            self._started = True
+            if data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]
+        if not block:
+            self._eof = True
+            self._f.close()
+            end = len(data)  # a last line without its newline
+        else:
+            end = data.rfind(b"\n") + 1 if self._started else 0
+        whole, self._rest = data[:end], data[end:]
+        if not whole:
+            return
+        if whole.endswith(b"\n"):
+            whole = whole[:-1]
+        base = self._read + len(self._texts)  # lines before this block
+        try:
+            texts = whole.decode("utf-8").split("\n")  # UTF-8 never has a 0x0a inside a character
+        except UnicodeDecodeError:
+            texts = []
+            for i, line in enumerate(whole.split(b"\n")):
+                try:
+                    texts.append(line.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    self._bad[len(self._texts) + i] = _invalid_utf8(self.path, base + i + 1, line, e)
+                    texts.append("?")
+        self._texts.extend(map(str.rstrip, texts))
+
+    def take(self, n: int) -> tuple[list[str], dict[int, str]]:
+        """The next `n` lines (fewer at the end) and their invalid-UTF-8 messages by index."""
+        while len(self._texts) < n and not self._eof:
+            self._fill()
+        texts, self._texts = self._texts[:n], self._texts[n:]
+        bad = {i: m for i, m in self._bad.items() if i < n}
+        self._bad = {i - n: m for i, m in self._bad.items() if i >= n}
+        self._read += len(texts)
+        return texts, bad
+
+    def close(self) -> None:
+        self._f.close()
+
+
 def _check_text(path: Path, lineno: int, text: str, what: str) -> None:
     if not text.strip():
         raise DataError(f"{path} line {lineno}: empty {what}; expected non-empty text")
@@ -142,13 +245,18 @@ def extra_reference_files(data_dir: Path, type_path: str) -> list[Path]:
     return [numbers[k] for k in expected]
 
 
+BLOCK_ROWS = 8192
+"""Examples per Block read from an input (the store's record batch size)."""
+
+
 def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
-    return Examples(tuple(iter_legacy(data_dir, type_path, need_targets)), str(data_dir))
+    blocks = iter_legacy(data_dir, type_path, need_targets)
+    return Examples(tuple(e for b in blocks for e in b.examples()), str(data_dir))
 
 
-def iter_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Iterator[Example]:
-    """The legacy layout as a stream; the id is the 0-based line number. Every file is checked
-    (it exists, the line counts agree) before the first example is yielded."""
+def iter_legacy(data_dir: Path, type_path: str, need_targets: bool, rows: int = BLOCK_ROWS) -> Iterator[Block]:
+    """The legacy layout as a stream of blocks of `rows` examples; the id is the 0-based line
+    number. Every file is checked (it exists, the line counts agree) before the first block."""
     if not data_dir.exists():
         raise DataError(f"--data_dir {data_dir}: no such directory")
     if not data_dir.is_dir():
@@ -162,29 +270,45 @@ def iter_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Iterator[
         ref_paths = [tgt_path, *extra_reference_files(data_dir, type_path)]
     elif need_targets:
         raise DataError(f"{tgt_path}: file not found; expected references to score against")
-    return iter_files(src_path, ref_paths)
+    return iter_files(src_path, ref_paths, rows)
 
 
-def iter_files(src_path: Path, ref_paths: Sequence[Path]) -> Iterator[Example]:
-    """One source per line and one reference per line of each reference file, as a stream; ids
-    are 0-based line numbers. The line counts are checked before the first example is yielded."""
+def iter_files(src_path: Path, ref_paths: Sequence[Path], rows: int = BLOCK_ROWS) -> Iterator[Block]:
+    """One source per line and one reference per line of each reference file, as a stream of
+    blocks; ids are 0-based line numbers. The line counts are checked before the first block."""
     n = count_lines(src_path)
     if n == 0:
         raise DataError(f"{src_path}: no examples; expected one source per line")
     for path in ref_paths:
         _check_count(path, n, src_path, "source")
-    return _rows(src_path, list(ref_paths))
+    return _blocks(src_path, list(ref_paths), rows)
 
 
-def _rows(src_path: Path, ref_paths: list[Path]) -> Iterator[Example]:
-    ref_streams = [iter_lines(p) for p in ref_paths]
-    for (lineno, source), *refs in zip(iter_lines(src_path), *ref_streams):
-        _check_text(src_path, lineno, source, "source")
-        for path, (_, ref) in zip(ref_paths, refs):
-            _check_text(path, lineno, ref, "reference")
-        texts = tuple(ref for _, ref in refs)
-        target = None if not texts else texts[0] if len(texts) == 1 else texts
-        yield Example(lineno - 1, source, target)
+def _blocks(src_path: Path, ref_paths: list[Path], rows: int) -> Iterator[Block]:
+    readers = [_Lines(p) for p in (src_path, *ref_paths)]
+    what = ["source"] + ["reference"] * len(ref_paths)
+    first = 0  # 0-based line number of the block's first line
+    try:
+        while True:
+            taken = [r.take(rows) for r in readers]
+            if not taken[0][0]:
+                return
+            # The first problem in line order, as a line-by-line reader meets it: on one line,
+            # invalid UTF-8 in any file comes before an empty text.
+            problems = []
+            for k, (reader, (texts, bad)) in enumerate(zip(readers, taken)):
+                problems += [(i, 0, k, m) for i, m in bad.items()]
+                if "" in texts:
+                    i = texts.index("")
+                    problems.append((i, 1, k, f"{reader.path} line {first + i + 1}: empty {what[k]}; expected non-empty text"))
+            if problems:
+                raise DataError(min(problems)[3])
+            sources, refs = taken[0][0], [texts for texts, _ in taken[1:]]
+            yield Block(range(first, first + len(sources)), sources, reference_sets=refs or None)
+            first += len(sources)
+    finally:
+        for r in readers:
+            r.close()
 
 
 def load_jsonl(path: Path, need_targets: bool) -> Examples:
@@ -243,23 +367,25 @@ def _target_field(record: dict, path: Path, lineno: int, required: bool) -> str 
 
 def load_examples(cfg: EvalConfig) -> Examples:
     """Every example in memory: for small inputs (compare, tests). A run streams them instead."""
-    examples, origin = iter_examples(cfg)
-    return Examples(tuple(examples), origin)
+    blocks, origin = iter_examples(cfg)
+    return Examples(tuple(e for b in blocks for e in b.examples()), origin)
 
 
-def iter_examples(cfg: EvalConfig) -> tuple[Iterator[Example], str]:
-    """The examples the run evaluates (the first --n_obs), as a stream, and where they come from.
-    The input is opened and checked at once; its rows are read as the iterator goes."""
+def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Block], str]:
+    """The examples the run evaluates (the first --n_obs), as a stream of blocks of `rows`
+    (the last one shorter), and where they come from. The input is opened and checked at once;
+    its rows are read as the iterator goes."""
     need_targets = cfg.scored
     if cfg.dataset is not None:
         from .hf_data import iter_hf_examples
 
-        return iter_hf_examples(cfg, need_targets)  # applies --n_obs before reading any column
+        examples, origin = iter_hf_examples(cfg, need_targets)  # applies --n_obs before reading any column
+        return blocks_of(examples, rows), origin
     path = Path(cfg.data_dir)
     if cfg.input_path is not None:  # the legacy run_eval.py command line
         path = Path(cfg.input_path)
         refs = [Path(cfg.reference_path)] if cfg.reference_path is not None else []
-        examples = iter_files(path, refs)
+        blocks = iter_files(path, refs, rows)
     elif path.suffix == ".jsonl" or path.is_file():
         if not path.exists():
             raise DataError(f"--data_dir {path}: file not found")
@@ -269,9 +395,19 @@ def iter_examples(cfg: EvalConfig) -> tuple[Iterator[Example], str]:
                 f"--data_dir {path}: a .source/.target file; expected the folder that holds "
                 f"{cfg.type_path}.source and {cfg.type_path}.target (or a .jsonl file)"
             )
-        examples = iter_jsonl(path, need_targets)
+        blocks = blocks_of(iter_jsonl(path, need_targets), rows)
     else:
-        examples = iter_legacy(path, cfg.type_path, need_targets)
+        blocks = iter_legacy(path, cfg.type_path, need_targets, rows)
     if cfg.n_obs is not None:
-        examples = itertools.islice(examples, cfg.n_obs)
-    return examples, str(path)
+        blocks = _first(blocks, cfg.n_obs)
+    return blocks, str(path)
+
+
+def _first(blocks: Iterator[Block], n: int) -> Iterator[Block]:
+    for b in blocks:
+        if len(b) >= n:
+            if n:
+                yield b.head(n)
+            return
+        n -= len(b)
+        yield b

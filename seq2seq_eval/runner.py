@@ -61,7 +61,7 @@ from .runfiles import (
     wait_for_rank_files,
     write_json_atomic,
 )
-from .store import ExampleStore, write_store
+from .store import ROWS_PER_BATCH, ExampleStore, write_blocks
 from .tokens import SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 
 logger = logging.getLogger("seq2seq_eval")
@@ -139,8 +139,8 @@ def _examples_store(cfg: EvalConfig, pg: ProcessGroup | None, cache: Path) -> tu
                 return meta
         except (OSError, ValueError):
             pass
-        examples, origin = iter_examples(cfg)
-        n, sha = write_store(path, examples)
+        blocks, origin = iter_examples(cfg, ROWS_PER_BATCH)
+        n, sha = write_blocks(path, blocks)
         meta = {"key": key, "n": n, "sha256": sha, "origin": origin}
         write_json_atomic(meta_path, meta)  # last: the store above is complete
         return meta

@@ -25,9 +25,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
-from .data import Example, ExampleId
+from .data import Block, Example, ExampleId, blocks_of
 
 ROWS_PER_BATCH = 8192
 """Rows per Arrow record batch: fixed, because the fingerprint hashes batch buffers."""
@@ -35,15 +36,22 @@ ROWS_PER_BATCH = 8192
 SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.list_(pa.string()))])
 
 
-def _record_batch(chunk: Sequence[Example]) -> pa.RecordBatch:
-    return pa.record_batch(
-        [
-            pa.array([str(e.id) if type(e.id) is int else json.dumps(e.id, ensure_ascii=False) for e in chunk], pa.string()),
-            pa.array([e.source for e in chunk], pa.string()),
-            pa.array([list(e.references) if e.target is not None else None for e in chunk], pa.list_(pa.string())),
-        ],
-        schema=SCHEMA,
-    )
+def _record_batch(block: Block) -> pa.RecordBatch:
+    n = len(block)
+    if isinstance(block.ids, range):
+        ids = pa.array(map(str, block.ids), pa.string(), size=n)
+    else:
+        ids = pa.array([str(i) if type(i) is int else json.dumps(i, ensure_ascii=False) for i in block.ids], pa.string())
+    if block.reference_sets is not None:
+        # Every example has one reference per set: a list array straight from the texts, the
+        # same buffers as converting a Python list per example, without building those lists.
+        sets = block.reference_sets
+        texts = sets[0] if len(sets) == 1 else [t for row in zip(*sets) for t in row]
+        offsets = pa.array(np.arange(0, n * len(sets) + 1, len(sets), dtype=np.int32))
+        targets = pa.ListArray.from_arrays(offsets, pa.array(texts, pa.string()))
+    else:
+        targets = pa.array(block.targets if block.targets is not None else [None] * n, pa.list_(pa.string()))
+    return pa.record_batch([ids, pa.array(block.sources, pa.string()), targets], schema=SCHEMA)
 
 
 def _hash_batch(h: Any, batch: pa.RecordBatch) -> None:
@@ -54,38 +62,37 @@ def _hash_batch(h: Any, batch: pa.RecordBatch) -> None:
                     h.update(memoryview(buf))
 
 
-def _rebatched(examples: Iterable[Example]) -> Iterator[list[Example]]:
-    chunk: list[Example] = []
-    for e in examples:
-        chunk.append(e)
-        if len(chunk) == ROWS_PER_BATCH:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def fingerprint(examples: Iterable[Example]) -> str:
     """The digest `write_store` records for the same examples, computed in memory."""
     h = hashlib.sha256()
-    for chunk in _rebatched(examples):
-        _hash_batch(h, _record_batch(chunk))
+    for block in blocks_of(examples, ROWS_PER_BATCH):
+        _hash_batch(h, _record_batch(block))
     return h.hexdigest()
 
 
 def write_store(path: Path, examples: Iterable[Example]) -> tuple[int, str]:
-    """Write `examples` (any iterable, consumed once) to `path` atomically; returns the number of
-    rows and the fingerprint. Memory stays at one record batch whatever the input size."""
+    """write_blocks for examples one by one (tests, benchmarks)."""
+    return write_blocks(path, blocks_of(examples, ROWS_PER_BATCH))
+
+
+def write_blocks(path: Path, blocks: Iterable[Block]) -> tuple[int, str]:
+    """Write `blocks` (any iterable, consumed once; every block but the last of ROWS_PER_BATCH
+    examples, as the fingerprint hashes batch buffers) to `path` atomically; returns the number
+    of rows and the fingerprint. Memory stays at one block whatever the input size."""
     h = hashlib.sha256()
     n = 0
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
-            for chunk in _rebatched(examples):
-                batch = _record_batch(chunk)
+            short = False
+            for block in blocks:
+                if short or len(block) > ROWS_PER_BATCH:
+                    raise ValueError(f"blocks must hold {ROWS_PER_BATCH} examples, all but the last")
+                short = len(block) < ROWS_PER_BATCH
+                batch = _record_batch(block)
                 _hash_batch(h, batch)
                 writer.write_batch(batch)
-                n += len(chunk)
+                n += len(block)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(OSError):
