@@ -158,9 +158,9 @@ def output_lines(cfg: EvalConfig, examples: Sequence[Example], records: Sequence
     Building these strings was most of rank 0's tail on a million pseudolabels, a serial step at
     the end of the run; on the ranks it costs microseconds per example, in parallel.
 
-    Keys are runfiles.LINE_COLUMNS: out_gen ({type_path}_generations.txt, also .pseudo.target), out_legacy
-    (an element of pseudolabel_results.json, with the ",\n" that precedes it), out_jsonl (a line
-    of _pseudolabels.jsonl), out_example (a line of _examples.jsonl; needs sentence_scores)."""
+    Keys are runfiles.LINE_COLUMNS: out_gen ({type_path}_generations.txt, also .pseudo.target),
+    out_legacy (an element of pseudolabel_results.json, with the ",\n" that precedes it),
+    out_jsonl (a line of _pseudolabels.jsonl), out_example (a line of _examples.jsonl)."""
     preds = [r["pred"] if isinstance(r["pred"], list) else [r["pred"]] for r in records]
     lines: dict[str, list[bytes]] = {"out_gen": [(_one_line(p[0]) + "\n").encode("utf-8") for p in preds]}
     if cfg.pseudolabels:
@@ -183,7 +183,7 @@ def _concatenated(part: Any, column: str) -> memoryview:
     array = part.column(column).combine_chunks()
     if array.null_count:
         raise RunStateError(f"rank files lack the serialized {column!r} of some examples; "
-                            "expected rank files written by this version (rerun without --resume)")
+                            "expected every row written with its output lines (report.output_lines)")
     if len(array) == 0:
         return memoryview(b"")
     _, offsets_buf, data = array.buffers()
@@ -204,8 +204,8 @@ def write_outputs(
     leaves no half file behind. Per-example lines come serialized from the ranks (output_lines);
     the metrics are added up in the same pass; `summarize(totals)` then builds the metric file's
     content, written last: its presence means the run completed. `rows` (a merge.RowTaker) gives
-    rank file rows by the numbers in `order`. With `tail_since` (a perf_counter time), the seconds from then to
-    just before that last write are recorded as throughput.time_breakdown.tail."""
+    rank file rows by the numbers in `order`. With `tail_since` (a perf_counter time), the
+    seconds from then to just before that last write are recorded as time_breakdown.tail."""
     save_dir = Path(cfg.save_dir)
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
