@@ -23,10 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -59,25 +61,27 @@ def child(spec: dict[str, Any]) -> None:
     journals hold a batch. Prints JSON: wall seconds, seconds until each journal's first batch,
     peak RSS (MB) of the largest process it started, exit code, output tail."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(spec["cmd"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    log = tempfile.TemporaryFile("w+")  # not a pipe: nobody reads it while the run goes on
+    proc = subprocess.Popen(spec["cmd"], stdout=log, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True, env=env())
     first: dict[str, float] = {}
     journals = spec.get("until_journals")
     tmp = Path(spec.get("tmp_dir", "."))
     while proc.poll() is None:
-        for j in tmp.glob("journal_rank_*.jsonl") if journals else []:
+        for j in tmp.glob("journal_rank_*.jsonl"):
             if j.name not in first and j.stat().st_size > 0:
                 first[j.name] = time.perf_counter() - t0
         if journals and len(first) >= journals:
             os.killpg(proc.pid, signal.SIGTERM)  # enough seen: the run would go on generating
             break
         time.sleep(0.05)
-    output = proc.communicate()[0]
-    if not journals:
-        for j in tmp.glob("journal_rank_*.jsonl"):
-            first[j.name] = j.stat().st_mtime  # not used for full runs
+    proc.wait()
+    log.seek(0)
+    output = log.read()
+    ready = [float(x) for x in re.findall(r"rank \d+ ready to generate after ([0-9.]+) s", output)]
     print(json.dumps({
         "wall": time.perf_counter() - t0, "first_batch": first, "code": proc.returncode, "tail": output[-2000:],
+        "ready": ready,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     }))
 
@@ -148,16 +152,14 @@ def main() -> int:
         cmd = [py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "seq2seq_eval",
                "--data_dir", str(folders[n]), "--bs", "64", *PSEUDO, "--save_dir", str(save), "--tmp_dir", str(tmp)]
         run = measured(cmd, tmp_dir=str(tmp), until_journals=None if full else 2)
-        r.update(run_rss=run["peak_rss_mb"])
+        r.update(run_rss=run["peak_rss_mb"], ready=run["ready"])
         if full:
             if run["code"] != 0:
                 raise SystemExit(run["tail"])
             info = json.loads((save / "test_run_info.json").read_text())
             tb = info["throughput"]["time_breakdown"]
-            r.update(first_batch=[s.get("model_load_seconds") for s in info["throughput"]["per_rank"]],
-                     generate=info["throughput"]["generation_seconds"], run_tail=tb["tail"], run_wall=run["wall"])
-        else:
-            r.update(first_batch=sorted(run["first_batch"].values()))
+            r.update(generate=info["throughput"]["generation_seconds"], run_tail=tb["tail"], run_wall=run["wall"])
+        r.update(first_batch=sorted(run["first_batch"].values()))
         print(f"N={n}: 2-rank run {run['wall']:.1f} s, first batch {r['first_batch']}, {run['peak_rss_mb']:.0f} MB",
               flush=True)
 
@@ -194,7 +196,8 @@ def report(rows: dict[int, dict[str, Any]], sizes: list[int]) -> None:
 
     lines = [("dry run: wall s", "dry_wall"), ("dry run: peak RSS MB", "dry_rss"),
              ("  prepare: examples s", "examples"), ("  prepare: tokenize s", "tokenize"), ("  plan s", "plan"),
-             ("2 ranks: s to first batch, per rank", "first_batch"), ("2 ranks: peak RSS MB (largest process)", "run_rss"),
+             ("2 ranks: s to first batch, per rank", "first_batch"),
+             ("  rank 0 ready to generate after s", "ready"), ("2 ranks: peak RSS MB (largest process)", "run_rss"),
              ("2 ranks: generate s", "generate"), ("2 ranks: rank-0 tail s", "run_tail"),
              ("tail alone, 2 candidates: s", "tail"), ("tail alone: peak RSS MB", "tail_rss")]
     big = sizes[-1]
@@ -219,7 +222,8 @@ def report(rows: dict[int, dict[str, Any]], sizes: list[int]) -> None:
              f"{r['dry_rss']:.0f} MB, {r['dry_wall']:.1f} s"),
             ("2-rank run at 1M: every rank's first batch <= 40 s, every process <= 1.5 GB",
              max(r["first_batch"]) <= 40 and r["run_rss"] <= 1536,
-             f"{fmt(r['first_batch'])} s (launch to first journaled batch), {r['run_rss']:.0f} MB"),
+             f"{fmt(r['first_batch'])} s (launch to first journaled batch; rank 0 ready to generate after "
+             f"{fmt(r['ready'])} s), {r['run_rss']:.0f} MB"),
             ("rank-0 tail on 1M pseudolabel records x2: <= 30 s and <= 1.5 GB", r["tail"] <= 30 and r["tail_rss"] <= 1536,
              f"{r['tail']:.1f} s, {r['tail_rss']:.0f} MB"),
             ("memory above the fixed baseline <= 500 bytes per example (dry run, 100k -> 1M)", per_example <= 500,

@@ -311,6 +311,9 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
             _agree(env, pg, lambda: earlier.append(_earlier_run(cfg, prep)))
             model = load_model(cfg, device)
             t_loaded = time.perf_counter()
+            # What a large run spends before generating anything (benchmarks/scale.py reads it).
+            logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,
+                        ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
             stats = _generate_rank(cfg, env, prep, model, device, tmp_dir,
                                    {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings})
             if not env.is_main:
