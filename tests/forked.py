@@ -1,62 +1,161 @@
-"""Many short `python -m seq2seq_eval` runs for the price of one interpreter start.
+"""`python -m seq2seq_eval` without paying for torch's import each time.
 
-`run_forked(cases, work)` starts one interpreter that imports torch and transformers (what every
-run that gets past its flags imports: 3-5 s of the few seconds such a run takes), then forks once
-per case. Each child is a process of its own, started as `python -m` starts one: its working
-directory, argv and sys.path[0], stdout and stderr on its own file descriptors (so library output
-is caught too), SystemExit turned into the exit code and any other exception printed by the
-interpreter's hook with exit code 1. What the parent's imports print is what every fresh
-interpreter would have printed on each run's stderr: the parent fails if they print anything.
+A run spends most of its few seconds importing torch and transformers (3-4 s of CPU on this
+machine), and the suite starts a few hundred. `ForkServer` starts one interpreter per pytest
+process that imports them once, then forks a child per run. The child is a process of its own,
+set up the way `python -m` sets one up: the run's environment, working directory, argv and
+sys.path[0]; stdin from /dev/null; stdout and stderr on its own file descriptors (library output
+lands there too); SystemExit made the exit code, any other exception printed by the
+interpreter's hook with exit code 1. What the imports themselves print would have appeared on
+every run's stderr: the server refuses to start if they print anything.
+
+Fresh interpreters remain wherever the launch is the point: torchrun's workers, run_eval.sh,
+the tests that signal or kill a process, and `single(..., fresh=True)`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import select
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-PARALLEL = 2  # children at once: the runs are short, and the suite runs on 2 cores
+# What every run that gets past its flags imports, and the bulk of its start-up. Not `datasets`:
+# it reads its cache location from the environment when imported, and runs set their own.
+PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers.generation")
 
 
-def run_forked(cases: dict[str, tuple[list[str], Path]], work: Path, env: dict | None = None,
-               timeout: float = 180) -> dict[str, subprocess.CompletedProcess]:
-    """{case id: (argv after `python -m seq2seq_eval`, cwd)} -> {case id: CompletedProcess}."""
-    from conftest import _env
+class ForkServer:
+    def __init__(self, env: dict[str, str]) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="s2s_fork_"))  # short: a socket path is at most 107 bytes
+        self._socket = self._dir / "socket"
+        self._log = self._dir / "server.log"
+        self._count = 0
+        with open(self._log, "w") as log:
+            # stdin stays open while this process lives: at EOF the server knows its client is gone.
+            self._proc = subprocess.Popen([sys.executable, __file__, str(self._socket)], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        first = self._proc.stdout.readline()  # type: ignore[union-attr]
+        if first != "ready\n":
+            raise RuntimeError(f"fork server did not start: {first}{self._proc.stdout.read()}{self._log.read_text()}")
 
-    work.mkdir(parents=True, exist_ok=True)
-    plan = [{"id": case_id, "argv": argv, "cwd": str(cwd), "timeout": timeout} for case_id, (argv, cwd) in cases.items()]
-    (work / "plan.json").write_text(json.dumps(plan))
-    driver = subprocess.run([sys.executable, __file__, str(work)], capture_output=True, text=True,
-                            timeout=timeout * len(plan), env=_env(env))
-    assert (driver.returncode, driver.stdout, driver.stderr) == (0, "", ""), \
-        f"fork driver exit {driver.returncode}\nSTDOUT:\n{driver.stdout[-3000:]}\nSTDERR:\n{driver.stderr[-3000:]}"
-    codes = json.loads((work / "exit_codes.json").read_text())
-    return {case["id"]: subprocess.CompletedProcess(
-        [sys.executable, "-m", "seq2seq_eval", *case["argv"]], codes[case["id"]],
-        (work / f"{case['id']}.out").read_text(), (work / f"{case['id']}.err").read_text()) for case in plan}
+    def run(self, argv: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
+        self._count += 1
+        out, err = (self._dir / f"{os.getpid()}_{self._count}.{s}" for s in ("out", "err"))
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "timeout": timeout, "out": str(out), "err": str(err)}
+        args = [sys.executable, "-m", "seq2seq_eval", *argv]
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(timeout + 30)  # the child is killed at `timeout`; this is for a lost server
+            conn.connect(str(self._socket))
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            try:
+                reply = json.loads(conn.makefile().readline())
+            except (TimeoutError, json.JSONDecodeError) as e:
+                raise RuntimeError(f"no answer from the fork server:\n{self._log.read_text()[-3000:]}") from e
+        try:
+            # Read as subprocess.run(text=True) reads a pipe: locale encoding, universal newlines.
+            return subprocess.CompletedProcess(args, reply["returncode"], out.read_text(), err.read_text())
+        finally:
+            out.unlink(missing_ok=True)
+            err.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._proc.stdin.close()  # type: ignore[union-attr]
+        self._proc.wait(timeout=30)
+        for path in self._dir.iterdir():
+            path.unlink()
+        self._dir.rmdir()
 
 
-# ---------------------------------------------------------------- the driver (run as a script)
+# ---------------------------------------------------------------- the server (run as a script)
 
 
-def _child(case: dict, work: Path) -> None:
-    """Become `python -m seq2seq_eval ARGV` in case["cwd"]; never returns."""
+def _serve(path: str) -> None:
+    _preload()
+    handlers: set[int] = set()
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(path)
+        server.listen(16)
+        print("ready", flush=True)
+        while True:
+            # Wake up now and then to reap finished handlers (waited for, their runs' CPU time
+            # is counted in this process's children, and so in pytest's).
+            readable, _, _ = select.select([server, sys.stdin], [], [], 1.0)
+            handlers -= {pid for pid in handlers if os.waitpid(pid, os.WNOHANG)[0]}
+            if sys.stdin in readable:  # EOF: the pytest process closed its end or died
+                for pid in handlers:
+                    os.waitpid(pid, 0)
+                return
+            if server in readable:
+                conn, _ = server.accept()
+                pid = os.fork()
+                if pid == 0:
+                    server.close()
+                    _handle(conn)
+                handlers.add(pid)
+                conn.close()
+
+
+def _preload() -> None:
+    """Import PRELOAD with stdout and stderr caught; anything printed aborts the server."""
+    import importlib
+
+    caught = tempfile.TemporaryFile()
+    saved = os.dup(1), os.dup(2)
+    os.dup2(caught.fileno(), 1)
+    os.dup2(caught.fileno(), 2)
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+    caught.seek(0)
+    printed = caught.read().decode(errors="replace")
+    if printed:
+        print(f"importing {', '.join(PRELOAD)} printed (every run would print it too):\n{printed}", flush=True)
+        raise SystemExit(1)
+
+
+def _handle(conn: socket.socket) -> None:
+    """Start one run, wait for it, answer with its exit code; never returns."""
+    try:
+        request = json.loads(conn.makefile().readline())
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            _become_run(request)
+        _, status = os.waitpid(pid, 0)
+        conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+    finally:
+        os._exit(0)
+
+
+def _become_run(request: dict) -> None:
+    """Turn this fork into `python -m seq2seq_eval ARGV`; never returns."""
     import atexit
     import runpy
-    import signal
 
     code = 1
     try:
-        signal.alarm(int(case["timeout"]))  # a hung run dies instead of hanging the parent
-        os.chdir(case["cwd"])
-        for fd, suffix in ((1, "out"), (2, "err")):
-            target = os.open(work / f"{case['id']}.{suffix}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
+        signal.alarm(int(request["timeout"]) or 1)  # as subprocess.run(timeout=...): a hung run is killed
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        for fd, target, flags in ((0, os.devnull, os.O_RDONLY), (1, request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                  (2, request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+            opened = os.open(target, flags, 0o644)
+            os.dup2(opened, fd)
+            os.close(opened)
         sys.path[0] = os.getcwd()  # -m puts the working directory first
-        sys.argv = ["-m", *case["argv"]]  # run_module replaces argv[0] with the module's path
+        sys.argv = ["-m", *request["argv"]]  # run_module puts the module's path in argv[0]
         try:
             runpy.run_module("seq2seq_eval", run_name="__main__", alter_sys=True)
             code = 0
@@ -74,30 +173,5 @@ def _child(case: dict, work: Path) -> None:
         os._exit(code)
 
 
-def _drive(work: Path) -> int:
-    # Imported once here instead of in every run; anything they print fails the caller's check.
-    import torch  # noqa: F401
-    import transformers  # noqa: F401
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    plan = json.loads((work / "plan.json").read_text())
-    codes: dict[str, int] = {}
-    running: dict[int, str] = {}
-    for case in plan:
-        if len(running) == PARALLEL:
-            pid, status = os.wait()
-            codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
-        pid = os.fork()
-        if pid == 0:
-            _child(case, work)
-        running[pid] = case["id"]
-    while running:
-        pid, status = os.wait()
-        codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
-    (work / "exit_codes.json").write_text(json.dumps(codes))
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(_drive(Path(sys.argv[1])))
+    _serve(sys.argv[1])

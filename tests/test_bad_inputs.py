@@ -1,5 +1,4 @@
-"""The bad-input catalogue, through real `python -m seq2seq_eval` processes (the catalogue's
-in children forked from one interpreter that imported torch once: tests/forked.py).
+"""The bad-input catalogue, through real `python -m seq2seq_eval` processes.
 
 Every bad input must give exactly one line on stderr (`seq2seq_eval: error: ...`) naming the
 file and 1-based line, or the flag and the value; a non-zero exit; no traceback unless --debug;
@@ -8,13 +7,13 @@ and nothing in --save_dir that could be mistaken for a result.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from conftest import REPO, make_corpus, single, write_legacy
-from forked import run_forked
 
 PREFIX = "seq2seq_eval: error: "
 RESULT_PATTERNS = ("*_bleu.json", "*_rouge.json", "*_generations.txt", "*_examples.jsonl", "*pseudolabel*", "*.pseudo.target")
@@ -171,23 +170,23 @@ def names(tiny_model, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def runs(names) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Every case once; the processes share nothing but the read-only inputs. Most cases import
-    torch and transformers before they fail (3-5 s of each run), so the catalogue runs in
-    children forked from one interpreter that imported them once. The late and --debug cases
-    are fresh interpreters: `python -m seq2seq_eval` exactly as a user starts it, the traceback
-    printed by the interpreter itself. Those run beside the forked ones."""
+    """Every case once, side by side; the processes share nothing but the read-only inputs. The
+    late and --debug cases start fresh interpreters, exactly as a user does (the traceback is
+    then the interpreter's own); the others are forked from one that imported torch already."""
     root = names["root"]
+    fresh = {c[0] for c in LATE_CASES + DEBUG_CASES}
 
-    def argv(case_id: str, args: list[str]) -> list[str]:
-        argv = ["--model_name", "{m}", "--data_dir", "{ok}", "--save_dir", str(root / f"save_{case_id}"), *args]
+    def launch(case_id: str, args: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+        save = root / f"save_{case_id}"
+        argv = ["--model_name", "{m}", "--data_dir", "{ok}", "--save_dir", str(save), *args]
         # Later flags win in argparse, so a case's own --model_name/--data_dir/--save_dir replace the defaults.
-        return [a.format(**names) for a in argv]
+        return single([a.format(**names) for a in argv], cwd=root, timeout=180, fresh=case_id in fresh), save
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        fresh = {c[0]: pool.submit(single, argv(c[0], c[1]), cwd=root, timeout=180) for c in LATE_CASES + DEBUG_CASES}
-        procs = run_forked({c[0]: (argv(c[0], c[1]), root) for c in CASES}, root / "forked")
-        procs.update((case_id, f.result()) for case_id, f in fresh.items())
-    return {case_id: (proc, root / f"save_{case_id}") for case_id, proc in procs.items()}
+    table = [(c[0], c[1]) for c in CASES + LATE_CASES + DEBUG_CASES]
+    workers = min(4, (os.cpu_count() or 1) + 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {case_id: pool.submit(launch, case_id, args) for case_id, args in table}
+        return {case_id: f.result() for case_id, f in futures.items()}
 
 
 def _lines(text: str) -> list[str]:
