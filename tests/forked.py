@@ -25,9 +25,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-# What every run that gets past its flags imports, and the bulk of its start-up. Not `datasets`:
-# it reads its cache location from the environment when imported, and runs set their own.
-PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers.generation")
+# What every run that gets past its flags imports (the model's libraries, the metrics' and the
+# rank files'), the bulk of its start-up. Not `datasets`: it reads its cache location from the
+# environment when imported, and runs set their own.
+PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers.generation", "sacrebleu",
+           "rouge_score.rouge_scorer", "pyarrow")
 
 
 class ForkServer:
