@@ -3,10 +3,11 @@
 A run spends most of its few seconds importing torch and transformers (3-4 s of CPU on this
 machine), and the suite starts a few hundred. `ForkServer` starts one interpreter per pytest
 process that imports them once, then forks a child per run. The child is a process of its own,
-set up the way `python -m` sets one up: the run's environment, working directory, argv and
-sys.path[0]; stdin from /dev/null; stdout and stderr on its own file descriptors (library output
-lands there too); SystemExit made the exit code, any other exception printed by the
-interpreter's hook with exit code 1. What the imports themselves print would have appeared on
+set up the way `python -m` sets one up: the run's environment, working directory, argv,
+sys.path[0] and a fresh __main__, then runpy's `_run_module_as_main` (what -m calls); stdin from
+/dev/null; stdout and stderr on its own file descriptors (library output lands there too);
+SystemExit made the exit code, any other exception printed by the interpreter's hook with exit
+code 1. What the imports themselves print would have appeared on
 every run's stderr: the server refuses to start if they print anything.
 
 Fresh interpreters remain wherever the launch is the point: torchrun's workers, run_eval.sh,
@@ -15,9 +16,11 @@ the tests that signal or kill a process, and `single(..., fresh=True)`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -37,7 +40,7 @@ class ForkServer:
         self._dir = Path(tempfile.mkdtemp(prefix="s2s_fork_"))  # short: a socket path is at most 107 bytes
         self._socket = self._dir / "socket"
         self._log = self._dir / "server.log"
-        self._count = 0
+        self._ids = itertools.count()  # names the runs' output files (next() is atomic: single() runs in threads)
         with open(self._log, "w") as log:
             # stdin stays open while this process lives: at EOF the server knows its client is gone.
             self._proc = subprocess.Popen([sys.executable, __file__, str(self._socket)], stdin=subprocess.PIPE,
@@ -47,18 +50,18 @@ class ForkServer:
             raise RuntimeError(f"fork server did not start: {first}{self._proc.stdout.read()}{self._log.read_text()}")
 
     def run(self, argv: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
-        self._count += 1
-        out, err = (self._dir / f"{os.getpid()}_{self._count}.{s}" for s in ("out", "err"))
+        n = next(self._ids)
+        out, err = (self._dir / f"{n}.{s}" for s in ("out", "err"))
         request = {"argv": argv, "cwd": str(cwd), "env": env, "timeout": timeout, "out": str(out), "err": str(err)}
         args = [sys.executable, "-m", "seq2seq_eval", *argv]
-        with socket.socket(socket.AF_UNIX) as conn:
-            conn.settimeout(timeout + 30)  # the child is killed at `timeout`; this is for a lost server
-            conn.connect(str(self._socket))
-            conn.sendall(json.dumps(request).encode() + b"\n")
-            try:
+        try:
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(timeout + 30)  # the run is killed at `timeout`; this is for a lost server
+                conn.connect(str(self._socket))
+                conn.sendall(json.dumps(request).encode() + b"\n")
                 reply = json.loads(conn.makefile().readline())
-            except (TimeoutError, json.JSONDecodeError) as e:
-                raise RuntimeError(f"no answer from the fork server:\n{self._log.read_text()[-3000:]}") from e
+        except (OSError, json.JSONDecodeError) as e:
+            raise RuntimeError(f"no answer from the fork server ({e}):\n{self._log.read_text()[-3000:]}") from e
         try:
             # Read as subprocess.run(text=True) reads a pipe: locale encoding, universal newlines.
             return subprocess.CompletedProcess(args, reply["returncode"], out.read_text(), err.read_text())
@@ -68,10 +71,12 @@ class ForkServer:
 
     def close(self) -> None:
         self._proc.stdin.close()  # type: ignore[union-attr]
-        self._proc.wait(timeout=30)
-        for path in self._dir.iterdir():
-            path.unlink()
-        self._dir.rmdir()
+        try:
+            self._proc.wait(timeout=30)  # it waits for runs still going (each killed at its timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- the server (run as a script)
@@ -143,23 +148,28 @@ def _handle(conn: socket.socket) -> None:
 def _become_run(request: dict) -> None:
     """Turn this fork into `python -m seq2seq_eval ARGV`; never returns."""
     import atexit
+    import builtins
     import runpy
+    import types
 
     code = 1
     try:
         signal.alarm(int(request["timeout"]) or 1)  # as subprocess.run(timeout=...): a hung run is killed
-        os.environ.clear()
-        os.environ.update(request["env"])
-        os.chdir(request["cwd"])
-        for fd, target, flags in ((0, os.devnull, os.O_RDONLY), (1, request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                                  (2, request["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        write = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        for fd, target, flags in ((0, os.devnull, os.O_RDONLY), (1, request["out"], write), (2, request["err"], write)):
             opened = os.open(target, flags, 0o644)
             os.dup2(opened, fd)
             os.close(opened)
-        sys.path[0] = os.getcwd()  # -m puts the working directory first
-        sys.argv = ["-m", *request["argv"]]  # run_module puts the module's path in argv[0]
         try:
-            runpy.run_module("seq2seq_eval", run_name="__main__", alter_sys=True)
+            os.environ.clear()
+            os.environ.update(request["env"])
+            os.chdir(request["cwd"])
+            sys.path[0] = os.getcwd()  # -m puts the working directory first
+            sys.argv = ["-m", *request["argv"]]  # the module's path replaces "-m", as with -m
+            main = types.ModuleType("__main__")  # a fresh __main__, not this script's
+            main.__builtins__ = builtins
+            sys.modules["__main__"] = main
+            runpy._run_module_as_main("seq2seq_eval")  # what `python -m` calls
             code = 0
         except SystemExit as e:  # what the interpreter does with it
             if e.code is None or isinstance(e.code, int):
@@ -167,7 +177,9 @@ def _become_run(request: dict) -> None:
             else:
                 print(e.code, file=sys.stderr)
         except BaseException:
-            sys.excepthook(*sys.exc_info())
+            error = sys.exc_info()[1]
+            error = error.with_traceback(error.__traceback__.tb_next)  # from runpy on, as with -m
+            sys.excepthook(type(error), error, error.__traceback__)
         atexit._run_exitfuncs()
     finally:
         sys.stdout.flush()
