@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from forked import ForkServer  # noqa: E402
 from tiny_model import build_tiny_t5  # noqa: E402
 
 WORDS = (
@@ -62,10 +64,30 @@ def torchrun(nproc: int, args: list[str], cwd: Path, timeout: float = 240, env: 
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env))
 
 
-def single(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m seq2seq_eval` with no launcher: one process."""
-    return subprocess.run([sys.executable, "-m", "seq2seq_eval", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=_env(env))
+def single(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None,
+           fresh: bool = False) -> subprocess.CompletedProcess:
+    """`python -m seq2seq_eval` with no launcher: one process. Forked from an interpreter that
+    has imported torch already (tests/forked.py), unless `fresh`: a new interpreter, as a user starts it."""
+    if fresh:
+        return subprocess.run([sys.executable, "-m", "seq2seq_eval", *args], cwd=cwd, capture_output=True,
+                              text=True, timeout=timeout, env=_env(env))
+    return _fork_server().run(args, cwd, timeout, _env(env))
+
+
+_FORK_SERVER: list[ForkServer] = []  # one per pytest process, started by the first single()
+_FORK_SERVER_LOCK = threading.Lock()  # tests call single() from thread pools
+
+
+def _fork_server() -> ForkServer:
+    with _FORK_SERVER_LOCK:
+        if not _FORK_SERVER:
+            _FORK_SERVER.append(ForkServer(_env(None)))
+        return _FORK_SERVER[0]
+
+
+def pytest_sessionfinish(session):
+    for server in _FORK_SERVER:
+        server.close()
 
 
 def _env(extra: dict | None) -> dict:

@@ -170,15 +170,17 @@ def names(tiny_model, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def runs(names) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Every case once. Each is a fresh interpreter that imports torch (a few seconds), so they
-    run side by side; the processes share nothing but the read-only inputs."""
+    """Every case once, side by side; the processes share nothing but the read-only inputs. The
+    late and --debug cases start fresh interpreters, exactly as a user does (the traceback is
+    then the interpreter's own); the others are forked from one that imported torch already."""
     root = names["root"]
+    fresh = {c[0] for c in LATE_CASES + DEBUG_CASES}
 
     def launch(case_id: str, args: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
         save = root / f"save_{case_id}"
         argv = ["--model_name", "{m}", "--data_dir", "{ok}", "--save_dir", str(save), *args]
         # Later flags win in argparse, so a case's own --model_name/--data_dir/--save_dir replace the defaults.
-        return single([a.format(**names) for a in argv], cwd=root, timeout=180), save
+        return single([a.format(**names) for a in argv], cwd=root, timeout=180, fresh=case_id in fresh), save
 
     table = [(c[0], c[1]) for c in CASES + LATE_CASES + DEBUG_CASES]
     workers = min(4, (os.cpu_count() or 1) + 1)

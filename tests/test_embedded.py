@@ -7,6 +7,7 @@ drop in score, which the random test model cannot do.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import REPO, _env, assert_ok, metric_values, metrics_of, torchrun
@@ -16,12 +17,31 @@ BARS = {"translation": ("bleu", 60.0), "summarization": ("rougeL", 60.0)}
 METRIC_FILE = {"translation": "test_bleu.json", "summarization": "test_rouge.json"}
 
 
+def quickstart(cwd: Path) -> subprocess.CompletedProcess:
+    """`./run_eval.sh` with no arguments: 2 CPU processes, the translation sample."""
+    return subprocess.run(["bash", str(REPO / "run_eval.sh")], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=_env({"NPROC": "2"}))
+
+
+@pytest.fixture(scope="module")
+def quickstart_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    cwd = tmp_path_factory.mktemp("quickstart")
+    proc = quickstart(cwd)
+    assert_ok(proc)
+    return proc, cwd / "eval_results"
+
+
 @pytest.fixture(scope="module", params=["translation", "summarization"])
 def embedded_runs(request, tmp_path_factory):
     task = request.param
     root = tmp_path_factory.mktemp(f"embedded_{task}")
     saves = {}
     for n in (1, 2, 3):
+        if (task, n) == ("translation", 2):
+            # The quickstart is this run (translation, 2 ranks, through torchrun): one run of the
+            # 397 examples serves both, and the quickstart is held to the same outputs.
+            saves[n] = request.getfixturevalue("quickstart_run")[1]
+            continue
         saves[n] = root / f"w{n}"
         # No --model_name/--data_dir: the embedded defaults for the task.
         assert_ok(torchrun(n, ["--task", task, "--save_dir", str(saves[n])], cwd=root, timeout=300))
@@ -54,12 +74,10 @@ def test_scores_above_the_bar(embedded_runs):
     assert metrics_of(saves[2], METRIC_FILE[task])[key] >= bar
 
 
-def test_quickstart_command(tmp_path):
+def test_quickstart_command(quickstart_run):
     """`./run_eval.sh` with no arguments: 2 CPU processes, the translation sample, a real BLEU.
     (Its wall time is measured in the README, not asserted here.)"""
-    proc = subprocess.run(["bash", str(REPO / "run_eval.sh")], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env=_env({"NPROC": "2"}))
-    assert_ok(proc)
+    proc, save = quickstart_run
     assert "bleu" in proc.stdout
-    m = metrics_of(tmp_path / "eval_results")
+    m = metrics_of(save)
     assert m["bleu"] >= 60 and m["n_gpus"] == 2

@@ -32,6 +32,8 @@ def _one_gpu() -> str:
     return visible.split(",")[0] if visible else "0"
 
 
+# single(..., fresh=True) with it: the GPU runs start their own interpreter, which sets up CUDA
+# for that GPU alone, as a user's run does (not a fork of one started for CPU runs).
 GPU = {"CUDA_VISIBLE_DEVICES": _one_gpu()}
 EMBEDDED = ["--model_name", str(EMBEDDED_MODEL), "--data_dir", str(EMBEDDED_DATA["translation"]),
             "--task", "translation", "--bs", "64"]
@@ -45,7 +47,7 @@ def generations(save: Path) -> list[str]:
 def cuda_fp32(tmp_path_factory) -> Path:
     """The embedded model on the embedded translation set, one process, CUDA, fp32."""
     save = tmp_path_factory.mktemp("cuda_fp32") / "out"
-    assert_ok(single([*EMBEDDED, "--device", "cuda", "--save_dir", str(save)], cwd=save.parent, env=GPU))
+    assert_ok(single([*EMBEDDED, "--device", "cuda", "--save_dir", str(save)], cwd=save.parent, env=GPU, fresh=True))
     return save
 
 
@@ -92,7 +94,7 @@ def test_two_ranks_on_one_gpu_with_nccl_are_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_half_precision_keeps_bleu_on_the_embedded_model(cuda_fp32, tmp_path, dtype):
     save = tmp_path / "out"
-    assert_ok(single([*EMBEDDED, "--device", "cuda", f"--{dtype}", "--save_dir", str(save)], cwd=tmp_path, env=GPU))
+    assert_ok(single([*EMBEDDED, "--device", "cuda", f"--{dtype}", "--save_dir", str(save)], cwd=tmp_path, env=GPU, fresh=True))
     half, full = metrics_of(save)["bleu"], metrics_of(cuda_fp32)["bleu"]
     assert abs(half - full) <= 0.5, (dtype, half, full)
 
