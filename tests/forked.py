@@ -7,8 +7,8 @@ set up the way `python -m` sets one up: the run's environment, working directory
 sys.path[0] and a fresh __main__, then runpy's `_run_module_as_main` (what -m calls); stdin from
 /dev/null; stdout and stderr on its own file descriptors (library output lands there too);
 SystemExit made the exit code, any other exception printed by the interpreter's hook with exit
-code 1. What the imports themselves print would have appeared on
-every run's stderr: the server refuses to start if they print anything.
+code 1 (the same bytes as a fresh interpreter's, timings aside). What the imports themselves
+print would have appeared on every run's stderr: the server refuses to start if they print anything.
 
 Fresh interpreters remain wherever the launch is the point: torchrun's workers, run_eval.sh,
 the tests that signal or kill a process, and `single(..., fresh=True)`.
