@@ -387,37 +387,6 @@ def _range(value: Any) -> Range | None:
     return None
 
 
-def read_journal_batches(tmp_dir: Path) -> dict[int, JournaledBatch]:
-    """Every journal line in the temp dir, whichever world size wrote it, by batch index."""
-    found: dict[int, JournaledBatch] = {}
-    for path in journal_files(tmp_dir):
-        for line in path.read_bytes().split(b"\n"):
-            if not line.strip():
-                continue
-            try:
-                entry = json.loads(line)
-                index = int(entry["batch"])
-            except (ValueError, KeyError, TypeError):
-                # A torn line from a crash while it was written: that batch simply runs again.
-                logger.debug("%s: skipping an unreadable journal line", path)
-                continue
-            if not found.setdefault(index, JournaledBatch()).add(entry):
-                logger.debug("%s: skipping a journal line of no known kind for batch %d", path, index)
-    return found
-
-
-def read_journals(tmp_dir: Path) -> dict[int, dict[str, Any]]:
-    """Finished batches from every journal in the temp dir, whichever world size wrote them; a
-    batch that was split is finished when its sub-batches cover all its members (see
-    JournaledBatch.finished)."""
-    done: dict[int, dict[str, Any]] = {}
-    for index, journaled in read_journal_batches(tmp_dir).items():
-        entry = journaled.finished()
-        if entry is not None:
-            done[index] = entry
-    return done
-
-
 class JournalIndex:
     """Where each batch's journal lines are (file and byte offset), whichever world size wrote
     them. Only the index is held; a batch's lines are read when the batch comes up, so resuming
@@ -458,9 +427,24 @@ class JournalIndex:
 
     def finished(self) -> set[int]:
         """The batches whose journal lines make them complete."""
-        return {i for i in self._where if (b := self.batch(i)) is not None and b.finished() is not None}
+        return set(self.finished_entries())
+
+    def finished_entries(self) -> dict[int, dict[str, Any]]:
+        """Each complete batch as one finished entry (JournaledBatch.finished), by batch index."""
+        done = {}
+        for index in sorted(self._where):
+            batch = self.batch(index)
+            entry = batch.finished() if batch is not None else None
+            if entry is not None:
+                done[index] = entry
+        return done
 
 
+def read_journals(tmp_dir: Path) -> dict[int, dict[str, Any]]:
+    """Finished batches from every journal in the temp dir, whichever world size wrote them, read
+    the way a resumed run reads them; a batch that was split is finished when its sub-batches
+    cover all its members (see JournaledBatch.finished)."""
+    return JournalIndex(tmp_dir).finished_entries()
 
 
 # ---------------------------------------------------------------- rank files

@@ -607,7 +607,8 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
 
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
     written, summary, totals = write_outputs(cfg, prep.store, RowTaker(outputs), order, summarize, tail_since=t_merge)
-    del table, outputs  # the rank files are memory-mapped: unmap before they are removed
+    # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
+    table = outputs = None
     if not cfg.debug:
         cleanup_tmp_dir(tmp_dir)
     text = summary_table(summary, per_rank)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_ok, make_corpus, single, torchrun, write_legacy
+from conftest import assert_ok, make_corpus, single, torchrun, write_legacy
 from tiny_model import build_tiny_t5
 
 from seq2seq_eval.config import EMBEDDED_DATA, EMBEDDED_MODEL

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _env, assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
+from conftest import REPO, _env, assert_ok, make_corpus, metrics_of, single, torchrun, write_legacy
 from faults import wait_for_lines
 
 from seq2seq_eval.dist import DistEnv
