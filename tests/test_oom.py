@@ -16,7 +16,7 @@ from seq2seq_eval import oom, runner
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.errors import Interrupted, OutOfMemory
 from seq2seq_eval.generate import BatchOutput
-from seq2seq_eval.runfiles import Journal, journal_file, read_journal_batches, read_journals
+from seq2seq_eval.runfiles import Journal, JournalIndex, journal_file, read_journals
 
 torch = pytest.importorskip("torch")
 
@@ -163,7 +163,7 @@ def test_a_resume_reuses_finished_halves_and_does_not_run_out_of_memory_again(tm
     with pytest.raises(Interrupted):
         run(tmp_path, interrupted)
     assert interrupted.calls == [5, 3, 2, 1]  # [0, 2) done, stopped in [2, 3)
-    journaled = read_journal_batches(tmp_path)[3]
+    journaled = JournalIndex(tmp_path).batch(3)
     assert sorted(journaled.splits) == [(0, 3), (0, 5)] and sorted(journaled.parts) == [(0, 2)]
     assert journaled.finished() is None
 
@@ -178,7 +178,7 @@ def test_a_resume_reuses_finished_halves_and_does_not_run_out_of_memory_again(tm
 
 def test_journaled_pieces_of_other_examples_are_not_reused(tmp_path):
     run(tmp_path, FakeGenerator(fits=2))
-    journaled = read_journal_batches(tmp_path)[3]
+    journaled = JournalIndex(tmp_path).batch(3)
     other_ids = ["x0", "x1", "x2", "x3", "x4"]
     gen = FakeGenerator(fits=2)
     result = run(tmp_path, gen, journaled, ids=other_ids)
@@ -207,7 +207,7 @@ def test_malformed_split_lines_are_skipped(tmp_path, bad):
     good = [{"batch": 0, "split": [0, 2], "of": 2, "into": [[0, 1], [1, 2]], "ids": [0, 1]},
             {"batch": 0, "part": [0, 1], "of": 2, "records": [{"id": 0, "pred": "a"}], "seconds": 1.0}]
     journal_file(tmp_path, 0).write_text("".join(json.dumps(e) + "\n" for e in [bad, *good]))
-    journaled = read_journal_batches(tmp_path)[0]
+    journaled = JournalIndex(tmp_path).batch(0)
     assert list(journaled.splits) == [(0, 2)] and list(journaled.parts) == [(0, 1)]
     assert journaled.finished() is None  # [1, 2) is missing
 
