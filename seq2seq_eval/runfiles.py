@@ -426,8 +426,9 @@ class JournalIndex:
         return found
 
     def finished(self) -> set[int]:
-        """The batches whose journal lines make them complete."""
-        return set(self.finished_entries())
+        """The batches whose journal lines make them complete (each read and let go: a million
+        examples' predictions are not held here)."""
+        return {i for i in self._where if (b := self.batch(i)) is not None and b.finished() is not None}
 
     def finished_entries(self) -> dict[int, dict[str, Any]]:
         """Each complete batch as one finished entry (JournaledBatch.finished), by batch index."""
