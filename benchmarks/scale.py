@@ -14,8 +14,8 @@ make_data.py --bench, repeated to reach 1M):
     rank journaled a batch;
   - the rank-0 tail alone (read the rank files, merge by id, write every output) on N synthetic
     pseudolabel records with 2 candidates each, in 2 rank files: seconds and peak RSS;
-  - the tokenizer alone: its Rust encode_batch_fast over all N sources in chunks of 10,000, as the
-    ranks call it, on all cores: CPU seconds. The ranks of a run split that work, but on one
+  - the tokenizer alone: its Rust encode_batch_fast over all N sources in chunks of tokens.CHUNK, as
+    the ranks call it, on all cores: CPU seconds. The ranks of a run split that work, but on one
     machine they share its cores, so CPU seconds / cores is a floor under every rank's
     preparation that no change of this tool's own code can lower.
 Every measured command runs in a process of its own, so each peak RSS is that command's alone.
@@ -102,10 +102,13 @@ def tail_child(spec: dict[str, Any]) -> None:
 def floor_child(spec: dict[str, Any]) -> None:
     from transformers import AutoTokenizer
 
-    backend = AutoTokenizer.from_pretrained(str(REPO / "data_samples" / "model")).backend_tokenizer
+    from seq2seq_eval.config import EMBEDDED_MODEL
+    from seq2seq_eval.tokens import CHUNK
+
+    backend = AutoTokenizer.from_pretrained(str(EMBEDDED_MODEL)).backend_tokenizer
     with open(spec["source"], encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f]
-    chunks = [lines[i : i + 10_000] for i in range(0, len(lines), 10_000)]
+    chunks = [lines[i : i + CHUNK] for i in range(0, len(lines), CHUNK)]
     c0, t0 = time.process_time(), time.perf_counter()  # process_time: every thread of the process
     for chunk in chunks:
         backend.encode_batch_fast(chunk)

@@ -246,7 +246,8 @@ def extra_reference_files(data_dir: Path, type_path: str) -> list[Path]:
 
 
 BLOCK_ROWS = 8192
-"""Examples per Block read from an input (the store's record batch size)."""
+"""Examples per Block read from an input: also the store's record batch size (store.ROWS_PER_BATCH),
+fixed because the data fingerprint hashes batch buffers."""
 
 
 def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:

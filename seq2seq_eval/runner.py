@@ -62,7 +62,7 @@ from .runfiles import (
     write_json_atomic,
 )
 from .store import ROWS_PER_BATCH, ExampleStore, write_blocks
-from .tokens import SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
+from .tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -157,7 +157,7 @@ def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str,
     ranges = [shard_range(len(store), r, world) for r in range(world)]
     start, end = ranges[env.rank if pg is not None else 0]
     if not shard_is_complete(cache, key, start, end):
-        tokenize_to(cache, key, start, end, tokenizer, store.iter_sources(start, end), prefix, max_len)
+        tokenize_to(cache, key, start, end, tokenizer, store.iter_sources(start, end, CHUNK), prefix, max_len)
     if pg is not None:
         pg.barrier()  # every shard is on disk
     return load_shards(cache, ranges)

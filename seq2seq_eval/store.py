@@ -28,10 +28,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .data import Block, Example, ExampleId, blocks_of
+from .data import BLOCK_ROWS, Block, Example, ExampleId, blocks_of
 
-ROWS_PER_BATCH = 8192
-"""Rows per Arrow record batch: fixed, because the fingerprint hashes batch buffers."""
+ROWS_PER_BATCH = BLOCK_ROWS
+"""Rows per Arrow record batch: the blocks inputs are read in; fixed, because the fingerprint
+hashes batch buffers."""
 
 SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.list_(pa.string()))])
 
@@ -164,7 +165,7 @@ class ExampleStore:
         return [Example(i, s, t) for i, s, t in zip(self.ids(positions), self.sources(positions),
                                                    self.targets(positions))]
 
-    def iter_sources(self, start: int, end: int, rows: int = 10_000) -> Iterator[list[str]]:
+    def iter_sources(self, start: int, end: int, rows: int) -> Iterator[list[str]]:
         for lo in range(start, end, rows):
             yield self._table.column("source").slice(lo, min(rows, end - lo)).to_pylist()
 
