@@ -17,7 +17,11 @@ make_data.py --bench, repeated to reach 1M):
   - the tokenizer alone: its Rust encode_batch_fast over all N sources in chunks of tokens.CHUNK, as
     the ranks call it, on all cores: CPU seconds. The ranks of a run split that work, but on one
     machine they share its cores, so CPU seconds / cores is a floor under every rank's
-    preparation that no change of this tool's own code can lower.
+    preparation that no change of this tool's own code can lower;
+  - start-up alone, once: a fresh interpreter that imports what a rank imports and loads the
+    embedded model's config, tokenizer and weights (the best of two), which every rank pays
+    before its first batch as well. Start-up plus the tokenizer's floor is the least any rank's
+    first batch can take here.
 Every measured command runs in a process of its own, so each peak RSS is that command's alone.
 The goals of the scale issue are checked at the end: ratios are against 100k, in the same run.
 """
@@ -115,6 +119,28 @@ def floor_child(spec: dict[str, Any]) -> None:
     print(json.dumps({"cpu": time.process_time() - c0, "wall": time.perf_counter() - t0, "cores": os.cpu_count()}))
 
 
+STARTUP = """
+import sys
+import torch.distributed
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+AutoConfig.from_pretrained(sys.argv[1])
+AutoTokenizer.from_pretrained(sys.argv[1])
+AutoModelForSeq2SeqLM.from_pretrained(sys.argv[1])
+"""
+
+
+def startup_seconds(py: str, runs: int = 2) -> float:
+    """Wall seconds of a fresh interpreter's imports and model load, the best of `runs`."""
+    from seq2seq_eval.config import EMBEDDED_MODEL
+
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([py, "-c", STARTUP, str(EMBEDDED_MODEL)], check=True, capture_output=True, env=env())
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def make_data(root: Path, sizes: list[int]) -> dict[int, Path]:
     """N examples per size: the benchmark set of scripts/make_data.py, repeated as needed."""
     base_n = min(max(sizes), 100_000)
@@ -155,6 +181,8 @@ def main() -> int:
     print(f"sizes {sizes}; data under {root}", flush=True)
     folders = make_data(root, sizes)
     py = sys.executable
+    startup = startup_seconds(py)
+    print(f"start-up alone (interpreter, imports, model load) {startup:.1f} s", flush=True)
     rows: dict[int, dict[str, Any]] = {}
     for n in sizes:
         r: dict[str, Any] = {}
@@ -206,7 +234,8 @@ def main() -> int:
         if f.returncode:
             raise SystemExit(f.stderr[-3000:])
         floor = json.loads(f.stdout.strip().splitlines()[-1])
-        r.update(tok_cpu=floor["cpu"], tok_floor=floor["cpu"] / floor["cores"], cores=floor["cores"])
+        r.update(tok_cpu=floor["cpu"], tok_floor=floor["cpu"] / floor["cores"], cores=floor["cores"],
+                 startup=startup, first_floor=startup + floor["cpu"] / floor["cores"])
         print(f"N={n}: tokenizer alone {floor['cpu']:.1f} CPU s ({floor['wall']:.1f} s on {floor['cores']} cores)",
               flush=True)
         rows[n] = r
@@ -230,7 +259,8 @@ def report(rows: dict[int, dict[str, Any]], sizes: list[int]) -> None:
              ("  rank 0 ready to generate after s", "ready"), ("2 ranks: peak RSS MB (largest process)", "run_rss"),
              ("2 ranks: generate s", "generate"), ("2 ranks: rank-0 tail s", "run_tail"),
              ("tail alone, 2 candidates: s", "tail"), ("tail alone: peak RSS MB", "tail_rss"),
-             ("tokenizer alone: CPU s", "tok_cpu"), ("  / cores: floor under preparation s", "tok_floor")]
+             ("tokenizer alone: CPU s", "tok_cpu"), ("  / cores: floor under preparation s", "tok_floor"),
+             ("start-up alone: s", "startup"), ("start-up + tokenizer floor: s", "first_floor")]
     big = sizes[-1]
     ref = 100_000 if 100_000 in rows and big != 100_000 else sizes[0]
     head = f"{'phase':<40}" + "".join(f"{n:>12,}" for n in sizes) + f"{f'{big // 1000}k/{ref // 1000}k':>12}"
@@ -260,7 +290,8 @@ def goal_checks(rows: dict[int, dict[str, Any]], big: int, ref: int) -> list[tup
         ("2-rank run at 1M: every rank's first batch <= 40 s, every process <= 1.5 GB",
          max(r["first_batch"]) <= 40 and r["run_rss"] <= 1536,
          f"{'/'.join(f'{x:.1f}' for x in r['first_batch'])} s (launch to first journaled batch; rank 0 ready to "
-         f"generate after {'/'.join(f'{x:.1f}' for x in r['ready'])} s; the tokenizer's own work alone is "
+         f"generate after {'/'.join(f'{x:.1f}' for x in r['ready'])} s; the least it can take here is "
+         f"{r['first_floor']:.1f} s: start-up {r['startup']:.1f} s and the tokenizer's own work, "
          f"{r['tok_cpu']:.0f} CPU s, {r['tok_floor']:.1f} s on this machine's {r['cores']} cores), "
          f"{r['run_rss']:.0f} MB"),
         ("rank-0 tail on 1M pseudolabel records x2: <= 30 s and <= 1.5 GB", r["tail"] <= 30 and r["tail_rss"] <= 1536,

@@ -16,7 +16,7 @@ PHASES = ("dry run: wall s", "dry run: peak RSS MB", "prepare: examples s", "pre
           "2 ranks: s to first batch, per rank", "rank 0 ready to generate after s",
           "2 ranks: peak RSS MB (largest process)", "2 ranks: generate s", "2 ranks: rank-0 tail s",
           "tail alone, 2 candidates: s", "tail alone: peak RSS MB", "tokenizer alone: CPU s",
-          "/ cores: floor under preparation s")
+          "/ cores: floor under preparation s", "start-up alone: s", "start-up + tokenizer floor: s")
 
 
 def test_small_run_prints_every_phase(tmp_path):
@@ -46,6 +46,7 @@ def _rows(**big: float | list[float]) -> dict[int, dict]:
            "tail_rss": 430.0, "run_rss": 800.0, "tok_cpu": 6.0}
     one_m = {"dry_wall": 55.0, "dry_rss": 744.0, "examples": 4.6, "tokenize": 46.0, "plan": 0.5, "tail": 12.0,
              "tail_rss": 470.0, "run_rss": 1300.0, "tok_cpu": 60.0, "tok_floor": 30.0, "cores": 2,
+             "startup": 4.5, "first_floor": 34.5,
              "first_batch": [38.0, 39.0], "ready": [35.0]}
     one_m.update(big)
     return {100_000: ref, 1_000_000: one_m}
@@ -67,7 +68,8 @@ def test_goal_checks_name_each_miss_with_its_measurement():
     verdicts = _verdicts(_rows(first_batch=[38.0, 58.5], dry_wall=61.0, tail_rss=1600.0, tail=40.0, dry_rss=1000.0))
     first = verdicts["2-rank run at 1M: every rank's first batch <= 40 s, every process <= 1.5 GB"]
     assert first == (False, "38.0/58.5 s (launch to first journaled batch; rank 0 ready to generate after 35.0 s; "
-                            "the tokenizer's own work alone is 60 CPU s, 30.0 s on this machine's 2 cores), 1300 MB")
+                            "the least it can take here is 34.5 s: start-up 4.5 s and the tokenizer's own work, "
+                            "60 CPU s, 30.0 s on this machine's 2 cores), 1300 MB")
     assert verdicts["--dry_run at 1M: peak RSS <= 1.0 GB and wall <= 60 s"] == (False, "1000 MB, 61.0 s")
     assert verdicts["rank-0 tail on 1M pseudolabel records x2: <= 30 s and <= 1.5 GB"] == (False, "40.0 s, 1600 MB")
     assert verdicts["growth tail 1M/100k <= ~10 (10% slack)"] == (False, "26.67")
