@@ -305,15 +305,11 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     try:
         with _Signals():
             lock = _claim_tmp_dir(cfg, env, pg, tmp_dir)
-            # The other ranks load the model first: otherwise they would only wait while rank 0
-            # converts the input, and load it later on cores the tokenizing then needs.
-            model = None if env.is_main else load_model(cfg, device)
             prep = prepare(cfg, env, pg, tmp_dir / "cache")
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             earlier: list[Any] = []  # --compare_to's run, checked before any generation
             _agree(env, pg, lambda: earlier.append(_earlier_run(cfg, prep)))
-            if model is None:
-                model = load_model(cfg, device)
+            model = load_model(cfg, device)
             t_loaded = time.perf_counter()
             # What a large run spends before generating anything (benchmarks/scale.py reads it).
             logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,
