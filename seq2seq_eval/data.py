@@ -54,6 +54,13 @@ class Examples:
         return fingerprint(self.items)
 
 
+def target_of(references: Sequence[str] | None) -> str | tuple[str, ...] | None:
+    """An Example's target from its list of references: the one text, a tuple of several, or None."""
+    if references is None:
+        return None
+    return references[0] if len(references) == 1 else tuple(references)
+
+
 @dataclass(frozen=True)
 class Block:
     """Consecutive examples as columns: how inputs reach the example store. A million Example
@@ -73,7 +80,7 @@ class Block:
         if self.reference_sets is not None:
             targets = [list(t) for t in zip(*self.reference_sets)]
         for i, s, t in zip(self.ids, self.sources, targets if targets is not None else itertools.repeat(None)):
-            yield Example(i, s, None if t is None else t[0] if len(t) == 1 else tuple(t))
+            yield Example(i, s, target_of(t))
 
     def head(self, n: int) -> "Block":
         return Block(self.ids[:n], self.sources[:n], None if self.targets is None else self.targets[:n],
@@ -103,6 +110,11 @@ def _open(path: Path) -> Any:
         raise DataError(f"{path}: cannot read ({e.strerror})") from e
 
 
+def _invalid_utf8(path: Path, lineno: int, line: bytes, e: UnicodeDecodeError) -> str:
+    return (f"{path} line {lineno}: invalid UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
+            "expected UTF-8 text")
+
+
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) for each line, read as a stream: a file of any size costs one
     line of memory. Same rules as read_lines: UTF-8 (a BOM is dropped), "\\n" ends a line, trailing
@@ -116,10 +128,7 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
             try:
                 yield lineno, chunk.decode("utf-8").rstrip()
             except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{path} line {lineno}: invalid UTF-8 (byte 0x{chunk[e.start]:02x} at column {e.start + 1}); "
-                    "expected UTF-8 text"
-                ) from e
+                raise DataError(_invalid_utf8(path, lineno, chunk, e)) from e
 
 
 def count_lines(path: Path) -> int:
@@ -134,11 +143,6 @@ def count_lines(path: Path) -> int:
 
 READ_BYTES = 1 << 22
 """Bytes read from a line file at a time by _Lines."""
-
-
-def _invalid_utf8(path: Path, lineno: int, line: bytes, e: UnicodeDecodeError) -> str:
-    return (f"{path} line {lineno}: invalid UTF-8 (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
-            "expected UTF-8 text")
 
 
 class _Lines:
@@ -201,9 +205,13 @@ class _Lines:
         self._f.close()
 
 
+def _empty_text(path: Path, lineno: int, what: str) -> str:
+    return f"{path} line {lineno}: empty {what}; expected non-empty text"
+
+
 def _check_text(path: Path, lineno: int, text: str, what: str) -> None:
     if not text.strip():
-        raise DataError(f"{path} line {lineno}: empty {what}; expected non-empty text")
+        raise DataError(_empty_text(path, lineno, what))
 
 
 def read_references(path: Path, n_lines: int, against: str, per: str) -> list[str]:
@@ -301,7 +309,7 @@ def _blocks(src_path: Path, ref_paths: list[Path], rows: int) -> Iterator[Block]
                 problems += [(i, 0, k, m) for i, m in bad.items()]
                 if "" in texts:
                     i = texts.index("")
-                    problems.append((i, 1, k, f"{reader.path} line {first + i + 1}: empty {what[k]}; expected non-empty text"))
+                    problems.append((i, 1, k, _empty_text(reader.path, first + i + 1, what[k])))
             if problems:
                 raise DataError(min(problems)[3])
             sources, refs = taken[0][0], [texts for texts, _ in taken[1:]]

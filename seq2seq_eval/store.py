@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .data import BLOCK_ROWS, Block, Example, ExampleId, blocks_of
+from .data import BLOCK_ROWS, Block, Example, ExampleId, blocks_of, target_of
 
 ROWS_PER_BATCH = BLOCK_ROWS
 """Rows per Arrow record batch: the blocks inputs are read in; fixed, because the fingerprint
@@ -146,7 +146,7 @@ class ExampleStore:
         """Examples start..start+n-1, in data order."""
         part = self._table.slice(start, n)
         ids = [json.loads(i) for i in part.column("id").to_pylist()]
-        return [Example(i, s, _target(t)) for i, s, t in
+        return [Example(i, s, target_of(t)) for i, s, t in
                 zip(ids, part.column("source").to_pylist(), part.column("target").to_pylist())]
 
     def _take(self, column: str, positions: Sequence[int]) -> list[Any]:
@@ -159,7 +159,7 @@ class ExampleStore:
         return self._take("source", positions)
 
     def targets(self, positions: Sequence[int]) -> list[str | tuple[str, ...] | None]:
-        return [_target(t) for t in self._take("target", positions)]
+        return [target_of(t) for t in self._take("target", positions)]
 
     def examples(self, positions: Sequence[int]) -> list[Example]:
         return [Example(i, s, t) for i, s, t in zip(self.ids(positions), self.sources(positions),
@@ -168,9 +168,3 @@ class ExampleStore:
     def iter_sources(self, start: int, end: int, rows: int) -> Iterator[list[str]]:
         for lo in range(start, end, rows):
             yield self._table.column("source").slice(lo, min(rows, end - lo)).to_pylist()
-
-
-def _target(value: list[str] | None) -> str | tuple[str, ...] | None:
-    if value is None:
-        return None
-    return value[0] if len(value) == 1 else tuple(value)
