@@ -133,15 +133,15 @@ def group_of_one():
 
 @contextlib.contextmanager
 def own_cache():
-    """seq2seq_eval with generate()'s own cache (its Generator looks beam_cache up at call time)."""
-    from seq2seq_eval import generate
+    """seq2seq_eval with generate()'s own cache (its HF engine looks beam_cache up at call time)."""
+    from seq2seq_eval.engines import hf
 
-    saved = generate.beam_cache
-    generate.beam_cache = lambda model, gc: None
+    saved = hf.beam_cache
+    hf.beam_cache = lambda model, gc: None
     try:
         yield
     finally:
-        generate.beam_cache = saved
+        hf.beam_cache = saved
 
 
 def fresh_memory(device: str) -> None:
@@ -241,6 +241,7 @@ def profile_batch(spec: dict[str, Any], model: Path, data_dir: Path, max_tokens:
     from torch.profiler import ProfilerActivity, profile
 
     from seq2seq_eval import generate, runner
+    from seq2seq_eval.engines.hf import HFEngine
 
     import tempfile
 
@@ -252,7 +253,7 @@ def profile_batch(spec: dict[str, Any], model: Path, data_dir: Path, max_tokens:
     loaded = generate.load_model(cfg, device)
     batch = max(prep.batches, key=lambda b: b.cost)
     ids = [prep.tokens.ids(m) for m in batch.members]
-    gen = generate.Generator(loaded, prep.tokenizer, prep.generation_config, device)
+    gen = HFEngine(loaded, prep.tokenizer, prep.generation_config, device)
     cuda = spec["device"] == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     sort_key = "self_device_time_total" if cuda else "self_cpu_time_total"
@@ -260,12 +261,12 @@ def profile_batch(spec: dict[str, Any], model: Path, data_dir: Path, max_tokens:
     slug = f"{spec['model']}_{DTYPE_SHORT[spec['dtype']]}"
     for label, patch in (("beam_cache", contextlib.nullcontext), ("own_cache", own_cache)):
         with patch():
-            gen(ids, 0)  # warm
+            gen.generate(ids, 0)  # warm
             t0 = time.perf_counter()
-            gen(ids, 0)
+            gen.generate(ids, 0)
             found["seconds"][label] = time.perf_counter() - t0
             with profile(activities=activities) as prof:
-                gen(ids, 0)
+                gen.generate(ids, 0)
         events = prof.key_averages()
         path = out / f"profile_{slug}_{label}.txt"
         path.write_text(events.table(sort_by=sort_key, row_limit=30) + "\n", encoding="utf-8")

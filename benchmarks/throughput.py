@@ -181,7 +181,7 @@ class Worker:
                 input_ids=encoded["input_ids"].to(self.device), attention_mask=encoded["attention_mask"].to(self.device),
                 generation_config=self.gc,
             )
-        # One transfer per batch, then decode on the host, as seq2seq_eval's Generator does.
+        # One transfer per batch, then decode on the host, as seq2seq_eval's HF engine does.
         sequences = sequences.cpu()
         texts = [t.strip() for t in self.tokenizer.batch_decode(
             sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False

@@ -10,7 +10,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
 
-from .config import BACKENDS, DEVICES, EvalConfig, TASKS, field_docs, parse_value
+from .config import BACKENDS, COMPUTE_TYPES, DEVICES, ENGINE_NAMES, EvalConfig, TASKS, field_docs, parse_value
 from .dist import dist_env
 from .errors import ConfigError, DataError, EvalError, Interrupted, ModelError, RunStateError
 
@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         if default not in (None, "") and "(default" not in help_text:
             help_text += f" (default: {default})"
         kwargs: dict = {"dest": f.name, "type": _field_type(f.name), "default": argparse.SUPPRESS, "help": help_text}
-        choices = {"device": DEVICES, "dist_backend": BACKENDS}.get(f.name)
+        choices = {"device": DEVICES, "dist_backend": BACKENDS, "engine": ENGINE_NAMES,
+                   "compute_type": COMPUTE_TYPES}.get(f.name)
         if choices:
             kwargs["choices"] = choices
         if f.name == "target_column":

@@ -14,6 +14,11 @@ TASKS = ("translation", "summarization")
 """Task families: what --task is scored as (BLEU or ROUGE)."""
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "nccl", "gloo")
+ENGINE_NAMES = ("hf", "ctranslate2")
+"""--engine choices (seq2seq_eval.engines has one module each)."""
+COMPUTE_TYPES = ("default", "auto", "float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16",
+                 "float16", "bfloat16")
+"""CTranslate2's compute types, passed through by --compute_type."""
 
 # The embedded default (model and sample data shipped in the repo) lets a newcomer run the tool
 # with no arguments and no network. It exists only in a source checkout (or editable install).
@@ -130,6 +135,12 @@ class EvalConfig:
     """Run the model in float16."""
     bf16: bool = False
     """Run the model in bfloat16."""
+    engine: str = "hf"
+    """Generation engine: hf (model.generate()) or ctranslate2 (converted once into a cache; pip install -e ".[ctranslate2]")."""
+    compute_type: str | None = None
+    """--engine ctranslate2 only: CTranslate2's compute type (default, float32, int8, int8_float32, float16, int8_float16, bfloat16, ...)."""
+    tokenizer_name: str | None = None
+    """The Hugging Face tokenizer, when --model_name is an already converted CTranslate2 model folder without one."""
     debug: bool = False
     """Keep the temp dir, write the ordered references, log from every rank, show tracebacks."""
     resume: bool = False
@@ -182,6 +193,21 @@ class EvalConfig:
             raise ConfigError(f"--sync_timeout must be a number of seconds > 0, got {self.sync_timeout!r}")
         if self.fp16 and self.bf16:
             raise ConfigError("--fp16 and --bf16 are mutually exclusive; pass one")
+        if self.engine not in ENGINE_NAMES:
+            raise ConfigError(f"--engine must be one of {', '.join(ENGINE_NAMES)}, got {self.engine!r}")
+        if self.engine == "ctranslate2":
+            if self.fp16 or self.bf16:
+                flag, kind = ("--fp16", "float16") if self.fp16 else ("--bf16", "bfloat16")
+                raise ConfigError(f"{flag} is for --engine hf; with --engine ctranslate2 use --compute_type {kind}")
+            if self.compute_type is None:
+                object.__setattr__(self, "compute_type", "default")
+            if self.compute_type not in COMPUTE_TYPES:
+                raise ConfigError(f"--compute_type must be one of {', '.join(COMPUTE_TYPES)}, got {self.compute_type!r}")
+        else:
+            for flag, value in (("--compute_type", self.compute_type), ("--tokenizer_name", self.tokenizer_name)):
+                if value is not None:
+                    raise ConfigError(f"{flag} needs --engine ctranslate2 (the hf engine takes --fp16/--bf16 "
+                                      "and the tokenizer beside the model)")
         gen = dict(self.generate_kwargs)
         if len(gen) != len(self.generate_kwargs):
             raise ConfigError("a generate option was given twice")

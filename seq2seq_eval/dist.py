@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import ConfigError, EvalError, RunFailed
+from .errors import ConfigError, EvalError, RunFailed, first_line
 
 T = TypeVar("T")
 
@@ -136,7 +136,7 @@ def _join(env: DistEnv, timeout_s: float, poll_s: float = 0.05) -> Any:
     except (RuntimeError, ValueError) as e:  # DistStoreError and DistNetworkError are RuntimeErrors
         raise RunFailed(
             f"rank {env.rank}: cannot reach the job's store at {addr}:{port} within --sync_timeout "
-            f"{timeout_s:g} s ({_first_line(e)})"
+            f"{timeout_s:g} s ({first_line(e)})"
         ) from e
     prefix = f"seq2seq_eval/restart_{env.restart_count}/joined/"
     store.set(f"{prefix}{env.rank}", "1")
@@ -154,11 +154,6 @@ def _join(env: DistEnv, timeout_s: float, poll_s: float = 0.05) -> Any:
                 f"{addr}:{port}), or raise --sync_timeout"
             )
         time.sleep(poll_s)
-
-
-def _first_line(e: BaseException) -> str:
-    lines = str(e).strip().splitlines()
-    return lines[0] if lines else type(e).__name__
 
 
 class ProcessGroup:

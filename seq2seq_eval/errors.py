@@ -52,3 +52,9 @@ class Interrupted(EvalError):
 class OutOfMemory(EvalError):
     """One example does not fit in the device's memory even alone: its batch was split in halves
     down to it after running out of memory. Finished batches and sub-batches are journaled."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message, first line only: library errors often run on for several lines."""
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -120,7 +120,7 @@ def run_batch(
     """Generate planned batch `index` (members' token ids `source_ids`, example ids `ids`), splitting
     on out of memory, journaling every split and every finished (sub-)batch in `journal`.
 
-    `generate` is a `generate.Generator` (or anything called the same way); `journaled` is this
+    `generate` is an engine's `generate` (engines.base.Engine); `journaled` is this
     batch's `runfiles.JournaledBatch` from an earlier run, or None. Raises `OutOfMemory` when one
     example does not fit alone."""
     n = len(ids)

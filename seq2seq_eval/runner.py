@@ -21,10 +21,9 @@ from .config import EvalConfig
 from .data import iter_examples
 from .dist import DistEnv, ProcessGroup, dist_env
 from .errors import DataError, EvalError, Interrupted, RunFailed, RunStateError
+from . import engines
 from .generate import (
-    Generator,
     generation_config_for,
-    load_model,
     load_model_config,
     load_tokenizer,
     resolve_device,
@@ -170,6 +169,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
     if entry.note and (pg is None or pg.env.is_main):  # every rank sees the same; one says it
         logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
+    engines.check(cfg, model_config, gc, tokenizer)
     prefix = source_prefix(model_config, cfg)
     max_source_length = source_limit(model_config, tokenizer, cfg)
     model = _model_identity(model_config, cfg.model_name)
@@ -207,6 +207,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
         "prefix": prefix,
         "max_source_length": max_source_length,
         "dtype": "float16" if cfg.fp16 else "bfloat16" if cfg.bf16 else "float32",
+        "engine": engines.describe(cfg),
         "num_return_sequences": cfg.num_return_sequences,
         "seed": cfg.seed,
         "generation": json.loads(json.dumps(gen_settings, sort_keys=True, default=str)),
@@ -309,12 +310,13 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             earlier: list[Any] = []  # --compare_to's run, checked before any generation
             _agree(env, pg, lambda: earlier.append(_earlier_run(cfg, prep)))
-            model = load_model(cfg, device)
+            engine = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
+                                  generation_config=prep.generation_config, device=device, env=env)
             t_loaded = time.perf_counter()
             # What a large run spends before generating anything (benchmarks/scale.py reads it).
             logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,
                         ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
-            stats = _generate_rank(cfg, env, prep, model, device, tmp_dir,
+            stats = _generate_rank(cfg, env, prep, engine, device, tmp_dir,
                                    {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings})
             if not env.is_main:
                 return Outcome()
@@ -408,13 +410,12 @@ def _journal_entry_matches(entry: dict[str, Any] | None, ids: list[Any]) -> bool
     return all(isinstance(r, dict) and r.get("id") == i for r, i in zip(recs, ids))
 
 
-def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, device: Any, tmp_dir: Path,
+def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines.Engine, device: Any, tmp_dir: Path,
                    startup: dict[str, Any]) -> dict[str, Any]:
     """Generate (or take from the journal) this rank's batches, scoring each on the way, into
     its rank file; returns the rank's stats."""
     from tqdm.auto import tqdm
 
-    generator = Generator(model, prep.tokenizer, prep.generation_config, device, seed=cfg.seed)
     mine = assign_batches(prep.batches, env.world_size)[env.rank]
     finished = JournalIndex(tmp_dir)
     journal = Journal(journal_file(tmp_dir, env.rank))
@@ -444,7 +445,7 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, model: Any, de
             else:
                 # Splits in halves on out of memory, journaling each split and sub-batch (oom.py).
                 done = run_batch(
-                    generator, index, [prep.tokens.ids(m) for m in members], ids,
+                    engine.generate, index, [prep.tokens.ids(m) for m in members], ids,
                     journal=journal, journaled=pieces, pseudolabels=cfg.pseudolabels, device=device,
                 )
                 batch_records = done.records
@@ -595,6 +596,7 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
                 "generation": prep.manifest["generation"],
                 "prefix": prep.prefix,
                 "model": prep.manifest["model"],
+                "engine": prep.manifest["engine"],
                 "data": prep.manifest["data"],
                 "plan": prep.manifest["plan"],
                 "versions": package_versions(),

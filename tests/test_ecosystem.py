@@ -250,7 +250,7 @@ def test_language_codes(convention, ml_models):
 
     from seq2seq_eval.config import EvalConfig
     from seq2seq_eval.generate import (
-        Generator, encode_sources, generation_config_for, lang_token_id, load_model, load_model_config, load_tokenizer,
+        encode_sources, generation_config_for, lang_token_id, load_model, load_model_config, load_tokenizer,
     )
 
     src_code, tgt_code = LANG_CODES[convention]
@@ -280,7 +280,9 @@ def test_language_codes(convention, ml_models):
     assert out[:, 0].tolist() == [model.config.decoder_start_token_id] * len(ids)
     assert out[:, 1].tolist() == [tgt_id] * len(ids)
     # the language token is special: decoded predictions do not carry it
-    preds = Generator(model, tokenizer, gc, torch.device("cpu"))(ids, 0).preds
+    from seq2seq_eval.engines.hf import HFEngine
+
+    preds = HFEngine(model, tokenizer, gc, torch.device("cpu")).generate(ids, 0).preds
     assert len(preds) == 4 and not any(tokenizer.convert_ids_to_tokens(tgt_id) in p[0] for p in preds)
 
 

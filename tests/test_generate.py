@@ -65,7 +65,7 @@ def _gc(model, **kw):
 
 
 def _generate(model, gc, cache, seed: int = 0):
-    from seq2seq_eval.beam_cache import beam_cache
+    from seq2seq_eval.engines.beam_cache import beam_cache
 
     ids, mask = _batch(model)
     torch.manual_seed(seed)
@@ -79,7 +79,7 @@ def _generate(model, gc, cache, seed: int = 0):
 @pytest.fixture
 def spare_slot_appends(monkeypatch):
     """Counts the appends that filled the spare slot rather than concatenating."""
-    from seq2seq_eval import beam_cache
+    from seq2seq_eval.engines import beam_cache
 
     layer_class = beam_cache._classes()[0]
     calls = {"spare": 0, "concatenated": 0}
@@ -117,7 +117,7 @@ def test_beam_cache_gives_identical_beam_search(family, options, spare_slot_appe
 def test_a_cache_that_loses_track_of_beams_would_be_caught(fault, monkeypatch):
     """The comparison above is sensitive: a cache that does not follow the beams, or that
     appends to the buffer from before the reorder, changes the outputs."""
-    from seq2seq_eval import beam_cache
+    from seq2seq_eval.engines import beam_cache
 
     model = _tiny("t5")
     gc = _gc(model)
@@ -144,7 +144,7 @@ def test_a_cache_that_loses_track_of_beams_would_be_caught(fault, monkeypatch):
 
 def test_the_spare_slot_is_skipped_when_the_cache_changed_since_the_reorder(spare_slot_appends):
     """A crop between reorder and append (not something beam search does) concatenates."""
-    from seq2seq_eval import beam_cache
+    from seq2seq_eval.engines import beam_cache
 
     layer = beam_cache._classes()[0]()
     states = torch.arange(2 * 3 * 4 * 5, dtype=torch.float).reshape(2, 3, 4, 5)
@@ -165,7 +165,7 @@ def test_the_spare_slot_is_skipped_when_the_cache_changed_since_the_reorder(spar
 
 @pytest.mark.parametrize("setting, value", [("num_beams", 1), ("use_cache", False), ("cache_implementation", "static")])
 def test_generate_keeps_its_own_cache_where_the_shortcut_does_not_apply(setting, value):
-    from seq2seq_eval.beam_cache import beam_cache
+    from seq2seq_eval.engines.beam_cache import beam_cache
 
     model = _tiny("bart")
     assert beam_cache(model, _gc(model)) is not None
@@ -175,9 +175,11 @@ def test_generate_keeps_its_own_cache_where_the_shortcut_does_not_apply(setting,
 
 
 def test_generator_uses_the_beam_cache_on_the_embedded_model(monkeypatch, spare_slot_appends):
-    """Generator hands the cache to generate() (its reorder runs) and the outputs are unchanged."""
-    from seq2seq_eval import beam_cache, generate
+    """HFEngine hands the cache to generate() (its reorder runs) and the outputs are unchanged."""
+    from seq2seq_eval import generate
     from seq2seq_eval.data import read_lines
+    from seq2seq_eval.engines import beam_cache, hf
+    from seq2seq_eval.engines.hf import HFEngine
 
     cfg = EvalConfig(model_name=str(EMBEDDED_MODEL), generate_kwargs=(("num_beams", 4),))
     tokenizer = generate.load_tokenizer(cfg)
@@ -192,10 +194,10 @@ def test_generator_uses_the_beam_cache_on_the_embedded_model(monkeypatch, spare_
     cls = beam_cache._classes()[1]
     original = cls.reorder_cache
     monkeypatch.setattr(cls, "reorder_cache", lambda self, beam_idx: calls.append(1) or original(self, beam_idx))
-    ours = generate.Generator(model, tokenizer, gc, torch.device("cpu"))(ids, 0)
+    ours = HFEngine(model, tokenizer, gc, torch.device("cpu")).generate(ids, 0)
     assert calls and spare_slot_appends["spare"] > 0
-    monkeypatch.setattr(generate, "beam_cache", lambda model, gc: None)
-    theirs = generate.Generator(model, tokenizer, gc, torch.device("cpu"))(ids, 0)
+    monkeypatch.setattr(hf, "beam_cache", lambda model, gc: None)
+    theirs = HFEngine(model, tokenizer, gc, torch.device("cpu")).generate(ids, 0)
     assert ours == theirs
 
 

@@ -109,7 +109,7 @@ spare_slot_appends = builders.spare_slot_appends  # the fixture, under its name
 
 
 def _generate_on_cuda(model, gc, cache: bool, seed: int = 0):
-    from seq2seq_eval.beam_cache import beam_cache
+    from seq2seq_eval.engines.beam_cache import beam_cache
 
     ids, mask = builders._batch(model)
     torch.manual_seed(seed)
@@ -171,19 +171,23 @@ def _oom_config(model: Path, data: Path, save: Path, **kw) -> EvalConfig:
 def _calibrate(cfg: EvalConfig) -> tuple[int, int]:
     """Memory the allocator holds with the model loaded (what runner.run will hold before its first
     batch), and the peak of the longest example generated alone, in bytes."""
+    import tempfile
+
     from seq2seq_eval import generate, runner
+    from seq2seq_eval.dist import DistEnv
+    from seq2seq_eval.engines.hf import HFEngine
 
     device = torch.device("cuda")
     gc.collect()
     torch.cuda.empty_cache()  # what earlier tests left cached would count as held
-    prep = runner.prepare(cfg)
+    prep = runner.prepare(cfg, DistEnv(), None, Path(tempfile.mkdtemp(prefix="gpu_calibrate_")))
     model = generate.load_model(cfg, device)
     held = torch.cuda.memory_reserved(device)
-    gen = generate.Generator(model, prep.tokenizer, prep.generation_config, device)
+    gen = HFEngine(model, prep.tokenizer, prep.generation_config, device)
     longest = prep.batches[0].members[0]
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
-    gen([prep.input_ids[longest]], 0)
+    gen.generate([prep.tokens.ids(longest)], 0)
     one = torch.cuda.max_memory_allocated(device) - base
     del gen, model
     gc.collect()

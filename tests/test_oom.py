@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from seq2seq_eval import generate as generate_module
 from seq2seq_eval import oom, runner
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.errors import Interrupted, OutOfMemory
-from seq2seq_eval.generate import BatchOutput
+from seq2seq_eval.engines import BatchOutput
 from seq2seq_eval.runfiles import Journal, JournalIndex, journal_file, read_journals
 
 torch = pytest.importorskip("torch")
@@ -53,7 +54,7 @@ def test_halves(span, expected):
 
 
 class FakeGenerator:
-    """Stands in for generate.Generator: the prediction of a source is its length, in words;
+    """Stands in for an engine's generate: the prediction of a source is its length, in words;
     raises torch's out-of-memory error when a batch has more than `fits` rows or holds a source
     of `too_long` tokens or more, and Interrupted on the call after `stop_after` successes."""
 
@@ -215,10 +216,13 @@ def test_malformed_split_lines_are_skipped(tmp_path, bad):
 # ---------------------------------------------------------------- a whole run, in process
 
 
+REAL_LOAD_MODEL = generate_module.load_model
+
+
 def oom_above(monkeypatch, rows: int, stop_after: int | None = None) -> list[int]:
     """Every model the run loads raises torch's out-of-memory error for more than `rows` rows
     (and Interrupted on the call after `stop_after` successful ones). Returns the rows per call."""
-    from seq2seq_eval.generate import load_model as load  # the real one, even when patched before
+    load = REAL_LOAD_MODEL  # a second call must not wrap the first call's wrapper
 
     calls: list[int] = []
 
@@ -238,7 +242,7 @@ def oom_above(monkeypatch, rows: int, stop_after: int | None = None) -> list[int
         model.generate = limited
         return model
 
-    monkeypatch.setattr(runner, "load_model", load_model)
+    monkeypatch.setattr(generate_module, "load_model", load_model)  # engines.load looks it up there
     return calls
 
 

@@ -532,7 +532,7 @@ def test_generated_lengths_stop_at_the_first_eos():
     """Beam search pads finished rows with EOS when the pad id is 0; those are not generated."""
     import torch
 
-    from seq2seq_eval.generate import generated_lengths
+    from seq2seq_eval.engines.hf import generated_lengths
 
     seq = torch.tensor([[0, 5, 6, 1, 1, 1], [0, 5, 6, 7, 8, 9], [0, 1, 0, 0, 0, 0], [0, 4, 2, 0, 0, 0]])
     assert generated_lengths(seq, 1, 0).tolist() == [3, 5, 1, 2]

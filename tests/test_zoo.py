@@ -502,7 +502,7 @@ def test_user_lengths_replace_the_models_without_a_warning_per_batch(zoo_runs):
 def test_a_repeated_transformers_warning_is_shown_once(monkeypatch):
     import logging
 
-    from seq2seq_eval.generate import OncePerRun
+    from seq2seq_eval.engines.hf import OncePerRun
 
     library = logging.getLogger("transformers")
     seen: list[str] = []

@@ -1,0 +1,52 @@
+"""Generation engines: `--engine hf` (model.generate(), the default) and `--engine ctranslate2`.
+
+An engine is one file here with a class satisfying `base.Engine` and a line in `ENGINES` below.
+The run asks this module three things, in order: what identifies the engine's results (`describe`,
+before any work: it goes into the manifest, so a resume under another engine is refused), whether
+the run's generation settings are ones it can honour (`check`, before any work: a setting it
+cannot honour is an error naming it, never dropped), and the engine itself (`load`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import EvalConfig
+from .base import BatchOutput, Engine
+
+ENGINES = ("hf", "ctranslate2")
+
+__all__ = ["ENGINES", "BatchOutput", "Engine", "check", "describe", "load"]
+
+
+def describe(cfg: EvalConfig) -> dict[str, Any]:
+    if cfg.engine == "ctranslate2":
+        from . import ct2
+
+        return ct2.describe(cfg)
+    return {"name": "hf"}
+
+
+def check(cfg: EvalConfig, model_config: Any, generation_config: Any, tokenizer: Any) -> None:
+    """Raise ConfigError for a setting the engine cannot honour; cheap (no model is loaded)."""
+    if cfg.engine == "ctranslate2":
+        from . import ct2
+
+        ct2.check(cfg, model_config, generation_config, tokenizer)
+
+
+def load(cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_config: Any, device: Any,
+         env: Any, model: Any = None) -> Engine:
+    """This rank's engine. `model`: an already loaded PyTorch model for the HF engine (else it is
+    loaded from --model_name)."""
+    if cfg.engine == "ctranslate2":
+        from . import ct2
+
+        return ct2.CT2Engine.load(cfg, tokenizer=tokenizer, model_config=model_config,
+                                  generation_config=generation_config, device=device, env=env)
+    from ..generate import load_model
+    from .hf import HFEngine
+
+    if model is None:
+        model = load_model(cfg, device)
+    return HFEngine(model, tokenizer, generation_config, device, seed=cfg.seed)

@@ -1,0 +1,129 @@
+"""The Hugging Face engine: `model.generate()` on a PyTorch model, with the beam cache."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ..errors import ConfigError, first_line
+from .base import BatchOutput
+from .beam_cache import beam_cache
+
+
+def generated_lengths(sequences: Any, eos_token_id: int | list[int] | None, pad_id: int) -> Any:
+    """Tokens each returned sequence generated after the decoder start, up to and including its
+    first EOS. Not "non-pad tokens": beam search fills finished rows with pad_token_id or, when
+    that is 0/unset, with EOS, which would count every row as long as its batch."""
+    import torch
+
+    body = sequences[:, 1:]
+    eos = [] if eos_token_id is None else eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
+    is_eos = torch.isin(body, torch.tensor(eos))
+    unfinished = (body != pad_id).sum(dim=1)
+    return torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, unfinished)
+
+
+class OncePerRun(logging.Filter):
+    """Lets each distinct message through once. transformers warns about a generation setting
+    on every generate() call, i.e. every batch, over the progress bar; once per run says it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+    @contextlib.contextmanager
+    def on(self, library_logger: logging.Logger) -> Iterator[None]:
+        # On the handlers: a logger's own filters do not see records its child loggers
+        # (transformers.generation.utils) propagate to it.
+        handlers = list(library_logger.handlers)
+        for handler in handlers:
+            handler.addFilter(self)
+        try:
+            yield
+        finally:
+            for handler in handlers:
+                handler.removeFilter(self)
+
+
+class HFEngine:
+    """Generates one batch at a time with `model.generate()` on one device."""
+
+    name = "hf"
+
+    def __init__(self, model: Any, tokenizer: Any, generation_config: Any, device: Any, seed: int = 0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        # Output options live in the (copied) generation config: transformers 5 warns when
+        # generation_config and loose generate kwargs are mixed.
+        self.gc = copy.deepcopy(generation_config)
+        self.gc.return_dict_in_generate = True
+        self.gc.output_scores = int(generation_config.num_return_sequences or 1) > 1
+        # generate() fills settings left unset (None) in the config it is given from the model's
+        # own generation_config: a max_length that generation_config_for cleared, or a beam-only
+        # setting it dropped, would come back from there. The model carries exactly the settings
+        # computed for this run instead.
+        model.generation_config = copy.deepcopy(self.gc)
+        self._once = OncePerRun()
+        self.device = device
+        self.seed = seed
+        pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.pad_id = int(pad)
+        self.n_return = int(generation_config.num_return_sequences or 1)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def generate(self, batch_ids: Sequence[Sequence[int]], batch_index: int) -> BatchOutput:
+        import torch
+
+        width = max(len(ids) for ids in batch_ids)
+        input_ids = torch.full((len(batch_ids), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch_ids), width), dtype=torch.long)
+        for row, ids in enumerate(batch_ids):
+            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention[row, : len(ids)] = 1
+        # Seeded per batch, not per rank: sampling options then give the same text whichever
+        # rank runs the batch, keeping outputs independent of the world size.
+        torch.manual_seed(self.seed + batch_index)
+        cache = beam_cache(self.model, self.gc)
+        extra = {} if cache is None else {"past_key_values": cache}
+        try:
+            with torch.inference_mode(), self._once.on(logging.getLogger("transformers")):
+                out = self.model.generate(
+                    input_ids=input_ids.to(self.device, non_blocking=True),
+                    attention_mask=attention.to(self.device, non_blocking=True),
+                    generation_config=self.gc,
+                    **extra,
+                )
+        except (ValueError, TypeError) as e:
+            # GenerationConfig.validate() passes some values generate() then rejects (max_length 1,
+            # temperature 0 with sampling, a string where a number belongs): one line, not a traceback.
+            raise ConfigError(f"model.generate() rejected the generate options: {first_line(e)}") from e
+        # One transfer per batch; everything after this is host-side.
+        sequences = out.sequences.cpu()
+        counts = generated_lengths(sequences, self.gc.eos_token_id, self.pad_id).tolist()
+        texts = [t.strip() for t in self.tokenizer.batch_decode(
+            sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )]
+        k = self.n_return
+        preds = [texts[i * k : (i + 1) * k] for i in range(len(batch_ids))]
+        n_tokens = [sum(counts[i * k : (i + 1) * k]) for i in range(len(batch_ids))]
+        scores = None
+        if k > 1:
+            seq_scores = getattr(out, "sequences_scores", None)
+            if seq_scores is not None:
+                flat = seq_scores.float().cpu().tolist()
+                scores = [flat[i * k : (i + 1) * k] for i in range(len(batch_ids))]
+        return BatchOutput(preds, scores, n_tokens)
