@@ -44,10 +44,15 @@ def resolve_device(cfg: EvalConfig, env: Any) -> tuple[Any, str]:
 def load_tokenizer(cfg: EvalConfig) -> Any:
     from transformers import AutoTokenizer
 
+    source, flag = (cfg.tokenizer_name, "--tokenizer_name") if cfg.tokenizer_name else (_model_path(cfg), "--model_name")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(_model_path(cfg))
+        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(source))
     except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"--model_name {cfg.model_name}: cannot load a tokenizer ({first_line(e)})") from e
+        hint = ""
+        if flag == "--model_name" and _converted_folder(cfg):
+            hint = ("; it is a CTranslate2 model folder without the Hugging Face tokenizer: pass --tokenizer_name "
+                    "(the model it was converted from)")
+        raise ModelError(f"{flag} {source}: cannot load a tokenizer ({first_line(e)}){hint}") from e
     if cfg.src_lang is not None:
         _set_lang(tokenizer, "src_lang", cfg.src_lang)
     if cfg.tgt_lang is not None:
@@ -98,6 +103,18 @@ def _known_langs(tokenizer: Any, shown: int = 6) -> str:
     return f"; expected one of {', '.join(codes[:shown])}{more}"
 
 
+def _converted_folder(cfg: EvalConfig) -> bool:
+    return is_converted_folder(cfg.model_name)
+
+
+def is_converted_folder(name: str) -> bool:
+    """Whether `name` is an already converted CTranslate2 model folder (its model.bin, and no
+    weights transformers can load)."""
+    path = os.path.expanduser(name)
+    return os.path.isfile(os.path.join(path, "model.bin")) and not any(
+        os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "pytorch_model.bin"))
+
+
 def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
     """The model's config and its base generation config, without loading any weights: enough
     to validate a run (--dry_run) and to compute the exact settings the real run will use."""
@@ -105,6 +122,12 @@ def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
 
     name = _model_path(cfg)
+    if _converted_folder(cfg):
+        if cfg.engine != "ctranslate2":
+            raise ModelError(f"--model_name {cfg.model_name}: a CTranslate2 model folder; run it with --engine ctranslate2")
+        from .engines.ct2 import converted_model_config
+
+        return converted_model_config(name, cfg.tokenizer_name, load_tokenizer(cfg))
     try:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError, KeyError) as e:

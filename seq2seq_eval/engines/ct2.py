@@ -37,11 +37,16 @@ logger = logging.getLogger("seq2seq_eval")
 
 INSTALL_HINT = 'pip install -e ".[ctranslate2]" (or pip install ctranslate2)'
 CONVERTER_REVISION = 1
-"""Bumped whenever `_Converter` or `_MarianLoader` change what a conversion produces."""
+"""Bumped whenever `_Converter` or the loaders of `_register_loaders` change what a conversion produces."""
 LOCK_POLL_S = 0.5
 
 
 def _ctranslate2() -> Any:
+    # CTranslate2 spreads each op over intra_threads itself; MKL's own threads on top of that
+    # oversubscribe the cores on small matrices (the embedded model on 2 cores: 38 samples/s with
+    # them, 183 without; an opus-mt-size model: 8% faster with them). Read when MKL starts, so
+    # set before the import; a user's own setting stands.
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
     try:
         import ctranslate2
     except ImportError as e:
@@ -156,10 +161,44 @@ def translate_options(gc: Any, tokenizer: Any) -> Mapping:
 # ---------------------------------------------------------------- conversion
 
 
-def is_converted(path: str | Path) -> bool:
-    """Whether `path` is a CTranslate2 model folder (model.bin beside CTranslate2's config.json)."""
-    p = Path(os.path.expanduser(str(path)))
-    return (p / "model.bin").is_file() and (p / "config.json").is_file()
+def converted_model_config(folder: str, tokenizer_name: str | None, tokenizer: Any) -> tuple[Any, Any]:
+    """The model config and base generation config of an already converted model: those of the
+    Hugging Face model named by --tokenizer_name when it has them (task settings, limits and
+    generation defaults as published), else what CTranslate2's config.json says of the special
+    tokens, with a generation_config.json in the folder when the conversion copied one."""
+    from transformers import AutoConfig, GenerationConfig, PretrainedConfig
+
+    if tokenizer_name:
+        try:
+            config = AutoConfig.from_pretrained(os.path.expanduser(tokenizer_name))
+        except (OSError, ValueError, KeyError):
+            config = None
+        if config is not None and getattr(config, "is_encoder_decoder", False):
+            try:
+                return config, GenerationConfig.from_pretrained(os.path.expanduser(tokenizer_name))
+            except OSError:
+                return config, GenerationConfig.from_model_config(config)
+    path = Path(folder) / "config.json"
+    try:
+        ct2_config = json.loads(path.read_text())
+        tokens = {k: ct2_config[k] for k in ("eos_token", "decoder_start_token")}
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"{path}: not a CTranslate2 model config ({first_line(e)}); expected "
+                         "eos_token and decoder_start_token entries") from e
+    ids = {}
+    for key, token in tokens.items():
+        token_id = tokenizer.convert_tokens_to_ids(token) if token is not None else None
+        if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
+            raise ModelError(f"{path}: {key} {token!r} is not in the tokenizer's vocabulary; expected the tokenizer "
+                             "the model was converted with (--tokenizer_name)")
+        ids[key] = int(token_id)
+    config = PretrainedConfig(is_encoder_decoder=True, eos_token_id=ids["eos_token"],
+                              decoder_start_token_id=ids["decoder_start_token"], pad_token_id=tokenizer.pad_token_id)
+    try:
+        base = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        base = GenerationConfig.from_model_config(config)
+    return config, base
 
 
 def cache_root() -> Path:
@@ -226,21 +265,21 @@ def _converter_class() -> type:
                 tokenizer.bos_token = tokenizer.eos_token
             return tokenizer
 
-    _register_marian_loader()
+    _register_loaders()
     return _Converter
 
 
-_MARIAN_REGISTERED = False
+_LOADERS_REGISTERED = False
 
 
-def _register_marian_loader() -> None:
-    """Replace CTranslate2's Marian loader by `_MarianLoader` (a subclass, registered through the
-    converter's public `register_loader`). It converts exactly as the original wherever the
-    original is right, so registering it for every conversion in this process is safe."""
-    global _MARIAN_REGISTERED
-    if _MARIAN_REGISTERED:
+def _register_loaders() -> None:
+    """Replace CTranslate2's Marian and M2M100 loaders by subclasses, registered through the
+    converter's public `register_loader`. Each converts exactly as the original wherever the
+    original is right, so registering them for every conversion in this process is safe."""
+    global _LOADERS_REGISTERED
+    if _LOADERS_REGISTERED:
         return
-    from ctranslate2.converters.transformers import BartLoader, MarianMTLoader, register_loader
+    from ctranslate2.converters.transformers import BartLoader, M2M100Loader, MarianMTLoader, register_loader
 
     @register_loader("MarianConfig")
     class _MarianLoader(MarianMTLoader):
@@ -285,7 +324,21 @@ def _register_marian_loader() -> None:
                 return super().get_vocabulary(model, tokenizer)
             return BartLoader.get_vocabulary(self, model, tokenizer)
 
-    _MARIAN_REGISTERED = True
+    @register_loader("M2M100Config")
+    class _M2M100Loader(M2M100Loader):
+        """CTranslate2's M2M100 loader completes the vocabulary with the tokenizer's language
+        tokens and `num_madeup_words` filler words, sized for the published checkpoints. A model
+        whose embedding table is smaller than that (one trained or resized with transformers)
+        has no rows for the extra fillers: they are left out, as many as the table lacks."""
+
+        def get_vocabulary(self, model: Any, tokenizer: Any) -> list[str]:
+            tokens = super().get_vocabulary(model, tokenizer)
+            size = model.get_input_embeddings().weight.shape[0]
+            while len(tokens) > size and tokens[-1].startswith("madeupword"):
+                tokens.pop()
+            return tokens
+
+    _LOADERS_REGISTERED = True
 
 
 def converted_model(model_name: str, model_config: Any, timeout_s: float) -> Path:
@@ -372,7 +425,9 @@ class CT2Engine:
     def load(cls, cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_config: Any, device: Any,
              env: Any) -> "CT2Engine":
         ct2 = _ctranslate2()
-        path = (Path(os.path.expanduser(cfg.model_name)) if is_converted(cfg.model_name)
+        from ..generate import is_converted_folder
+
+        path = (Path(os.path.expanduser(cfg.model_name)) if is_converted_folder(cfg.model_name)
                 else converted_model(cfg.model_name, model_config, cfg.sync_timeout))
         kwargs: dict[str, Any] = {"compute_type": cfg.compute_type, "inter_threads": 1}
         if device.type == "cuda":
