@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -14,6 +17,11 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Models converted for --engine ctranslate2 go to a cache of the test session's own (never the
+# user's ~/.cache), shared by the runs this pytest process starts and removed at its exit.
+_CT2_CACHE = tempfile.mkdtemp(prefix="s2s_test_cache_")
+atexit.register(shutil.rmtree, _CT2_CACHE, ignore_errors=True)
+os.environ["SEQ2SEQ_EVAL_CACHE"] = _CT2_CACHE
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"

@@ -21,6 +21,7 @@ could not be found are marked "NOT FOUND" with what stands in for them.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import socket
@@ -318,6 +319,8 @@ RUN_TASKS = {
 }
 RUN_OPTIONS = {"max_new_tokens": 6, "min_new_tokens": 1}
 RUN_ARGS = ["--max_new_tokens", "6", "--min_new_tokens", "1", "--bs", "2", "--device", "cpu"]
+# Every model runs on each engine installed: CTranslate2 converts all eight families.
+ENGINES = ("hf", "ctranslate2") if importlib.util.find_spec("ctranslate2") else ("hf",)
 
 
 # ---------------------------------------------------------------- fixtures
@@ -357,14 +360,15 @@ def zoo_runs(zoo_models, zoo_data, tmp_path_factory) -> dict:
     the variables torchrun gives its workers (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR; each
     run its own MASTER_PORT); a torchrun start per model would cost ~10 s here, 16 of them."""
     base = tmp_path_factory.mktemp("zoo_runs")
-    ports = _free_ports(len(ZOO))
+    runs = [(name, engine) for engine in ENGINES for name in ZOO]
+    ports = _free_ports(len(runs))
     plans = {}
     for world in (1, 2):
         plans[world] = [
-            {"name": name, "port": port,
+            {"name": f"{name} {engine}", "port": port,
              "argv": ["--model_name", str(zoo_models[name]), "--data_dir", str(zoo_data), "--task", RUN_TASKS[name],
-                      *lang_args(name), *RUN_ARGS, "--save_dir", str(base / f"{name}_w{world}")]}
-            for name, port in zip(ZOO, ports)
+                      *lang_args(name), *RUN_ARGS, "--engine", engine, "--save_dir", str(base / run_dir(name, engine, world))]}
+            for (name, engine), port in zip(runs, ports)
         ]
         (base / f"plan_w{world}.json").write_text(json.dumps(plans[world]))
     driver = [sys.executable, str(Path(zoo.__file__)), ]
@@ -395,6 +399,10 @@ def zoo_runs(zoo_models, zoo_data, tmp_path_factory) -> dict:
     for proc, out in zip(procs, outputs):
         assert proc.returncode == 0, f"zoo driver exit {proc.returncode}:\n{out[-6000:]}"
     return {"base": base, "log_w1": outputs[0], "log_w2": outputs[1] + outputs[2]}
+
+
+def run_dir(name: str, engine: str, world: int) -> str:
+    return f"{name}_w{world}" if engine == "hf" else f"{name}_{engine}_w{world}"
 
 
 def _dry_run(model_dir: Path, data: Path, task: str, tmp: Path, langs: tuple[str, str] | None, **user) -> dict:
@@ -468,6 +476,22 @@ def test_two_ranks_give_what_one_rank_gives(zoo_runs, name):
     assert scores and {k: m1[k] for k in scores} == {k: m2[k] for k in scores}
     assert (m1["provenance"]["world_size"], m2["provenance"]["world_size"]) == (1, 2)
     assert m1["provenance"]["generation"] == m2["provenance"]["generation"]
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_ctranslate2_two_ranks_give_what_one_rank_gives_with_the_same_settings(zoo_runs, name):
+    """Converted, and run with the settings the HF engine uses: the prefix, the task entry's
+    beams and the forced first token (the target language of mBART-50, NLLB and M2M100)."""
+    if "ctranslate2" not in ENGINES:
+        pytest.skip("the ctranslate2 extra is not installed")
+    one, two, hf = (zoo_runs["base"] / run_dir(name, e, w) for e, w in (("ctranslate2", 1), ("ctranslate2", 2), ("hf", 1)))
+    assert (one / "test_generations.txt").read_bytes() == (two / "test_generations.txt").read_bytes()
+    assert len((one / "test_generations.txt").read_text().splitlines()) == 7
+    metric = "test_bleu.json" if "translation" in RUN_TASKS[name] else "test_rouge.json"
+    ours, theirs = (json.loads((d / metric).read_text())["provenance"] for d in (one, hf))
+    assert ours["engine"]["name"] == "ctranslate2"
+    for key in ("generation", "prefix", "task_settings"):
+        assert ours[key] == theirs[key]
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -609,3 +633,29 @@ def test_fast_tokenizing_equals_the_tokenizer_call(zoo_models, zoo_data, name):
         assert _encode(tokenizer, texts, limit) == expected
     if before is not None:
         assert (tokenizer.backend_tokenizer.truncation, tokenizer.backend_tokenizer.padding) == before
+
+
+@pytest.mark.parametrize("name", list(LANGS))
+def test_ctranslate2_starts_every_hypothesis_with_the_target_language(zoo_models, zoo_data, name):
+    if "ctranslate2" not in ENGINES:
+        pytest.skip("the ctranslate2 extra is not installed")
+    import torch
+
+    from seq2seq_eval import engines, generate
+    from seq2seq_eval.config import EvalConfig
+    from seq2seq_eval.dist import DistEnv
+
+    cfg = EvalConfig(model_name=str(zoo_models[name]), engine="ctranslate2", src_lang=LANGS[name][0],
+                     tgt_lang=LANGS[name][1], generate_kwargs=tuple(RUN_OPTIONS.items()))
+    tok = generate.load_tokenizer(cfg)
+    model_config, base = generate.load_model_config(cfg)
+    gc = generate.generation_config_for(model_config, base, tok, cfg)
+    engine = engines.load(cfg, tokenizer=tok, model_config=model_config, generation_config=gc,
+                          device=torch.device("cpu"), env=DistEnv())
+    ids, _ = generate.encode_sources(tok, (zoo_data / "test.source").read_text().splitlines(), "", 64)
+    results = engine.translator.translate_batch([tok.convert_ids_to_tokens(x) for x in ids],
+                                                target_prefix=[[engine.mapping.prefix_token]] * len(ids),
+                                                **engine.mapping.options)
+    target = tok.convert_ids_to_tokens(gc.forced_bos_token_id)
+    assert engine.mapping.prefix_token == target
+    assert all(r.hypotheses[0][0] == target for r in results)
