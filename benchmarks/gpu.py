@@ -15,6 +15,8 @@ timeout in its own process group, so a hung step costs its timeout and the table
            process (a gloo group of one), batches of --bs;
        (d) seq2seq_eval --max_tokens (--bs x the mean source length: as many batches as (a) and (b));
        (d0) the same with generate()'s own cache instead of seq2seq_eval's beam cache: a diagnostic;
+       (e16), (e8) (d) on the CTranslate2 engine, --compute_type float16 and int8_float16, in the fp32
+           configurations, when the ctranslate2 package is importable (its wheel in .whl/);
      --rounds times in turns (the order rotates); goals on the median over rounds, ratios taken within
      a round. Configurations: the embedded model in fp32; a randomly initialised Marian at
      Helsinki-NLP/opus-mt-en-de's published size (6+6 layers, d_model 512, 8 heads, ffn 2048, with the
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -72,6 +75,8 @@ METHOD_NAMES = {
     "b": "(b) legacy split",
     "d": "(d) s2s --max_tokens",
     "d0": "(d0) d, generate()'s cache",
+    "e16": "(e16) d, ct2 float16",
+    "e8": "(e8) d, ct2 int8_float16",
 }
 DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 MIN_STEP_S = 20  # a step with less time left than this is skipped, not started
@@ -158,17 +163,25 @@ def fresh_memory(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
-def s2s_config(spec: dict[str, Any], model: Path, data_dir: Path, save: Path, max_tokens: int) -> Any:
+# --compute_type of the CTranslate2 methods; on a CPU (the script's own check) the nearest CPU types.
+CT2_COMPUTE = {"cuda": {"e16": "float16", "e8": "int8_float16"}, "cpu": {"e16": "float32", "e8": "int8"}}
+
+
+def s2s_config(spec: dict[str, Any], model: Path, data_dir: Path, save: Path, max_tokens: int,
+               compute_type: str | None = None) -> Any:
     from seq2seq_eval.config import EvalConfig
+
+    engine = {"engine": "ctranslate2", "compute_type": compute_type} if compute_type else {}
 
     gen: list[tuple[str, Any]] = [("num_beams", spec["num_beams"])]
     if spec.get("max_new_tokens"):
         gen.append(("max_new_tokens", spec["max_new_tokens"]))
     return EvalConfig(
         model_name=str(model), data_dir=str(data_dir), task=tp.TASK, save_dir=str(save), tmp_dir=f"{save}_tmp",
-        max_tokens=max_tokens, device=spec["device"], fp16=spec["dtype"] == "float16",
-        bf16=spec["dtype"] == "bfloat16", debug=True,  # --debug keeps the journals collect_seq2seq_eval reads
-        generate_kwargs=tuple(gen),
+        max_tokens=max_tokens, device=spec["device"], fp16=spec["dtype"] == "float16" and not compute_type,
+        bf16=spec["dtype"] == "bfloat16" and not compute_type,
+        debug=True,  # --debug keeps the journals collect_seq2seq_eval reads
+        generate_kwargs=tuple(gen), **engine,
     )
 
 
@@ -193,7 +206,7 @@ def run_method(key: str, spec: dict[str, Any], model: Path, data_dir: Path, wher
         result = tp.collect_baseline(key, save, time.perf_counter() - t0, None)
     else:
         tp.fresh(Path(f"{save}_tmp"))
-        cfg = s2s_config(spec, model, data_dir, save, max_tokens)
+        cfg = s2s_config(spec, model, data_dir, save, max_tokens, CT2_COMPUTE[spec["device"]].get(key))
         t0 = time.perf_counter()
         with own_cache() if key == "d0" else contextlib.nullcontext():
             runner.run(cfg, DistEnv())
@@ -411,7 +424,9 @@ def plan_configs(a: argparse.Namespace, out: Path, data: Path) -> list[dict[str,
         dtypes.remove("float16")  # seq2seq_eval refuses --fp16 on CPU
     common = {"device": a.device, "bs": a.bs, "num_beams": a.num_beams, "rounds": a.rounds,
               "methods": ["a", "b", "d", "d0"], "models_dir": str(out / "models")}
-    configs = [{**common, "name": f"{embedded} fp32", "model": embedded, "dtype": "float32",
+    # The CTranslate2 engine beside the fp32 runs, where the package is there (its wheel in .whl/).
+    ct2 = ["e16", "e8"] if importlib.util.find_spec("ctranslate2") else []
+    configs = [{**common, "methods": common["methods"] + ct2, "name": f"{embedded} fp32", "model": embedded, "dtype": "float32",
                 "data_dir": str(write_subset(data, out / "data" / f"n{a.n_embedded}", a.n_embedded)),
                 "sweep": a.sweep_embedded, "sweep_data_dir": str(write_subset(data, out / "data" / f"n{a.n_sweep_embedded}",
                                                                               a.n_sweep_embedded)),
@@ -419,7 +434,8 @@ def plan_configs(a: argparse.Namespace, out: Path, data: Path) -> list[dict[str,
     for dtype in dtypes:
         fp32 = dtype == "float32"
         configs.append({
-            **common, "name": f"{marian} {DTYPE_SHORT[dtype]}", "model": marian, "dtype": dtype,
+            **common, "methods": common["methods"] + (ct2 if fp32 else []),
+            "name": f"{marian} {DTYPE_SHORT[dtype]}", "model": marian, "dtype": dtype,
             "data_dir": str(write_subset(data, out / "data" / f"n{a.n_marian}", a.n_marian)),
             "max_new_tokens": a.max_new_tokens, "sweep": a.sweep if fp32 else [],
             "sweep_data_dir": str(write_subset(data, out / "data" / f"n{a.n_sweep}", a.n_sweep)) if fp32 else None,

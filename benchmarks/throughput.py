@@ -58,6 +58,18 @@ METHODS = {
     "b": "(b) legacy split",
     "c": "(c) s2s --bs",
     "d": "(d) s2s --max_tokens",
+    "e": "(e) s2s ct2 float32",
+    "f": "(f) s2s ct2 int8",
+    "g": "(g) bare ct2 loop",
+    "h": "(h) s2s defaults",
+}
+# How each seq2seq_eval method runs: its batching ("bs", "max_tokens" or None for the defaults)
+# and engine flags. (e) and (f) batch as (d); (g) runs (e)'s planned batches with nothing around them.
+S2S_METHODS = {
+    "c": ("bs", []), "d": ("max_tokens", []),
+    "e": ("max_tokens", ["--engine", "ctranslate2", "--compute_type", "float32"]),
+    "f": ("max_tokens", ["--engine", "ctranslate2", "--compute_type", "int8"]),
+    "h": (None, []),
 }
 
 # Column header and width of the printed table, in order.
@@ -70,6 +82,10 @@ COLUMNS = (
 SPEEDUP_VS_TUTORIAL = 1.5
 SPEEDUP_VS_LEGACY = 1.2
 BLEU_TOLERANCE = 0.5
+CT2_FLOAT32_SPEEDUP = 1.3  # (e) over the HF engine's best of (c) and (d)
+CT2_INT8_SPEEDUP = 1.8  # (f) over the same
+BARE_LOOP_FRACTION = 0.95  # (e) within 5% of (g)
+DEFAULTS_VS_LEGACY = 1.2  # (h) over (b)
 MIN_SOURCE_PADDING_EFFICIENCY = 0.95
 MAX_RANK_IMBALANCE = 1.10
 MAX_TAIL_FRACTION = 0.02
@@ -79,6 +95,37 @@ MAX_OTHER_LOAD = 0.25  # cores busy with other processes above which a run's fig
 
 
 # ============================================================================ shared helpers
+
+
+OPUS_SIZE = dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+                 encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512)
+"""Helsinki-NLP/opus-mt-en-de's published sizes (config.json on the hub)."""
+
+
+def build_opus_size(out_dir: Path, seed: int = 0) -> Path:
+    """A randomly initialised BART at opus-mt-en-de's size (6+6 layers, d_model 512, FFN 2048, 8
+    heads) with the embedded model's tokenizer and translation settings (prefix "translate: ", 4
+    beams): 46.2M parameters, the model the engines were compared on. Built once; the same weights
+    for the same seed."""
+    if (out_dir / "model.safetensors").exists():
+        return out_dir
+    import torch
+    from transformers import AutoConfig, BartConfig, BartForConditionalGeneration
+
+    embedded = REPO / "data_samples" / "model"
+    base = AutoConfig.from_pretrained(embedded)
+    config = BartConfig(vocab_size=base.vocab_size, pad_token_id=base.pad_token_id, eos_token_id=base.eos_token_id,
+                        bos_token_id=None, decoder_start_token_id=base.eos_token_id, forced_eos_token_id=base.eos_token_id,
+                        task_specific_params={"translation": {"num_beams": 4, "prefix": "translate: "}}, **OPUS_SIZE)
+    torch.manual_seed(seed)
+    model = BartForConditionalGeneration(config).eval()
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(embedded / name, tmp / name)
+    tmp.rename(out_dir)  # why: a run killed mid-save must not leave a folder that looks built
+    return out_dir
 
 
 def peak_rss_bytes() -> int:
@@ -286,7 +333,82 @@ def run_legacy(w: Worker) -> None:
     w.close()
 
 
+def run_bare_worker(args: argparse.Namespace) -> int:
+    """(g) CTranslate2's translate_batch over this rank's share of the plan (e) runs, with
+    nothing of seq2seq_eval around it: no journal, no rank file, no per-batch decode or
+    bookkeeping inside the timed loop. The preparation is seq2seq_eval's own (runner.prepare),
+    so the batches are (e)'s exactly; the tokens are converted to strings before the clock starts."""
+    import tempfile
+
+    import ctranslate2
+    import torch.distributed as dist
+
+    from seq2seq_eval import runner
+    from seq2seq_eval.config import EvalConfig
+    from seq2seq_eval.dist import DistEnv
+    from seq2seq_eval.engines import ct2
+    from seq2seq_eval.plan import assign_batches
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gen = [("num_beams", args.num_beams)] + ([("max_new_tokens", args.max_new_tokens)] if args.max_new_tokens else [])
+    cfg = EvalConfig(model_name=args.model, data_dir=args.data_dir, task=TASK, max_tokens=args.max_tokens,
+                     engine="ctranslate2", compute_type="float32", device=args.device, generate_kwargs=tuple(gen))
+    with tempfile.TemporaryDirectory(prefix="bare_") as cache:
+        prep = runner.prepare(cfg, DistEnv(), None, Path(cache))
+    tok = prep.tokenizer
+    path = ct2.converted_model(args.model, prep.model_config, 600)
+    translator = ctranslate2.Translator(str(path), device="cpu", compute_type="float32", inter_threads=1,
+                                        intra_threads=ct2.cpu_threads(world))
+    mapping = ct2.translate_options(prep.generation_config, tok)
+    mine = [prep.batches[i] for i in assign_batches(prep.batches, world)[rank]]
+    inputs = [[tok.convert_ids_to_tokens(prep.tokens.ids(m)) for m in b.members] for b in mine]
+    counter = BatchCounter(rank)
+    results = []
+    for batch, tokens in zip(mine, inputs):
+        t0 = time.perf_counter()
+        out = translator.translate_batch(tokens, **mapping.options)
+        seconds = time.perf_counter() - t0
+        hyps = [r.hypotheses[0] for r in out]
+        texts = [tok.decode(tok.convert_tokens_to_ids(h), skip_special_tokens=True,
+                            clean_up_tokenization_spaces=False).strip() for h in hyps]
+        lengths = [len(h) for h in hyps]
+        widths = [len(tokens[j]) for j in range(len(tokens))]
+        counter.examples += len(tokens)
+        counter.batches += 1
+        counter.generation_seconds += seconds
+        counter.generated_tokens += sum(lengths)
+        counter.padded_generated_tokens += len(tokens) * max(lengths)
+        counter.decode_steps += max(lengths)
+        counter.source_tokens += sum(widths)
+        counter.padded_source_tokens += len(tokens) * max(widths)
+        results += [{"id": int(m), "pred": t} for m, t in zip(batch.members, texts)]
+    counter.peak_memory_bytes = peak_rss_bytes()
+    save = Path(args.save_dir)
+    (save / "tmp").mkdir(parents=True, exist_ok=True)
+    write_json_atomic(save / "tmp" / f"rank_{rank}_output.json", {"records": results, "stats": asdict(counter)})
+    dist.barrier()
+    if rank == 0:
+        paths = [save / "tmp" / f"rank_{r}_output.json" for r in range(world)]
+        parts = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+        records = sorted((r for part in parts for r in part["records"]), key=lambda r: r["id"])
+        import sacrebleu
+
+        preds = [r["pred"] for r in records]
+        targets = read_lines(Path(args.data_dir) / "test.target")
+        (save / "test_generations.txt").write_text("".join(p + "\n" for p in preds), encoding="utf-8")
+        (save / "test_bleu.json").write_text(json.dumps({"bleu": sacrebleu.corpus_bleu(preds, [targets]).score,
+                                                         "n_obs": len(preds)}) + "\n")
+        stats = {"per_rank": [p["stats"] for p in parts], "handover_times": [p.stat().st_mtime for p in paths],
+                 "metrics_written": time.time(), "generation": prep.manifest["generation"], "prefix": prep.prefix}
+        (save / "bench_stats.json").write_text(json.dumps(stats, indent=1) + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
 def worker_main(args: argparse.Namespace) -> int:
+    if args.worker == "bare":
+        return run_bare_worker(args)
     w = Worker(args)
     {"tutorial": run_tutorial, "legacy": run_legacy}[args.worker](w)
     return 0
@@ -427,23 +549,33 @@ def collect_baseline(key: str, save: Path, wall: float, other: float | None) -> 
         generated_tokens=sum(r["generated_tokens"] for r in per_rank),
         padded_generated_tokens=sum(r["padded_generated_tokens"] for r in per_rank),
         generation=stats["generation"],
-        extra={"other_cores_busy": other, "decode_steps": sum(r["decode_steps"] for r in per_rank),
+        extra={"other_cores_busy": other, "save": str(save), "decode_steps": sum(r["decode_steps"] for r in per_rank),
                "generated_tokens_reencoded": sum(r["generated_tokens_reencoded"] for r in per_rank)},
     )
 
 
 def run_seq2seq_eval(key: str, a: argparse.Namespace, data_dir: Path, root: Path, max_tokens: int | None) -> MethodResult:
-    name = "s2s_max_tokens" if max_tokens else "s2s_bs"
+    batching, engine = S2S_METHODS[key]
+    name = f"s2s_{key}"
     save = fresh(root / "runs" / name)
     tmp = fresh(root / "runs" / f"{name}_tmp")
-    batching = ["--max_tokens", str(max_tokens)] if max_tokens else ["--bs", str(a.bs)]
+    flags = {"bs": ["--bs", str(a.bs)], "max_tokens": ["--max_tokens", str(max_tokens)], None: []}[batching]
     # --debug keeps the temp dir: its journals give per-batch generated lengths and its rank
     # files the moment each rank handed over.
     target = ["-m", "seq2seq_eval", "--model_name", str(a.model), "--data_dir", str(data_dir), "--task", TASK,
-              *batching, "--num_beams", str(a.num_beams), "--save_dir", str(save), "--tmp_dir", str(tmp), "--debug",
-              *device_args(a, "seq2seq_eval")]
+              *flags, *engine, "--num_beams", str(a.num_beams), "--save_dir", str(save), "--tmp_dir", str(tmp),
+              "--debug", *device_args(a, "seq2seq_eval")]
     wall, other = launch(METHODS[key], a.nproc, target, root / "logs" / f"{name}.log")
-    return collect_seq2seq_eval(key, a.model, save, tmp, wall, other, max_tokens)
+    return collect_seq2seq_eval(key, a.model, save, tmp, wall, other, max_tokens if batching == "max_tokens" else None)
+
+
+def run_bare(key: str, a: argparse.Namespace, data_dir: Path, root: Path, max_tokens: int) -> MethodResult:
+    save = fresh(root / "runs" / "bare")
+    target = [str(Path(__file__).resolve()), "--worker", "bare", "--model", str(a.model), "--data_dir", str(data_dir),
+              "--max_tokens", str(max_tokens), "--num_beams", str(a.num_beams), "--save_dir", str(save),
+              *device_args(a, "worker")]
+    wall, other = launch(METHODS[key], a.nproc, target, root / "logs" / "bare.log")
+    return collect_baseline(key, save, wall, other)
 
 
 def device_args(a: argparse.Namespace, who: str) -> list[str]:
@@ -492,7 +624,7 @@ def collect_seq2seq_eval(key: str, model: str, save: Path, tmp: Path, wall: floa
         tail_seconds=metrics_path.stat().st_mtime - handover,
         generated_tokens=generated, padded_generated_tokens=padded,
         generation=metrics["provenance"]["generation"],
-        extra={"other_cores_busy": other, "max_tokens": max_tokens, "decode_steps": steps,
+        extra={"other_cores_busy": other, "save": str(save), "max_tokens": max_tokens, "decode_steps": steps,
                "generated_tokens_reencoded": reencoded, "package_time_breakdown": tp["time_breakdown"]},
     )
 
@@ -551,38 +683,76 @@ def format_table(results: Sequence[MethodResult]) -> str:
     return "\n".join(lines)
 
 
+RATIOS = [(x, y) for x in ("c", "d") for y in ("a", "b")] + [
+    ("e", "best HF"), ("f", "best HF"), ("e", "g"), ("h", "b"), ("h", "best HF")]
+
+
 def speedups(by: dict[str, MethodResult]) -> dict[str, float]:
-    return {f"{x}/{y}": by[x].samples_per_second / by[y].samples_per_second for x in ("c", "d") for y in ("a", "b")}
+    """Samples/s ratios between the methods that ran; "best HF" is the better of (c) and (d)."""
+    rate = {k: r.samples_per_second for k, r in by.items()}
+    if "c" in rate or "d" in rate:
+        rate["best HF"] = max(rate.get("c", 0.0), rate.get("d", 0.0))
+    return {f"{x}/{y}": rate[x] / rate[y] for x, y in RATIOS if x in rate and y in rate}
+
+
+def identical_outputs(by: dict[str, MethodResult], x: str, y: str) -> int | None:
+    """Examples whose generations are the same in methods x and y (their generations files)."""
+    if x not in by or y not in by:
+        return None
+    a, b = (Path(by[k].extra["save"]) / "test_generations.txt" for k in (x, y))
+    return sum(p == q for p, q in zip(a.read_text().splitlines(), b.read_text().splitlines()))
 
 
 def median_over(rounds: Sequence[dict[str, MethodResult]], figure: Any) -> float:
     return statistics.median(figure(by) for by in rounds)
 
 
-def goals(rounds: Sequence[dict[str, MethodResult]], micro: dict[str, Any]) -> list[tuple[str, bool]]:
-    """Each goal on the median over rounds; a speed ratio is taken within each round first, so
-    the machine drifting between rounds does not enter it."""
-    d_a = median_over(rounds, lambda by: speedups(by)["d/a"])
-    d_b = median_over(rounds, lambda by: speedups(by)["d/b"])
-    bleu_gap = max(abs(by["d"].bleu - by["a"].bleu) for by in rounds)
-    src_pad = min(by["d"].source_padding_efficiency for by in rounds)  # the same plan every round
-    imbalance = median_over(rounds, lambda by: by["d"].rank_imbalance)
-    tail = median_over(rounds, lambda by: by["d"].tail_seconds)
-    tail_fraction = median_over(rounds, lambda by: by["d"].tail_fraction)
+def goals(rounds: Sequence[dict[str, MethodResult]], micro: dict[str, Any] | None) -> list[tuple[str, bool]]:
+    """Each goal whose methods ran, on the median over rounds; a speed ratio is taken within each
+    round first, so the machine drifting between rounds does not enter it."""
+    ran = set(rounds[0])
     of = f" (median of {len(rounds)} rounds)" if len(rounds) > 1 else ""
-    return [
-        (f"(d) samples/s >= {SPEEDUP_VS_TUTORIAL}x (a) and >= {SPEEDUP_VS_LEGACY}x (b), BLEU within {BLEU_TOLERANCE} of (a): "
-         f"{d_a:.2f}x, {d_b:.2f}x{of}, |BLEU (d) - BLEU (a)| <= {bleu_gap:.2f}",
-         d_a >= SPEEDUP_VS_TUTORIAL and d_b >= SPEEDUP_VS_LEGACY and bleu_gap <= BLEU_TOLERANCE),
-        (f"(d) source padding efficiency >= {MIN_SOURCE_PADDING_EFFICIENCY}: {src_pad:.3f}",
-         src_pad >= MIN_SOURCE_PADDING_EFFICIENCY),
-        (f"(d) rank imbalance <= {MAX_RANK_IMBALANCE:.2f}: {imbalance:.3f}{of}", imbalance <= MAX_RANK_IMBALANCE),
-        (f"(d) rank 0's tail <= {100 * MAX_TAIL_FRACTION:.0f}% of wall: {tail:.3f} s = {100 * tail_fraction:.2f}%{of}",
-         tail_fraction <= MAX_TAIL_FRACTION),
-        (f"rank 0's tail for {micro['records']:,} synthetic predictions < {MICRO_LIMIT_S:g} s: "
-         f"{micro['median_seconds']:.2f} s (median of {len(micro['seconds'])}, max {micro['max_seconds']:.2f} s)",
-         micro["median_seconds"] < MICRO_LIMIT_S and micro["records"] >= MICRO_RECORDS),
-    ]
+    ratio = lambda name: median_over(rounds, lambda by: speedups(by)[name])  # noqa: E731
+    checked = []
+    if {"a", "b", "d"} <= ran:
+        d_a, d_b = ratio("d/a"), ratio("d/b")
+        bleu_gap = max(abs(by["d"].bleu - by["a"].bleu) for by in rounds)
+        checked.append((f"(d) samples/s >= {SPEEDUP_VS_TUTORIAL}x (a) and >= {SPEEDUP_VS_LEGACY}x (b), BLEU within "
+                        f"{BLEU_TOLERANCE} of (a): {d_a:.2f}x, {d_b:.2f}x{of}, |BLEU (d) - BLEU (a)| <= {bleu_gap:.2f}",
+                        d_a >= SPEEDUP_VS_TUTORIAL and d_b >= SPEEDUP_VS_LEGACY and bleu_gap <= BLEU_TOLERANCE))
+    if "d" in ran:
+        src_pad = min(by["d"].source_padding_efficiency for by in rounds)  # the same plan every round
+        imbalance = median_over(rounds, lambda by: by["d"].rank_imbalance)
+        tail = median_over(rounds, lambda by: by["d"].tail_seconds)
+        tail_fraction = median_over(rounds, lambda by: by["d"].tail_fraction)
+        checked += [
+            (f"(d) source padding efficiency >= {MIN_SOURCE_PADDING_EFFICIENCY}: {src_pad:.3f}",
+             src_pad >= MIN_SOURCE_PADDING_EFFICIENCY),
+            (f"(d) rank imbalance <= {MAX_RANK_IMBALANCE:.2f}: {imbalance:.3f}{of}", imbalance <= MAX_RANK_IMBALANCE),
+            (f"(d) rank 0's tail <= {100 * MAX_TAIL_FRACTION:.0f}% of wall: {tail:.3f} s = {100 * tail_fraction:.2f}%{of}",
+             tail_fraction <= MAX_TAIL_FRACTION),
+        ]
+    for key, goal in (("e", CT2_FLOAT32_SPEEDUP), ("f", CT2_INT8_SPEEDUP)):
+        if key in ran and ran & {"c", "d"}:
+            r = ratio(f"{key}/best HF")
+            checked.append((f"({key}) samples/s >= {goal}x the HF engine's best of (c) and (d): {r:.2f}x{of}", r >= goal))
+        if key in ran and "a" in ran:
+            gap = max(abs(by[key].bleu - by["a"].bleu) for by in rounds)
+            checked.append((f"({key}) BLEU within {BLEU_TOLERANCE} of (a): |BLEU ({key}) - BLEU (a)| <= {gap:.2f}",
+                            gap <= BLEU_TOLERANCE))
+    if {"e", "g"} <= ran:
+        r = ratio("e/g")
+        checked.append((f"(e) samples/s within {100 * (1 - BARE_LOOP_FRACTION):.0f}% of the bare loop (g): "
+                        f"{r:.3f}x{of}", r >= BARE_LOOP_FRACTION))
+    if {"h", "b"} <= ran:
+        r = ratio("h/b")
+        checked.append((f"(h) defaults (no batch flag) samples/s >= {DEFAULTS_VS_LEGACY}x (b): {r:.2f}x{of}",
+                        r >= DEFAULTS_VS_LEGACY))
+    if micro is not None:
+        checked.append((f"rank 0's tail for {micro['records']:,} synthetic predictions < {MICRO_LIMIT_S:g} s: "
+                        f"{micro['median_seconds']:.2f} s (median of {len(micro['seconds'])}, max {micro['max_seconds']:.2f} s)",
+                        micro["median_seconds"] < MICRO_LIMIT_S and micro["records"] >= MICRO_RECORDS))
+    return checked
 
 
 def machine() -> dict[str, Any]:
@@ -599,6 +769,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker_main(a)
     root = Path(a.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    if a.model == "opus":
+        a.model = str(build_opus_size(root / "models" / "bart-opus-size"))
     a.model = str(Path(a.model).resolve()) if Path(a.model).exists() else a.model
     load_before = os.getloadavg()
     subprocess.run([sys.executable, str(REPO / "scripts" / "make_data.py"), "--task", TASK, "--bench", str(a.n),
@@ -610,10 +782,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     runners = {
         "a": lambda where: run_baseline("a", "tutorial", a, data_dir, where),
         "b": lambda where: run_baseline("b", "legacy", a, data_dir, where),
-        "c": lambda where: run_seq2seq_eval("c", a, data_dir, where, None),
-        "d": lambda where: run_seq2seq_eval("d", a, data_dir, where, max_tokens),
+        **{k: (lambda where, k=k: run_seq2seq_eval(k, a, data_dir, where, max_tokens)) for k in S2S_METHODS},
+        "g": lambda where: run_bare("g", a, data_dir, where, max_tokens),
     }
-    keys = list(runners)
+    keys = [k for k in METHODS if k in a.methods]
     rounds: list[dict[str, MethodResult]] = []
     for i in range(a.rounds):
         # The order turns by one method each round, so that no method always runs first or
@@ -625,14 +797,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             by[key] = runners[key](where)
             print(f"  round {i + 1}/{a.rounds} {METHODS[key]}: done in {by[key].wall_seconds:.1f} s", flush=True)
         rounds.append({key: by[key] for key in keys})
-    micro = micro_tail(root / "micro", a.tail_records)
-    print(f"  rank 0's tail on {a.tail_records:,} synthetic records: done", flush=True)
+    micro = None
+    if a.tail_records:
+        micro = micro_tail(root / "micro", a.tail_records)
+        print(f"  rank 0's tail on {a.tail_records:,} synthetic records: done", flush=True)
     generations = [r.generation for by in rounds for r in by.values()]
     same_settings = all(g == generations[0] for g in generations)
     for i, by in enumerate(rounds):
         print(f"\nround {i + 1}" if a.rounds > 1 else "")
         print(format_table(list(by.values())))
         print("samples/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups(by).items()))
+        same = {f"{x}={y}": identical_outputs(by, x, y) for x, y in (("e", "d"), ("f", "d"), ("e", "g"))}
+        same = {k: v for k, v in same.items() if v is not None}
+        if same:
+            n = next(iter(by.values())).n
+            print("identical generations: " + ", ".join(f"{k} {v}/{n}" for k, v in same.items()))
         others = {r.key: r.extra.get("other_cores_busy") for r in by.values()}
         if all(v is not None for v in others.values()):
             print("other processes kept busy (cores, mean over each run): "
@@ -653,13 +832,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'PASS' if ok else 'MISS'}  {text}")
     report = {
         "settings": {"n": a.n, "nproc": a.nproc, "bs": a.bs, "max_tokens": max_tokens, "num_beams": a.num_beams,
-                     "rounds": a.rounds, "model": a.model, "generation": rounds[0]["a"].generation,
+                     "rounds": a.rounds, "model": a.model, "generation": rounds[0][keys[0]].generation,
                      "same_generation_settings": same_settings},
         "machine": {**machine(), "loadavg_before": load_before},
         "rounds": [{"order": keys[i % len(keys):] + keys[:i % len(keys)],
                     "methods": {k: r.summary() for k, r in by.items()},
                     "samples_per_second_ratios": speedups(by)} for i, by in enumerate(rounds)],
         "micro_tail": micro,
+        "identical_generations": [{f"{x}={y}": identical_outputs(by, x, y) for x, y in (("e", "d"), ("f", "d"), ("e", "g"))
+                                   if identical_outputs(by, x, y) is not None} for by in rounds],
         "goals": [{"goal": text, "pass": ok} for text, ok in checked],
     }
     (root / "results.json").write_text(json.dumps(report, indent=1) + "\n")
@@ -669,7 +850,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    p.add_argument("--model", default=str(REPO / "data_samples" / "model"), help="model folder or hub name")
+    p.add_argument("--model", default=str(REPO / "data_samples" / "model"),
+                   help="model folder or hub name, or 'opus': a random BART at opus-mt-en-de's size (built once under --out)")
     p.add_argument("--n", type=int, default=2000, help="benchmark examples (make_data.py --bench N)")
     p.add_argument("--nproc", type=int, default=2, help="processes per job")
     p.add_argument("--bs", type=int, default=16, help="examples per batch for (a), (b), (c)")
@@ -685,13 +867,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="model dtype for every method (seq2seq_eval's --fp16/--bf16)")
     p.add_argument("--max_new_tokens", type=int, default=None, help="generated tokens cap for every method")
     p.add_argument("--tail_records", type=int, default=MICRO_RECORDS,
-                   help="synthetic predictions for the rank-0 tail micro-benchmark")
+                   help="synthetic predictions for the rank-0 tail micro-benchmark (0: skip it)")
+    p.add_argument("--methods", default="".join(METHODS),
+                   help=f"which methods to run, as letters (default: all of {''.join(METHODS)}): " + "; ".join(METHODS.values()))
     # Worker mode, run by torchrun for (a) and (b).
-    p.add_argument("--worker", choices=("tutorial", "legacy"), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=("tutorial", "legacy", "bare"), default=None, help=argparse.SUPPRESS)
     p.add_argument("--data_dir", help=argparse.SUPPRESS)
     p.add_argument("--save_dir", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    for flag in ("n", "nproc", "bs", "num_beams", "rounds", "tail_records"):
+    unknown = sorted(set(a.methods) - set(METHODS))
+    if unknown or not a.methods:
+        p.error(f"--methods takes letters of {''.join(METHODS)}, got {a.methods!r}")
+    if a.tail_records < 0:
+        p.error(f"--tail_records must be >= 0, got {a.tail_records}")
+    for flag in ("n", "nproc", "bs", "num_beams", "rounds"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag} must be >= 1, got {getattr(a, flag)}")
     if a.max_tokens is not None and a.max_tokens < 1:

@@ -105,10 +105,10 @@ class EvalConfig:
     """translation (BLEU), summarization (ROUGE), or a name containing one of them, such as a key of the model's task_specific_params (translation_en_to_de), whose entry is then applied."""
     metrics: str = ""
     """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge (default: bleu for translation, rouge for summarization)."""
-    bs: int = 8
-    """Examples per batch (ignored when --max_tokens is given)."""
+    bs: int | None = None
+    """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU, 16384 on GPU)."""
     max_tokens: int | None = None
-    """Fill batches up to this many padded source tokens instead of a fixed --bs."""
+    """Fill batches up to this many padded source tokens instead of a fixed --bs (the default on every device; see --bs)."""
     max_source_length: int | None = None
     """Sources are truncated to this many tokens (default: the model's own limit, as the tokenizer or config gives it)."""
     n_obs: int | None = None
@@ -174,7 +174,8 @@ class EvalConfig:
                 f"--task must be translation, summarization or a name containing one of them "
                 f"(e.g. translation_en_to_de), got {self.task!r}"
             )
-        _check_min("--bs", self.bs, 1)
+        if self.bs is not None:
+            _check_min("--bs", self.bs, 1)
         if self.max_tokens is not None:
             _check_min("--max_tokens", self.max_tokens, 1)
         if self.max_source_length is not None:

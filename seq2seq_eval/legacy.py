@@ -89,6 +89,10 @@ def legacy_scores(summary: dict[str, Any], dumped: dict[str, Any], info: str | N
     return scores
 
 
+LEGACY_BS = 8
+"""run_eval.py's --bs default, kept for its command line."""
+
+
 def build_legacy(argv: Sequence[str]) -> tuple[EvalConfig, LegacyOutputs]:
     """run_eval.py's arguments as an EvalConfig plus where its own files go. Its defaults are
     kept where they differ from the project's: --task summarization, --n_obs -1 (all)."""
@@ -106,6 +110,8 @@ def build_legacy(argv: Sequence[str]) -> tuple[EvalConfig, LegacyOutputs]:
     ns, rest = parser.parse_known_args(list(argv))
     values = {k: v for k, v in vars(ns).items() if k in CONFIG_FIELDS and v is not None}
     values.setdefault("task", "summarization")  # run_eval.py's default
+    if "max_tokens" not in values:
+        values.setdefault("bs", LEGACY_BS)
     if values.get("n_obs") is not None and values["n_obs"] <= 0:
         del values["n_obs"]  # run_eval.py: --n_obs -1 (or any value <= 0) means all
     save_path = Path(ns.save_path)

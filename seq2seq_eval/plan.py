@@ -79,6 +79,22 @@ def make_batches(
     return batches
 
 
+DEFAULT_MAX_TOKENS = {"cpu": 1024, "cuda": 16384}
+"""The batch budget of a run given neither --bs nor --max_tokens, per device type: the measured
+best (benchmarks/budget.py on CPU, for both engines; on an H100, benchmarks/gpu.py's curve).
+Unlisted devices take the CPU's."""
+
+
+def batch_budget(bs: int | None, max_tokens: int | None, device_type: str) -> tuple[int | None, int | None]:
+    """(bs, max_tokens), exactly one of them set: --max_tokens when given, else --bs when given,
+    else the device's default token budget."""
+    if max_tokens is not None:
+        return None, max_tokens
+    if bs is not None:
+        return bs, None
+    return None, DEFAULT_MAX_TOKENS.get(device_type, DEFAULT_MAX_TOKENS["cpu"])
+
+
 def assign_batches(batches: Sequence[Batch], world_size: int) -> list[list[int]]:
     """Deal batches so ranks finish together: costliest first, each to the least-loaded rank
     (longest-processing-time-first). Ties go to the lower batch index and the lower rank, so the

@@ -33,7 +33,7 @@ from .generate import (
 )
 from .merge import RowTaker, merge_by_id
 from .oom import run_batch
-from .plan import Batch, assign_batches, make_batches, padding_efficiency, plan_digest
+from .plan import Batch, assign_batches, batch_budget, make_batches, padding_efficiency, plan_digest
 from .report import (
     check_output_locations,
     data_files,
@@ -162,7 +162,8 @@ def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str,
     return load_shards(cache, ranges)
 
 
-def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path) -> Prepared:
+def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path, device_type: str = "cpu") -> Prepared:
+    """Everything before generation. `device_type` picks the default batch budget (plan.batch_budget)."""
     model_config, base_gc = load_model_config(cfg)
     tokenizer = load_tokenizer(cfg)
     entry = task_entry(model_config, cfg.task)
@@ -183,10 +184,11 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
     tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length)
     t2 = time.perf_counter()
     out_cap = gc.max_new_tokens or gc.max_length
+    bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type)
     batches = make_batches(
         tokens.lengths.tolist(),
-        bs=None if cfg.max_tokens else cfg.bs,
-        max_tokens=cfg.max_tokens,
+        bs=bs,
+        max_tokens=max_tokens,
         out_ratio=1.0 if cfg.task_family == "translation" else 0.25,
         out_cap=out_cap,
         beams=gc.num_beams or 1,
@@ -211,7 +213,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
         "num_return_sequences": cfg.num_return_sequences,
         "seed": cfg.seed,
         "generation": json.loads(json.dumps(gen_settings, sort_keys=True, default=str)),
-        "plan": {"bs": None if cfg.max_tokens else cfg.bs, "max_tokens": cfg.max_tokens, "sha256": plan_digest(batches)},
+        "plan": {"bs": bs, "max_tokens": max_tokens, "sha256": plan_digest(batches)},
     }
     timings = {"examples": t1 - t0, "tokenize": t2 - t1, "plan": time.perf_counter() - t2}
     return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings)
@@ -219,9 +221,12 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path)
 
 def describe_plan(prep: Prepared, world_size: int) -> str:
     deal = assign_batches(prep.batches, world_size)
+    plan = prep.manifest["plan"]
+    budget = f"--bs {plan['bs']}" if plan["bs"] is not None else f"--max_tokens {plan['max_tokens']}"
     lines = [
-        f"{len(prep.store)} examples from {prep.store.origin}, {len(prep.batches)} batches, "
+        f"{len(prep.store)} examples from {prep.store.origin}, {len(prep.batches)} batches ({budget}), "
         f"source padding efficiency {padding_efficiency(prep.batches, prep.tokens.lengths):.3f}",
+        f"engine: {json.dumps(prep.manifest['engine'], sort_keys=True)}",
         f"task settings: {_describe_entry(prep.manifest['task_settings'])}",
         f"generation: {json.dumps(prep.manifest['generation'], sort_keys=True)}",
         f"source prefix: {prep.prefix!r}",
@@ -288,9 +293,9 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     if cfg.dry_run:
         # A dry run is one process that never joins a group: it validates and prints the plan,
         # converting and tokenizing into a throwaway folder (the run's temp dir stays untouched).
-        resolve_device(cfg, env)
+        device, _ = resolve_device(cfg, env)
         with tempfile.TemporaryDirectory(prefix="seq2seq_eval_dry_run_") as cache:
-            prep = prepare(cfg, env, None, Path(cache))
+            prep = prepare(cfg, env, None, Path(cache), device.type)
             check_tmp_dir(Path(cfg.tmp_dir), prep.manifest, cfg.resume)
             _earlier_run(cfg, prep)
             return Outcome(plan_text=describe_plan(prep, env.world_size))
@@ -306,7 +311,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     try:
         with _Signals():
             lock = _claim_tmp_dir(cfg, env, pg, tmp_dir)
-            prep = prepare(cfg, env, pg, tmp_dir / "cache")
+            prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type)
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             earlier: list[Any] = []  # --compare_to's run, checked before any generation
             _agree(env, pg, lambda: earlier.append(_earlier_run(cfg, prep)))

@@ -1,7 +1,9 @@
-"""benchmarks/throughput.py end to end on tiny data: every method runs and every column prints.
+"""benchmarks/throughput.py end to end on tiny data: each kind of method runs and every column prints.
 
 No timing is asserted: on a shared CI machine the figures say nothing; the point is that the
-four real multi-process jobs, the tail micro-benchmark and the report all work.
+real multi-process jobs (both baseline workers, seq2seq_eval on each engine, the bare
+CTranslate2 loop), the tail micro-benchmark and the report all work. (c), (f) and (h) are (d)
+and (e) with other flags.
 """
 
 from __future__ import annotations
@@ -17,14 +19,14 @@ from conftest import REPO, _env, assert_ok
 
 COLUMNS = ("method", "samples/s", "gen tok/s", "wall s", "src pad", "gen pad", "imbal", "tail s", "tail %",
            "peak MB/rank", "BLEU")
-METHODS = ("(a) tutorial", "(b) legacy split", "(c) s2s --bs", "(d) s2s --max_tokens")
+METHODS = ("(a) tutorial", "(b) legacy split", "(d) s2s --max_tokens", "(e) s2s ct2 float32", "(g) bare ct2 loop")
 
 
 def test_benchmark_prints_every_column(tiny_model, tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--model", str(tiny_model), "--n", "30",
-         "--nproc", "2", "--bs", "4", "--num_beams", "2", "--tail_records", "200", "--rounds", "2", "--out", str(out)],
+         "--nproc", "2", "--bs", "4", "--num_beams", "2", "--tail_records", "200", "--rounds", "2", "--methods", "abdeg", "--out", str(out)],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=_env(None),
     )
     assert_ok(proc)
@@ -35,17 +37,18 @@ def test_benchmark_prints_every_column(tiny_model, tmp_path):
     for name in METHODS:
         rows = [line for line in lines if line.startswith(name)]
         assert len(rows) == 2 and all(len(row[len(name):].split()) == len(COLUMNS) - 1 for row in rows), rows
-    assert sum(line.startswith("samples/s ratios: c/a ") for line in lines) == 2
+    assert sum(line.startswith("samples/s ratios: d/a ") and "e/best HF" in line and "e/g" in line for line in lines) == 2
+    assert sum(line.startswith("identical generations: e=d ") for line in lines) == 2
     assert ["round 1", "round 2"] == [line for line in lines if line.startswith("round ")]
     assert any(line.startswith("median of 2 rounds: samples/s (a) ") for line in lines)
     verdicts = [line for line in lines if line.startswith(("PASS ", "MISS "))]
-    assert len(verdicts) == 5, proc.stdout
+    assert len(verdicts) == 8, proc.stdout
     assert not any(line.startswith("WARNING") for line in lines), proc.stdout
 
     report = json.loads((out / "results.json").read_text())
-    assert [r["order"] for r in report["rounds"]] == [["a", "b", "c", "d"], ["b", "c", "d", "a"]]
+    assert [r["order"] for r in report["rounds"]] == [["a", "b", "d", "e", "g"], ["b", "d", "e", "g", "a"]]
     for r in report["rounds"]:
-        assert sorted(r["methods"]) == ["a", "b", "c", "d"]
+        assert sorted(r["methods"]) == ["a", "b", "d", "e", "g"]
         assert all(m["n"] == 30 for m in r["methods"].values())
         # Generated tokens are counted from the ids, for every method.
         assert all(m["generated_tokens"] > 0 for m in r["methods"].values())
