@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))  # tail.py, shared with scale.py
 from seq2seq_eval import generate  # noqa: E402
+from seq2seq_eval.engines.hf import generated_lengths  # noqa: E402
 from seq2seq_eval.data import read_lines  # noqa: E402
 from seq2seq_eval.runfiles import write_json_atomic  # noqa: E402
 TASK = "translation"  # BLEU: the goals compare scores, and BLEU is the cheap one to compute
@@ -144,7 +145,7 @@ class BatchCounter:
     examples: int = 0
     batches: int = 0
     generation_seconds: float = 0.0
-    generated_tokens: int = 0  # tokens of the returned sequences up to their first EOS (generate.generated_lengths)
+    generated_tokens: int = 0  # tokens of the returned sequences up to their first EOS (engines.hf.generated_lengths)
     generated_tokens_reencoded: int = 0  # the decoded predictions re-tokenized: a cross-check
     padded_generated_tokens: int = 0  # rows x longest returned sequence, per batch
     decode_steps: int = 0  # longest returned sequence, summed over batches
@@ -236,7 +237,7 @@ class Worker:
         seconds = time.perf_counter() - t0
         # Instrumentation after the clock stops.
         self.counter.add(encoded["attention_mask"], int(sequences.shape[1]) - 1,
-                         generate.generated_lengths(sequences, self.gc.eos_token_id, self.pad_id).tolist(),
+                         generated_lengths(sequences, self.gc.eos_token_id, self.pad_id).tolist(),
                          reencoded_lengths(self.tokenizer, texts), seconds)
         return texts
 
@@ -606,7 +607,7 @@ def collect_seq2seq_eval(key: str, model: str, save: Path, tmp: Path, wall: floa
             if "records" not in entry:
                 continue  # a split after running out of memory (seq2seq_eval/oom.py): its halves follow
             records = entry["records"]
-            # n_tokens: the example's generated tokens up to its first EOS, as generate.generated_lengths
+            # n_tokens: the example's generated tokens up to its first EOS, as engines.hf.generated_lengths
             # counts them for (a)/(b); the longest of a batch is its number of decoder steps.
             width = max(r["n_tokens"] for r in records)
             generated += sum(r["n_tokens"] for r in records)
