@@ -154,6 +154,8 @@ def evaluate(
         env = DistEnv(launcher=base.launcher)
         pg = ProcessGroup(env, "gloo", cfg.sync_timeout)
     try:
+        if in_memory:
+            pg.main_first(lambda: _clear_failed_run(Path(cfg.tmp_dir)), EvalError)
         if sources is not None:
             pg.main_first(lambda: _write_inputs(cfg, sources, references, ids), DataError)
         from .runner import run
@@ -170,9 +172,36 @@ def evaluate(
                 # Rank 0 learns of it when this rank's file never comes (within --sync_timeout).
                 raise
             failure = e
+            if in_memory and isinstance(e, EvalError) and _RESUME_HINT in str(e):
+                # The command line's hint does not apply: a model object's evaluation starts over.
+                failure = type(e)(str(e).split(_RESUME_HINT)[0] + "; the next evaluate() starts over")
+                failure.__cause__ = e
         return _share(pg, env, payload, failure)
     finally:
         pg.close()
+
+
+_RESUME_HINT = "; resume with: "
+
+
+def _clear_failed_run(tmp_dir: Path) -> None:
+    """A model object's evaluation is never resumed (the weights it ran on are gone), so an
+    earlier one that failed in the same tmp_dir (a training loop's previous epoch) would only
+    block this one: its files are removed, unless another run holds the folder's lock."""
+    from .runfiles import MANIFEST, RunLock, cleanup_tmp_dir
+
+    if not (tmp_dir / MANIFEST).exists():
+        return
+    lock = RunLock(tmp_dir)
+    try:
+        lock.acquire()
+    except EvalError:
+        return  # in use: the run itself says so
+    try:
+        logger.warning("%s: removing a failed earlier evaluation's files (a model object's run starts over)", tmp_dir)
+        cleanup_tmp_dir(tmp_dir)
+    finally:
+        lock.release()
 
 
 def _config(model: Any, in_memory: bool, sources: Any, references: Any, ids: Any,
@@ -270,6 +299,8 @@ def _unwrap(model: Any) -> Any:
             model = model._orig_mod
         else:
             break
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(f"evaluate(): model must be a torch module or a path, got {type(model).__name__}")
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
         from torch.distributed.tensor import DTensor
@@ -281,8 +312,6 @@ def _unwrap(model: Any) -> Any:
             "every rank must join, which uneven batches deadlock. Save a checkpoint (full state dict) and pass "
             "its path, or pass an unsharded copy of the model"
         )
-    if not isinstance(model, torch.nn.Module):
-        raise ConfigError(f"evaluate(): model must be a torch module or a path, got {type(model).__name__}")
     return model
 
 

@@ -258,8 +258,8 @@ class ProcessGroup:
     @classmethod
     def adopt(cls, base: DistEnv, group: Any, timeout_s: float) -> tuple["ProcessGroup", DistEnv]:
         """Run on a group the caller already initialized (a training job's default group, or
-        one of its groups): every member calls this, others need not. Returns the wrapper and
-        this process's place in that group.
+        a group of it): every rank of the job calls this, in the same order as its other
+        new_group calls. Returns the wrapper and this process's place in that group.
 
         The few decisions shared here travel on a new gloo group over the same ranks, not on
         the caller's group: its timeout is --sync_timeout (a training job's group waits 30
@@ -269,6 +269,9 @@ class ProcessGroup:
         import torch.distributed as tdist
 
         ranks = tdist.get_process_group_ranks(group)
+        if tdist.get_rank() not in ranks:
+            raise ConfigError(f"rank {tdist.get_rank()} is not in the process group it was given (ranks "
+                              f"{ranks}); every rank evaluates, so pass a group of every rank, or none")
         env = DistEnv(
             rank=tdist.get_rank(group), local_rank=base.local_rank, world_size=len(ranks),
             launcher=base.launcher, local_world_size=base.local_world_size,
@@ -280,10 +283,11 @@ class ProcessGroup:
         self.env = env
         if len(ranks) == 1:
             return self, env
-        # use_local_synchronization: only the group's members call evaluate(), and they need
-        # not be every rank of the job.
-        self._group = tdist.new_group(ranks=ranks, timeout=datetime.timedelta(seconds=timeout_s), backend="gloo",
-                                      use_local_synchronization=True)
+        # Not use_local_synchronization: its group is named by a hash of the ranks, so the next
+        # evaluation's group would reuse the destroyed one's store keys and read its dead peers'
+        # addresses (gloo "connectFullMesh ... Connection refused"). A name from the job-wide
+        # group count is new each time, at the price of every rank of the job calling this.
+        self._group = tdist.new_group(ranks=ranks, timeout=datetime.timedelta(seconds=timeout_s), backend="gloo")
         self._src = ranks[0]
         self._active = True
         return self, env
