@@ -118,8 +118,8 @@ def evaluate(
     (num_beams=4, max_new_tokens=64).
 
     `process_group`: the group whose ranks evaluate together (default: the job's default group,
-    which must be initialized when the job has several ranks). Every rank of the group calls
-    evaluate with the same arguments. The ranks share the work as the command line's ranks do;
+    which must be initialized when the job has several ranks); a group of every rank, as every
+    rank of the job calls evaluate, with the same arguments. The ranks share the work as the command line's ranks do;
     every rank gets the metrics, and the examples with `return_examples=True`."""
     import torch.distributed as tdist
 
@@ -163,7 +163,7 @@ def evaluate(
         failure: BaseException | None = None
         payload: Any = None
         try:
-            with _untouched(model if in_memory else None):
+            with _untouched(model if in_memory else None):  # the RNG too, for a path
                 outcome = run(cfg, env, process_group=pg, model=model if in_memory else None, tokenizer=tokenizer)
             if env.is_main:
                 payload = _payload(cfg, outcome, return_examples)
@@ -324,16 +324,16 @@ def _untouched(model: Any) -> Iterator[None]:
     mask and shuffle are those of a job that never evaluated. The engine also replaces the
     model's generation_config with the run's settings, and generation needs eval mode (no
     dropout): both are restored, per submodule, as are the requires_grad flags."""
-    if model is None:
-        yield
-        return
     import torch
 
-    modes = [(m, m.training) for m in model.modules()]
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    own_config = getattr(model, "generation_config", None)
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=cuda):
+        if model is None:  # a model loaded from a path: only the random state is the job's
+            yield
+            return
+        modes = [(m, m.training) for m in model.modules()]
+        flags = [(p, p.requires_grad) for p in model.parameters()]
+        own_config = getattr(model, "generation_config", None)
         model.eval()
         try:
             with torch.no_grad():

@@ -50,15 +50,23 @@ class EvalCallback(TrainerCallback):
         self.save_dir = save_dir
         self.options = options
         self.last: EvalResult | None = None
+        self._step = -1  # the global step self.last was computed at
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None,
                     model: Any = None, processing_class: Any = None, **kwargs: Any) -> Any:
         if model is None or processing_class is None:
             raise ConfigError("EvalCallback: the Trainer has no model or no processing_class (the tokenizer); "
                               "pass processing_class=tokenizer to the Trainer")
+        if self.last is not None and self._step == state.global_step:
+            # Trainer.evaluate calls this once per eval dataset (a dict of them): same weights,
+            # same data, the same result; computed and logged once.
+            if metrics is not None:
+                metrics.update(scores_of(self.last.metrics, self.prefix))
+            return control
         root = Path(self.save_dir or Path(args.output_dir) / "seq2seq_eval")
         save_dir = root / f"step_{state.global_step}"
         self.last = evaluate(model, processing_class, save_dir=str(save_dir), **self.options)
+        self._step = state.global_step
         scores = scores_of(self.last.metrics, self.prefix)
         if metrics is not None:
             metrics.update(scores)  # what Trainer.evaluate returns and picks the best model by
