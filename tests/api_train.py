@@ -33,7 +33,7 @@ p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--steps", type=int, default=2)
 p.add_argument("--n_obs", type=int, default=11)
 p.add_argument("--compare", action="store_true", help="train again without evaluations and record the losses")
-p.add_argument("--fault", action="store_true", help="finally evaluate with a model that raises on the last rank")
+p.add_argument("--fault", action="store_true", help="finally evaluate with a model that raises on one rank")
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -104,23 +104,26 @@ report: dict = {"rank": rank, "world": world, "with": train(True)}
 if args.compare:
     report["without"] = train(False)
 if args.fault:
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
-    if rank == world - 1:
-        def broken(*a, **k):
-            raise RuntimeError("injected failure")
+    # A model that raises in generate() on one rank: the last rank (rank 0 then waits for its
+    # file), then rank 0 (the others then wait for rank 0's result).
+    for name, failing in (("fault_last", world - 1), ("fault_first", 0)):
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
+        if rank == failing:
+            def broken(*a, **k):
+                raise RuntimeError("injected failure")
 
-        model.generate = broken
-    t0 = time.monotonic()
-    try:
-        seq2seq_eval.evaluate(model, tokenizer, data_dir=args.data, n_obs=args.n_obs, save_dir=str(out / "fault"),
-                              bs=4, sync_timeout=10)
-        report["fault"] = {"raised": None}
-    except (EvalError, RuntimeError) as e:
-        report["fault"] = {"raised": type(e).__name__, "message": str(e)}
-    report["fault"]["seconds"] = time.monotonic() - t0
-    # The job's own group still works after a failed evaluation.
-    total = torch.tensor([1.0])
-    dist.all_reduce(total)
-    report["fault"]["all_reduce"] = total.item()
+            model.generate = broken
+        t0 = time.monotonic()
+        try:
+            seq2seq_eval.evaluate(model, tokenizer, data_dir=args.data, n_obs=args.n_obs, save_dir=str(out / name),
+                                  bs=4, sync_timeout=10)
+            report[name] = {"raised": None}
+        except (EvalError, RuntimeError) as e:
+            report[name] = {"raised": type(e).__name__, "message": str(e)}
+        report[name]["seconds"] = time.monotonic() - t0
+        # The job's own group still works after a failed evaluation.
+        total = torch.tensor([1.0])
+        dist.all_reduce(total)
+        report[name]["all_reduce"] = total.item()
 (out / f"rank_{rank}.json").write_text(json.dumps(report, indent=1))
 dist.destroy_process_group()

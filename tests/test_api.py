@@ -88,14 +88,16 @@ def test_one_and_two_ranks_give_identical_results(jobs):
 
 
 def test_a_failing_rank_makes_every_rank_raise(jobs):
-    """Rank 1's model raises in generate(): rank 1 raises it, rank 0 raises once rank 1's file
-    fails to come within sync_timeout, and the job's own group still works afterwards."""
-    rank0, rank1 = (r["fault"] for r in reports(jobs[2]))
-    assert (rank1["raised"], rank1["message"]) == ("RuntimeError", "injected failure")
-    assert rank0["raised"] == "SyncTimeoutError"
-    assert "missing from rank(s) 1" in rank0["message"]
-    assert "resume with" not in rank0["message"] and rank0["message"].endswith("the next evaluate() starts over")
-    assert rank0["all_reduce"] == rank1["all_reduce"] == 2.0
+    """A model that raises in generate() on one rank: that rank raises it; when it is rank 1,
+    rank 0 raises once rank 1's file fails to come within sync_timeout; when it is rank 0, rank 1
+    raises rank 0's error. The job's own group works afterwards."""
+    (last0, first0), (last1, first1) = ((r["fault_last"], r["fault_first"]) for r in reports(jobs[2]))
+    assert (last1["raised"], last1["message"]) == ("RuntimeError", "injected failure")
+    assert last0["raised"] == "SyncTimeoutError" and "missing from rank(s) 1" in last0["message"]
+    assert "resume with" not in last0["message"] and last0["message"].endswith("the next evaluate() starts over")
+    assert (first0["raised"], first0["message"]) == ("RuntimeError", "injected failure")
+    assert (first1["raised"], first1["message"]) == ("RunFailed", "rank 0 failed: RuntimeError: injected failure")
+    assert all(f["all_reduce"] == 2.0 for f in (last0, last1, first0, first1))
 
 
 def test_trainer_callback_logs_the_command_lines_metrics(tmp_path):
