@@ -107,7 +107,7 @@ def build_config(argv: Sequence[str]) -> EvalConfig:
 def score_main(argv: Sequence[str]) -> dict:
     from pathlib import Path
 
-    from . import metrics
+    from .api import score
     from .config import CONFIG_FIELDS
     from .data import read_lines, read_references
     from .metric_names import METRIC_NAMES, parse_metric_names
@@ -122,13 +122,12 @@ def score_main(argv: Sequence[str]) -> dict:
     parser.add_argument("--references", required=True, nargs="+",
                         help="one file per set of references, each line-aligned with --predictions")
     args = parser.parse_args(argv)
-    names = parse_metric_names(args.metrics, args.task)
+    parse_metric_names(args.metrics, args.task)  # a bad --metrics before any file is read
     preds = read_lines(Path(args.predictions))
     if not preds:
         raise DataError(f"{args.predictions}: no lines; expected one prediction per line")
     streams = [read_references(Path(r), len(preds), args.predictions, "prediction") for r in args.references]
-    refs = list(zip(*streams)) if len(streams) > 1 else streams[0]
-    return metrics.score_metrics(names, preds, refs)
+    return score(preds, streams, metrics=args.metrics, task=args.task)
 
 
 def _setup_logging(is_main: bool, debug: bool) -> None:

@@ -23,6 +23,8 @@ import argparse
 import json
 import math
 import os
+import sys
+import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -889,6 +891,32 @@ def _check_lengths(named: Mapping[str, _System], refs: Sequence[Sequence[str]], 
         raise DataError(f"{source_name}: {len(sources)} lines but {ref_names[0]} has {n}")
 
 
+def compare(
+    systems: Mapping[str, Sequence[str]],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    *,
+    task: str = "translation",
+    metrics: str | Sequence[str] | None = None,
+    paired_test: str = "bs",
+    n_samples: int | None = None,
+    seed: int = SEED,
+    rouge_scores: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
+) -> dict[str, Any]:
+    """`seq2seq_eval compare` over lists (the Python API's `seq2seq_eval.compare(...)`): every
+    system scored, each tested against the first (the baseline). ``systems``: name ->
+    predictions in example order, baseline first. ``references``: one text per example, or
+    reference streams as sacrebleu takes them. ``metrics``: default the task's. Returns what
+    ``compare --json`` prints, less "inputs" (see compare_systems)."""
+    default = default_metrics(task)  # checks the task even when metrics are given
+    if isinstance(references, str) or not isinstance(references, Sequence):
+        raise DataError(f"references: expected a list of texts or of reference streams, got {type(references).__name__}")
+    streams = [references] if all(isinstance(r, str) for r in references) else list(references)
+    names = metric_names(metrics) if metrics else default
+    comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores)
+    comparison["task"] = task
+    return comparison
+
+
 def compare_main(argv: Sequence[str]) -> str:
     """``seq2seq_eval compare ...``: returns the text to print (the table, or JSON); writes
     the --report page. Raises ConfigError/DataError, which the CLI prints as one line."""
@@ -924,8 +952,8 @@ def compare_main(argv: Sequence[str]) -> str:
     predictions = {name: s.predictions for name, s in named.items()}
     rouge_keys = [m for m in metrics if m in ROUGE_KEYS]
     rouge_rows = {name: _rouge_matrix(preds, refs) for name, preds in predictions.items()} if rouge_keys else None
-    comparison = compare_systems(predictions, refs, metrics, args.paired_test, n_samples, args.seed, rouge_scores=rouge_rows)
-    comparison["task"] = task
+    comparison = compare(predictions, refs, task=task, metrics=metrics, paired_test=args.paired_test,
+                         n_samples=n_samples, seed=args.seed, rouge_scores=rouge_rows)
     comparison["inputs"] = {name: str(s.path) for name, s in named.items()}
     out = json.dumps(comparison, indent=1, ensure_ascii=False) if args.json else format_table(comparison)
     if args.report:
@@ -937,3 +965,15 @@ def compare_main(argv: Sequence[str]) -> str:
         if not args.json:
             out += f"\nreport: {args.report}"
     return out
+
+
+class _CallableModule(types.ModuleType):
+    """`seq2seq_eval.compare` names both this module (the subcommand, compare_systems, ...) and the
+    Python API's `compare()` function: calling the module calls the function, so the package
+    exports one name and `from seq2seq_eval import compare` keeps working both ways."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return compare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -167,6 +167,8 @@ class ProcessGroup:
     def __init__(self, env: DistEnv, backend: str, timeout_s: float) -> None:
         self.env = env
         self._active = False
+        self._group: Any = None  # None: the default group, which this object initialized
+        self._src = 0  # the global rank of the group's rank 0
         if env.world_size == 1:
             return
         import torch.distributed as tdist
@@ -201,7 +203,13 @@ class ProcessGroup:
         import torch.distributed as tdist
 
         box = [obj if self.env.is_main else None]
-        tdist.broadcast_object_list(box, src=0)
+        try:
+            tdist.broadcast_object_list(box, src=self._src, group=self._group)
+        except RuntimeError as e:  # DistBackendError: a peer is gone or --sync_timeout passed
+            if self._group is None:
+                raise  # the command line's own group: as before
+            raise RunFailed(f"rank {self.env.rank}: a rank did not take part in a collective within "
+                            f"--sync_timeout ({first_line(e)})") from e
         return box[0]
 
     def main_first(self, fn: Callable[[], T], error_type: type[EvalError]) -> T:
@@ -230,11 +238,56 @@ class ProcessGroup:
         if self._active:
             import torch.distributed as tdist
 
-            tdist.barrier()
+            try:
+                tdist.barrier(group=self._group)
+            except RuntimeError as e:
+                if self._group is None:
+                    raise
+                raise RunFailed(f"rank {self.env.rank}: a rank did not reach a barrier within "
+                                f"--sync_timeout ({first_line(e)})") from e
 
     def close(self) -> None:
+        """Destroy the group this object made: the default group it initialized, or the control
+        group it made over an adopted one; never the group it was given."""
         if self._active:
             import torch.distributed as tdist
 
-            tdist.destroy_process_group()
+            tdist.destroy_process_group(self._group)
             self._active = False
+
+    @classmethod
+    def adopt(cls, base: DistEnv, group: Any, timeout_s: float) -> tuple["ProcessGroup", DistEnv]:
+        """Run on a group the caller already initialized (a training job's default group, or
+        a group of it): every rank of the job calls this, in the same order as its other
+        new_group calls. Returns the wrapper and this process's place in that group.
+
+        The few decisions shared here travel on a new gloo group over the same ranks, not on
+        the caller's group: its timeout is --sync_timeout (a training job's group waits 30
+        minutes or more before it notices a missing rank), it works whatever the job's backend
+        (nccl would need CUDA tensors and the right current device), and a failed run leaves
+        nothing half-sent on the job's own group: the new group is destroyed with it."""
+        import torch.distributed as tdist
+
+        ranks = tdist.get_process_group_ranks(group)
+        if tdist.get_rank() not in ranks:
+            raise ConfigError(f"rank {tdist.get_rank()} is not in the process group it was given (ranks "
+                              f"{ranks}); every rank evaluates, so pass a group of every rank, or none")
+        env = DistEnv(
+            rank=tdist.get_rank(group), local_rank=base.local_rank, world_size=len(ranks),
+            launcher=base.launcher, local_world_size=base.local_world_size,
+            rdzv_endpoint=base.rdzv_endpoint, run_id=base.run_id,
+            # restart_count stays 0: a restarted training job must not take its predecessor's
+            # half-finished evaluation for its own (the weights have changed since).
+        )
+        self = cls(DistEnv(), "gloo", timeout_s)
+        self.env = env
+        if len(ranks) == 1:
+            return self, env
+        # Not use_local_synchronization: its group is named by a hash of the ranks, so the next
+        # evaluation's group would reuse the destroyed one's store keys and read its dead peers'
+        # addresses (gloo "connectFullMesh ... Connection refused"). A name from the job-wide
+        # group count is new each time, at the price of every rank of the job calling this.
+        self._group = tdist.new_group(ranks=ranks, timeout=datetime.timedelta(seconds=timeout_s), backend="gloo")
+        self._src = ranks[0]
+        self._active = True
+        return self, env

@@ -41,18 +41,23 @@ def resolve_device(cfg: EvalConfig, env: Any) -> tuple[Any, str]:
     return torch.device(name), backend
 
 
-def load_tokenizer(cfg: EvalConfig) -> Any:
+def load_tokenizer(cfg: EvalConfig, given: Any = None) -> Any:
+    """The run's tokenizer: loaded from --model_name, or `given` (a caller's tokenizer, copied
+    before a language is set on it: the caller's own stays as it was)."""
     from transformers import AutoTokenizer
 
-    source, flag = (cfg.tokenizer_name, "--tokenizer_name") if cfg.tokenizer_name else (_model_path(cfg), "--model_name")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(source))
-    except (OSError, ValueError, KeyError) as e:
-        hint = ""
-        if flag == "--model_name" and _converted_folder(cfg):
-            hint = ("; it is a CTranslate2 model folder without the Hugging Face tokenizer: pass --tokenizer_name "
-                    "(the model it was converted from)")
-        raise ModelError(f"{flag} {source}: cannot load a tokenizer ({first_line(e)}){hint}") from e
+    if given is not None:
+        tokenizer = copy.deepcopy(given) if cfg.src_lang is not None or cfg.tgt_lang is not None else given
+    else:
+        source, flag = (cfg.tokenizer_name, "--tokenizer_name") if cfg.tokenizer_name else (_model_path(cfg), "--model_name")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(source))
+        except (OSError, ValueError, KeyError) as e:
+            hint = ""
+            if flag == "--model_name" and _converted_folder(cfg):
+                hint = ("; it is a CTranslate2 model folder without the Hugging Face tokenizer: pass --tokenizer_name "
+                        "(the model it was converted from)")
+            raise ModelError(f"{flag} {source}: cannot load a tokenizer ({first_line(e)}){hint}") from e
     if cfg.src_lang is not None:
         _set_lang(tokenizer, "src_lang", cfg.src_lang)
     if cfg.tgt_lang is not None:
@@ -141,6 +146,24 @@ def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
         base = GenerationConfig.from_pretrained(name)
     except OSError:
         base = GenerationConfig.from_model_config(config)
+    return config, base
+
+
+def model_config_of(model: Any, name: str) -> tuple[Any, Any]:
+    """load_model_config for a model already in memory: its config and a copy of its own
+    generation config (what save_pretrained would write beside its weights)."""
+    from transformers import GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
+
+    config = getattr(model, "config", None)
+    if type(config) not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING or not hasattr(model, "generate"):
+        kind = f"a {config.model_type!r} model" if config is not None and hasattr(config, "model_type") else type(model).__name__
+        raise ModelError(
+            f"model {name}: {kind} is not a seq2seq model; "
+            "expected an encoder-decoder model such as BART, T5, Marian, mBART or Pegasus"
+        )
+    own = getattr(model, "generation_config", None)
+    base = copy.deepcopy(own) if own is not None else GenerationConfig.from_model_config(config)
     return config, base
 
 

@@ -26,6 +26,7 @@ from .generate import (
     generation_config_for,
     load_model_config,
     load_tokenizer,
+    model_config_of,
     resolve_device,
     source_limit,
     source_prefix,
@@ -162,10 +163,22 @@ def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str,
     return load_shards(cache, ranges)
 
 
-def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path, device_type: str = "cpu") -> Prepared:
-    """Everything before generation. `device_type` picks the default batch budget (plan.batch_budget)."""
-    model_config, base_gc = load_model_config(cfg)
-    tokenizer = load_tokenizer(cfg)
+def _in_memory_identity(model: Any) -> dict[str, Any]:
+    """What the manifest records of a model passed in memory. No weight hash (that would read
+    every parameter at every evaluation); such a run is never resumed (api.evaluate refuses
+    --resume for it), so the identity only has to describe the model."""
+    params = list(model.parameters())
+    return {"name": f"<in-memory {type(model).__name__}>", "parameters": sum(p.numel() for p in params),
+            "dtype": str(params[0].dtype).removeprefix("torch.") if params else None}
+
+
+def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path, device_type: str = "cpu",
+            model: Any = None, tokenizer: Any = None) -> Prepared:
+    """Everything before generation. `device_type` picks the default batch budget
+    (plan.batch_budget); `model`, `tokenizer`: a model (and its tokenizer) already in memory
+    (api.evaluate), used instead of loading --model_name."""
+    model_config, base_gc = load_model_config(cfg) if model is None else model_config_of(model, cfg.model_name)
+    tokenizer = load_tokenizer(cfg, tokenizer)
     entry = task_entry(model_config, cfg.task)
     if entry.note and (pg is None or pg.env.is_main):  # every rank sees the same; one says it
         logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
@@ -173,13 +186,13 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     engines.check(cfg, model_config, gc, tokenizer)
     prefix = source_prefix(model_config, cfg)
     max_source_length = source_limit(model_config, tokenizer, cfg)
-    model = _model_identity(model_config, cfg.model_name)
+    identity = _model_identity(model_config, cfg.model_name) if model is None else _in_memory_identity(model)
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     store, data = _examples_store(cfg, pg, cache)
     t1 = time.perf_counter()
     token_key = hashlib.sha256(json.dumps(
-        [data["sha256"], model, prefix, max_source_length, type(tokenizer).__name__, len(tokenizer)], sort_keys=True
+        [data["sha256"], identity, prefix, max_source_length, type(tokenizer).__name__, len(tokenizer)], sort_keys=True
     ).encode()).hexdigest()
     tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length)
     t2 = time.perf_counter()
@@ -195,7 +208,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     )
     gen_settings = {k: v for k, v in gc.to_diff_dict().items() if k != "transformers_version"}
     manifest = {
-        "model": model,
+        "model": identity,
         "data": {
             # Resolved: the same files named relatively, absolutely or with a trailing slash
             # are the same run to --resume.
@@ -208,7 +221,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
         "type_path": cfg.type_path,
         "prefix": prefix,
         "max_source_length": max_source_length,
-        "dtype": "float16" if cfg.fp16 else "bfloat16" if cfg.bf16 else "float32",
+        "dtype": identity["dtype"] if model is not None else "float16" if cfg.fp16 else "bfloat16" if cfg.bf16 else "float32",
         "engine": engines.describe(cfg),
         "num_return_sequences": cfg.num_return_sequences,
         "seed": cfg.seed,
@@ -286,7 +299,11 @@ class _Signals:
             signal.signal(sig, handler)
 
 
-def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
+def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGroup | None = None,
+        model: Any = None, tokenizer: Any = None) -> Outcome:
+    """One rank's run. The command line passes the config alone; api.evaluate also passes the
+    job's group (`process_group`, kept open: the caller closes it) and may pass a model and its
+    tokenizer already in memory, which run where they are, as they are."""
     env = env or dist_env()
     t_start = time.perf_counter()
     check_output_locations(cfg)
@@ -299,24 +316,27 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
             check_tmp_dir(Path(cfg.tmp_dir), prep.manifest, cfg.resume)
             _earlier_run(cfg, prep)
             return Outcome(plan_text=describe_plan(prep, env.world_size))
-    device, backend = resolve_device(cfg, env)
-    if device.type == "cuda":
-        import torch
+    if model is not None:
+        device = next(model.parameters()).device  # the caller's: its current device is set
+    else:
+        device, backend = resolve_device(cfg, env)
+        if device.type == "cuda":
+            import torch
 
-        torch.cuda.set_device(device)
-    pg = ProcessGroup(env, backend, cfg.sync_timeout)
+            torch.cuda.set_device(device)
+    pg = process_group if process_group is not None else ProcessGroup(env, backend, cfg.sync_timeout)
     lock: RunLock | None = None
     tmp_dir = Path(cfg.tmp_dir)
     prep: Prepared | None = None
     try:
         with _Signals():
             lock = _claim_tmp_dir(cfg, env, pg, tmp_dir)
-            prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type)
+            prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type, model, tokenizer)
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             earlier: list[Any] = []  # --compare_to's run, checked before any generation
             _agree(env, pg, lambda: earlier.append(_earlier_run(cfg, prep)))
             engine = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
-                                  generation_config=prep.generation_config, device=device, env=env)
+                                  generation_config=prep.generation_config, device=device, env=env, model=model)
             t_loaded = time.perf_counter()
             # What a large run spends before generating anything (benchmarks/scale.py reads it).
             logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,
@@ -343,7 +363,8 @@ def run(cfg: EvalConfig, env: DistEnv | None = None) -> Outcome:
     finally:
         if lock is not None:
             lock.release()
-        pg.close()
+        if process_group is None:
+            pg.close()
 
 
 def _write_marker(path: Path) -> None:
