@@ -69,6 +69,23 @@ def test_beam_cache_benchmark_compares_and_finds_identical_outputs(tiny_model, t
     assert lines[-1].startswith("identical predictions and token counts; median samples/s "), proc.stdout
 
 
+def test_budget_benchmark_measures_every_budget_on_each_engine(tiny_model, tmp_path):
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "budget"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "budget.py"), "--model", str(tiny_model), "--n", "12",
+         "--bs", "4,8", "--max_tokens", "64", "--out", str(out)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(None),
+    )
+    assert_ok(proc)
+    report = json.loads((out / "budget.json").read_text())
+    for engine in ("hf", "ctranslate2"):
+        rates = report["engines"][engine]["samples_per_second"]
+        assert sorted(rates) == ["--bs 4", "--bs 8", "--max_tokens 64"] and all(v > 0 for v in rates.values())
+        assert report["engines"][engine]["best"] == max(rates, key=rates.get)
+        assert any(line.startswith(f"{engine}: best ") for line in proc.stdout.splitlines()), proc.stdout
+
+
 # ---------------------------------------------------------------- benchmarks/gpu.py on CPU
 
 

@@ -76,30 +76,32 @@ _MAPPED = {
 }
 
 
-def _unsupported(gc: Any) -> list[str]:
-    """The settings of `gc` that differ from GenerationConfig's defaults and have no CTranslate2
-    counterpart, plus the combinations it cannot run."""
+def _unsupported(gc: Any) -> list[tuple[str, str]]:
+    """(setting, description) for each setting of `gc` that differs from GenerationConfig's
+    defaults and has no CTranslate2 counterpart, and for each combination it cannot run."""
     diff = {k: v for k, v in gc.to_diff_dict().items() if k not in _NOT_GENERATION}
-    bad = [f"{k}={v!r}" for k, v in sorted(diff.items()) if k not in _MAPPED]
+    bad = [(k, f"{k}={v!r}") for k, v in sorted(diff.items()) if k not in _MAPPED]
     if gc.early_stopping == "never":
-        bad.append("early_stopping='never' (CTranslate2's beam search stops once num_beams hypotheses are finished)")
+        bad.append(("early_stopping", "early_stopping='never' (CTranslate2's beam search stops once num_beams "
+                                      "hypotheses are finished)"))
     if gc.do_sample and (gc.num_beams or 1) > 1:
-        bad.append(f"do_sample=True with num_beams={gc.num_beams} (CTranslate2 samples with one beam)")
+        bad.append(("do_sample", f"do_sample=True with num_beams={gc.num_beams} (CTranslate2 samples with one beam)"))
     return bad
 
 
 def check(cfg: EvalConfig, model_config: Any, gc: Any, tokenizer: Any) -> None:
-    """Refuse, before any work, a run whose settings this engine cannot honour."""
+    """Refuse, before any work, a run whose settings this engine cannot honour, naming where the
+    first one came from: the user's flag, or the model's own settings (which a flag overrides)."""
     _ctranslate2()
     bad = _unsupported(gc)
-    if bad:
-        user = set(cfg.gen_kwargs)
-        named = [b + (" (set by --" + b.split("=")[0] + ")" if b.split("=")[0] in user else
-                      " (from the model's generation config or task settings; override it with --"
-                      + b.split("=")[0] + ")") for b in bad]
-        raise ConfigError(f"--engine ctranslate2 cannot honour the generation setting {named[0]}"
-                          + (f" (and {len(bad) - 1} more: {', '.join(bad[1:])})" if len(bad) > 1 else "")
-                          + "; use --engine hf for it")
+    if not bad:
+        return
+    key, text = bad[0]
+    where = (f"set by --{key}" if key in cfg.gen_kwargs
+             else f"from the model's generation config or task settings; override it with --{key}")
+    more = f" (and {len(bad) - 1} more: {', '.join(t for _, t in bad[1:])})" if len(bad) > 1 else ""
+    raise ConfigError(f"--engine ctranslate2 cannot honour the generation setting {text} ({where}){more}; "
+                      "use --engine hf for it")
 
 
 def _ids(value: Any) -> list[int]:
