@@ -40,7 +40,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -103,14 +102,7 @@ def build_marian(out_dir: Path, size: str = "opus", seed: int = 0) -> Path:
         **MARIAN_SIZES[size],
     )
     torch.manual_seed(seed)
-    model = MarianMTModel(config).eval()
-    tmp = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(EMBEDDED / name, tmp / name)
-    tmp.rename(out_dir)  # why: a worker killed mid-save must not leave a folder that looks built
-    return out_dir
+    return tp.save_with_embedded_tokenizer(MarianMTModel(config).eval(), out_dir)
 
 
 def model_path(name: str, models_dir: Path) -> Path:

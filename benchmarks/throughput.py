@@ -119,13 +119,17 @@ def build_opus_size(out_dir: Path, seed: int = 0) -> Path:
                         bos_token_id=None, decoder_start_token_id=base.eos_token_id, forced_eos_token_id=base.eos_token_id,
                         task_specific_params={"translation": {"num_beams": 4, "prefix": "translate: "}}, **OPUS_SIZE)
     torch.manual_seed(seed)
-    model = BartForConditionalGeneration(config).eval()
+    return save_with_embedded_tokenizer(BartForConditionalGeneration(config).eval(), out_dir)
+
+
+def save_with_embedded_tokenizer(model: Any, out_dir: Path) -> Path:
+    """`model` saved to `out_dir` with the embedded model's tokenizer files."""
     tmp = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(embedded / name, tmp / name)
-    tmp.rename(out_dir)  # why: a run killed mid-save must not leave a folder that looks built
+        shutil.copy(REPO / "data_samples" / "model" / name, tmp / name)
+    tmp.rename(out_dir)  # why: a process killed mid-save must not leave a folder that looks built
     return out_dir
 
 
