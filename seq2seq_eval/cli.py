@@ -20,7 +20,7 @@ logger = logging.getLogger("seq2seq_eval")
 # reports them, so an 8-rank launch prints one line, not eight.
 _REPLICATED = (ConfigError, DataError, ModelError, RunStateError, Interrupted)
 
-_FLAGS = {"fp16", "bf16", "debug", "resume", "dry_run", "pseudo_target", "no_examples_file"}
+_FLAGS = {"fp16", "bf16", "debug", "resume", "no_steal", "dry_run", "pseudo_target", "no_examples_file"}
 
 
 def _field_type(name: str) -> type:

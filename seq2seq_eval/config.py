@@ -145,6 +145,8 @@ class EvalConfig:
     """Keep the temp dir, write the ordered references, log from every rank, show tracebacks."""
     resume: bool = False
     """Continue a run whose temp dir holds finished batches (same model, data and settings)."""
+    no_steal: bool = False
+    """Keep every rank to its planned share: no rank takes batches a slower rank has not started (stealing is on by default; this switch exists to measure what it gains, as benchmarks/steal.py does)."""
     dry_run: bool = False
     """Validate flags, data and model, print the batch plan, and exit without generating."""
     pseudo_target: bool = False

@@ -30,7 +30,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,12 +116,14 @@ def run_batch(
     journaled: Any = None,
     pseudolabels: bool = False,
     device: Any = None,
+    note: Mapping[str, Any] | None = None,
 ) -> BatchResult:
     """Generate planned batch `index` (members' token ids `source_ids`, example ids `ids`), splitting
     on out of memory, journaling every split and every finished (sub-)batch in `journal`.
 
     `generate` is an engine's `generate` (engines.base.Engine); `journaled` is this
-    batch's `runfiles.JournaledBatch` from an earlier run, or None. Raises `OutOfMemory` when one
+    batch's `runfiles.JournaledBatch` from an earlier run, or None; `note` is added to every
+    journal line (which planned share a stolen batch came from). Raises `OutOfMemory` when one
     example does not fit alone."""
     n = len(ids)
     records: list[dict[str, Any] | None] = [None] * n
@@ -155,9 +157,10 @@ def run_batch(
             dt = time.perf_counter() - t0
             recs = make_records(out, ids[start:stop], pseudolabels)
             if span == (0, n):
-                journal.append({"batch": index, "records": recs, "seconds": dt})
+                journal.append({"batch": index, "records": recs, "seconds": dt, **(note or {})})
             else:
-                journal.append({"batch": index, "part": [start, stop], "of": n, "records": recs, "seconds": dt})
+                journal.append({"batch": index, "part": [start, stop], "of": n, "records": recs, "seconds": dt,
+                                **(note or {})})
             records[start:stop] = recs
             result.generated_examples += stop - start
             result.new_tokens += sum(out.n_tokens)
@@ -198,7 +201,7 @@ def run_batch(
                 index, stop - start, longest, " + ".join(str(b - a) for a, b in into), reason,
             )
             journal.append({"batch": index, "split": [start, stop], "of": n, "into": [list(r) for r in into],
-                            "ids": list(ids[start:stop])})
+                            "ids": list(ids[start:stop]), **(note or {})})
         for sub in into:
             solve(sub)
 

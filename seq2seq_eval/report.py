@@ -318,11 +318,13 @@ def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, An
     if tp.get("split_batches"):
         # Said only when it happened: a split batch's outputs may differ in the last bits (oom.py).
         lines.append(f"{'split_batches':<{width}}{tp['split_batches']:>12d}  (out of memory: split in halves and retried)")
+    if tp.get("moved_batches"):
+        lines.append(f"{'moved_batches':<{width}}{tp['moved_batches']:>12d}  (taken by a rank that ran out of work from a slower one)")
     if per_rank:
-        lines.append(f"{'rank':>6}{'examples':>10}{'batches':>9}{'resumed':>9}{'tokens':>9}{'gen s':>9}")
+        lines.append(f"{'rank':>6}{'examples':>10}{'batches':>9}{'taken':>7}{'resumed':>9}{'tokens':>9}{'gen s':>9}")
         for r in per_rank:
             lines.append(
-                f"{r['rank']:>6}{r['examples']:>10}{r['batches']:>9}{r['resumed_batches']:>9}"
+                f"{r['rank']:>6}{r['examples']:>10}{r['batches']:>9}{r.get('stolen_batches', 0):>7}{r['resumed_batches']:>9}"
                 f"{r['generated_tokens']:>9}{r['generation_seconds']:>9.2f}"
             )
     return "\n".join(lines)

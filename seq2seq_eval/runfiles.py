@@ -3,9 +3,11 @@
 Layout of {tmp_dir}:
     manifest.json           what run these files belong to (model, data, settings, batch plan)
     run.lock                flock'ed by rank 0 while a run is live
-    journal_rank_<k>.jsonl  one line per finished batch, appended and fsynced as it finishes
+    journal_rank_<k>.jsonl  one line per batch rank k finished, appended and fsynced as it finishes
                             (and, for a batch split after running out of memory, one line per
-                            split and per finished sub-batch: see JournaledBatch)
+                            split and per finished sub-batch: see JournaledBatch); a batch taken
+                            from another rank's share says whose ("from_rank")
+    claims/<batch>          which rank runs which batch in this attempt (steal.py)
     rank_<k>_output.arrow   rank k's records, one Arrow record batch per planned batch, renamed into place when done
     rank_<k>_output.json    rank k's stats, written atomically last: its presence means rank k is done
     cache/                  the examples as Arrow and the tokenized sources (see store.py, tokens.py)
@@ -29,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from .errors import EvalError, RunFailed, RunStateError, SyncTimeoutError
+from .steal import CLAIMS, claims_dir
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -229,17 +232,25 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
     # run with another world size must never be merged into this one.
     for stale in [*tmp_dir.glob("rank_*_output.*"), tmp_dir / STOPPED]:
         stale.unlink(missing_ok=True)
+    # Claims belong to one attempt: a batch claimed by a rank that died before journaling it
+    # must be free to run again; a journaled one is reused by whoever claims it.
+    claims = claims_dir(tmp_dir)
+    if claims.is_dir():
+        for stale in claims.iterdir():
+            stale.unlink(missing_ok=True)
+    claims.mkdir(exist_ok=True)
     return len(journals)
 
 
 def cleanup_tmp_dir(tmp_dir: Path) -> None:
     """Remove the files a run made in its temp dir, then the folder if nothing else is left.
     Never rmtree: --tmp_dir may name a folder that holds the user's own files."""
-    for pattern in (MANIFEST, LOCK, STOPPED, "journal_rank_*.jsonl", "rank_*_output.*", ".*.tmp", "cache/*", "cache/.*"):
+    for pattern in (MANIFEST, LOCK, STOPPED, "journal_rank_*.jsonl", "rank_*_output.*", ".*.tmp", "cache/*", "cache/.*",
+                    f"{CLAIMS}/*"):
         for path in tmp_dir.glob(pattern):
             with contextlib.suppress(OSError):
                 path.unlink()
-    for folder in (tmp_dir / "cache", tmp_dir):
+    for folder in (tmp_dir / "cache", claims_dir(tmp_dir), tmp_dir):
         with contextlib.suppress(OSError):
             folder.rmdir()
 

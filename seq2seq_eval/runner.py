@@ -61,6 +61,7 @@ from .runfiles import (
     wait_for_rank_files,
     write_json_atomic,
 )
+from .steal import Claims
 from .store import ROWS_PER_BATCH, ExampleStore, write_blocks
 from .tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 
@@ -442,12 +443,15 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engine
     its rank file; returns the rank's stats."""
     from tqdm.auto import tqdm
 
-    mine = assign_batches(prep.batches, env.world_size)[env.rank]
+    shares = assign_batches(prep.batches, env.world_size)
+    mine = shares[env.rank]
+    claims = Claims(tmp_dir, shares, env.rank, [b.cost for b in prep.batches], steal=not cfg.no_steal)
     finished = JournalIndex(tmp_dir)
     journal = Journal(journal_file(tmp_dir, env.rank))
     writer = RankWriter(tmp_dir, env.rank)
     stats = {
-        "rank": env.rank, "examples": 0, "batches": len(mine), "resumed_batches": 0,
+        "rank": env.rank, "examples": 0, "batches": 0, "planned_batches": len(mine), "stolen_batches": 0,
+        "stolen_examples": 0, "resumed_batches": 0,
         "generated_examples": 0, "generated_tokens": 0, "new_generated_tokens": 0, "source_tokens": 0, "padded_source_tokens": 0,
         "generation_seconds": 0.0, "scoring_seconds": 0.0, "device": str(device), "split_batches": 0,
         "out_of_memory_errors": 0, **startup,
@@ -457,11 +461,18 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engine
         desc=f"rank {env.rank}", unit="ex", disable=not (env.is_main or cfg.debug), file=sys.stderr,
         leave=False,  # the summary table follows; an error line must stand alone
     )
+    stats["generation_started"] = time.time()
     try:
-        for index in mine:
+        for claimed in claims:
+            index = claimed.index
             batch = prep.batches[index]
             members = list(batch.members)
             ids = prep.store.ids(members)
+            stolen = claimed.stolen_by(env.rank)
+            if stolen:
+                stats["stolen_batches"] += 1
+                stats["stolen_examples"] += len(members)
+                bar.total += len(members)
             pieces = finished.batch(index)
             entry = pieces.finished() if pieces is not None else None
             if _journal_entry_matches(entry, ids):
@@ -473,6 +484,7 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engine
                 done = run_batch(
                     engine.generate, index, [prep.tokens.ids(m) for m in members], ids,
                     journal=journal, journaled=pieces, pseudolabels=cfg.pseudolabels, device=device,
+                    note={"from_rank": claimed.planned_rank} if stolen else None,
                 )
                 batch_records = done.records
                 stats["generation_seconds"] += done.seconds
@@ -488,6 +500,7 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engine
                 stats["scoring_seconds"] += time.perf_counter() - t0
             writer.add(members, batch_records, output_lines(cfg, prep.store.examples(members), batch_records))
             stats["examples"] += len(members)
+            stats["batches"] += 1
             stats["generated_tokens"] += sum(r["n_tokens"] for r in batch_records)
             bar.update(len(members))
     except BaseException:
@@ -504,6 +517,9 @@ def _generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engine
         import resource
 
         stats["peak_memory_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    # Wall-clock, not busy time: with stealing, a rank that started late does less work, and what
+    # matters is how long the first rank to finish waited for the last (finish_spread_seconds).
+    stats["generation_finished"] = time.time()
     writer.close(stats)
     return stats
 
@@ -594,8 +610,13 @@ def _finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_sta
             "source_padding_efficiency": sum(s["source_tokens"] for s in per_rank) / padded if padded else None,
             # Planned batches that ran as sub-batches after running out of memory (oom.py).
             "split_batches": sum(s.get("split_batches", 0) for s in per_rank),
+            # Batches run by another rank than the plan dealt them to (steal.py).
+            "moved_batches": sum(s.get("stolen_batches", 0) for s in per_rank),
             "rank_imbalance": gen_seconds / (sum(s["generation_seconds"] for s in per_rank) / len(per_rank))
             if gen_seconds else None,
+            # How long the first rank to finish its generation waited for the last one (clocks of
+            # several nodes are only as close as NTP keeps them).
+            "finish_spread_seconds": max(s["generation_finished"] for s in per_rank) - min(s["generation_finished"] for s in per_rank),
             "time_breakdown": {
                 "prepare": my_stats["prepare_seconds"],  # examples, tokenize, plan: within model_load
                 "model_load": my_stats["model_load_seconds"],

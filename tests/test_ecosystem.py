@@ -103,7 +103,9 @@ def test_saved_folder_under_torchrun_2_ranks_equals_1_rank(tiny_model, files, en
     _same_results(save, reference)
     m = metrics_of(save)
     assert m["provenance"]["world_size"] == 2
-    assert sorted(r["examples"] for r in m["throughput"]["per_rank"]) == [4, 5]
+    # 5 batches of 2 dealt 2 and 3; a rank that finishes first may take the other's last one.
+    per_rank = m["throughput"]["per_rank"]
+    assert sorted(r["planned_batches"] for r in per_rank) == [2, 3] and sum(r["examples"] for r in per_rank) == 9
 
 
 def test_pseudolabels_from_parquet_load_with_datasets(tiny_model, files, env, tmp_path):
