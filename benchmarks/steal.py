@@ -16,8 +16,8 @@ A slowed job's ideal generation time is its examples over the sum of the two ran
 each speed taken from the slow / no_steal job of the same round (there each rank ran its own
 share alone, at its own speed). Goals (median over rounds): with stealing the fast rank generates
 at least 1.6 times the slow one's examples and the generation time is within 15% of the ideal;
-idle, stealing costs nothing (samples/s within 3% of no_steal) and the rank imbalance is at most
-1.02. Writes {out}/results.json.
+idle, stealing costs nothing (samples/s within 3% of no_steal) and the rank imbalance, on the
+wall clock (see wall_imbalance), is at most 1.02. Writes {out}/results.json.
 """
 
 from __future__ import annotations
@@ -109,11 +109,22 @@ def run_job(job: str, a: argparse.Namespace, save: Path) -> dict[str, Any]:
         "samples_per_second": tp["samples_per_second"],
         "rank_imbalance": tp["rank_imbalance"],
         "finish_spread_seconds": tp["finish_spread_seconds"],
+        "wall_imbalance": wall_imbalance(ranks),
         "moved_batches": tp.get("moved_batches", 0),
         "examples": [r["examples"] for r in ranks],
         "rank_seconds": [r["generation_seconds"] for r in ranks],
         "generations": (save / "test_generations.txt").read_bytes().decode(),
     }
+
+
+def wall_imbalance(per_rank: Sequence[dict[str, Any]]) -> float:
+    """The last rank's generation wall time over the ranks' mean, all from the first rank's start:
+    how long ranks sat waiting at the end. The metric file's rank_imbalance compares busy times,
+    which stealing makes unequal on purpose (a rank that starts late, after a slower model load,
+    leaves some of its share to the others), so it no longer measures waiting."""
+    t0 = min(r["generation_started"] for r in per_rank)
+    spans = [r["generation_finished"] - t0 for r in per_rank]
+    return max(spans) / (sum(spans) / len(spans))
 
 
 def judge(rounds: Sequence[dict[str, dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[tuple[str, bool]]]:
@@ -130,8 +141,9 @@ def judge(rounds: Sequence[dict[str, dict[str, Any]]]) -> tuple[list[dict[str, A
             "no_steal_over_ideal": calib["generation_seconds"] / ideal,
             "steal_speedup": calib["generation_seconds"] / st["generation_seconds"],
             "idle_steal_over_no_steal": r["idle/steal"]["samples_per_second"] / r["idle/no_steal"]["samples_per_second"],
-            "idle_imbalance": r["idle/steal"]["rank_imbalance"],
-            "idle_no_steal_imbalance": r["idle/no_steal"]["rank_imbalance"],
+            "idle_imbalance": r["idle/steal"]["wall_imbalance"],
+            "idle_no_steal_imbalance": r["idle/no_steal"]["wall_imbalance"],
+            "idle_busy_imbalance": r["idle/steal"]["rank_imbalance"],
             "identical": len({j["generations"] for j in r.values()}) == 1,
         })
     med = {k: statistics.median(row[k] for row in rows) for k in rows[0] if k != "identical"}
@@ -141,7 +153,8 @@ def judge(rounds: Sequence[dict[str, dict[str, Any]]]) -> tuple[list[dict[str, A
          med["steal_over_ideal"] <= 1.15),
         (f"idle: samples/s with stealing / without >= 0.97 (median {med['idle_steal_over_no_steal']:.3f})",
          med["idle_steal_over_no_steal"] >= 0.97),
-        (f"idle: rank imbalance with stealing <= 1.02 (median {med['idle_imbalance']:.3f})", med["idle_imbalance"] <= 1.02),
+        (f"idle: rank imbalance (wall clock) with stealing <= 1.02 (median {med['idle_imbalance']:.3f})",
+         med["idle_imbalance"] <= 1.02),
         ("generations identical in every job of every round", all(row["identical"] for row in rows)),
     ]
     return rows, goals
@@ -149,14 +162,14 @@ def judge(rounds: Sequence[dict[str, dict[str, Any]]]) -> tuple[list[dict[str, A
 
 def format_table(rounds: Sequence[dict[str, dict[str, Any]]]) -> str:
     lines = [f"{'job':<16}{'gen s':>8}{'wall s':>8}{'samples/s':>11}{'rank 0 ex':>11}{'rank 1 ex':>11}{'moved':>7}"
-             f"{'imbalance':>11}{'spread s':>10}"]
+             f"{'busy imb.':>11}{'wall imb.':>11}{'spread s':>10}"]
     for job in JOBS:
         med = {k: statistics.median(r[job][k] for r in rounds) for k in (
-            "generation_seconds", "wall_seconds", "samples_per_second", "moved_batches", "rank_imbalance", "finish_spread_seconds")}
+            "generation_seconds", "wall_seconds", "samples_per_second", "moved_batches", "rank_imbalance", "wall_imbalance", "finish_spread_seconds")}
         ex = [statistics.median(r[job]["examples"][i] for r in rounds) for i in (0, 1)]
         lines.append(f"{job:<16}{med['generation_seconds']:>8.1f}{med['wall_seconds']:>8.1f}{med['samples_per_second']:>11.1f}"
                      f"{ex[0]:>11.0f}{ex[1]:>11.0f}{med['moved_batches']:>7.0f}{med['rank_imbalance']:>11.3f}"
-                     f"{med['finish_spread_seconds']:>10.2f}")
+                     f"{med['wall_imbalance']:>11.3f}{med['finish_spread_seconds']:>10.2f}")
     return "\n".join(lines)
 
 
