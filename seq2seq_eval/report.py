@@ -17,7 +17,7 @@ from .config import EvalConfig
 from .data import Example
 from .errors import OutputError, RunStateError
 from .metrics import MetricTotals
-from .runfiles import AtomicFile, dumps, write_atomic
+from .atomic import AtomicFile, dumps, write_atomic
 
 logger = logging.getLogger("seq2seq_eval")
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import RunFailed
+from ..errors import RunFailed
 
 CLAIMS = "claims"
 

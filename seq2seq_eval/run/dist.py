@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import ConfigError, EvalError, RunFailed, first_line
+from ..errors import ConfigError, EvalError, RunFailed, first_line
 
 T = TypeVar("T")
 

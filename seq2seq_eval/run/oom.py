@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import OutOfMemory
+from ..errors import OutOfMemory
 
 logger = logging.getLogger("seq2seq_eval")
 
