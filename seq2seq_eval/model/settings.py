@@ -28,20 +28,6 @@ def _model_path(cfg: EvalConfig) -> str:
     return path
 
 
-def resolve_device(cfg: EvalConfig, env: Any) -> tuple[Any, str]:
-    """This rank's torch device and the job's process-group backend (see dist.choose_device)."""
-    import torch
-
-    from ..run.dist import choose_device
-
-    count = torch.cuda.device_count() if cfg.device != "cpu" and torch.cuda.is_available() else 0
-    name, backend = choose_device(cfg.device, cfg.dist_backend, env, count)
-    if name == "cpu" and cfg.fp16:
-        # float16 on CPU runs, slowly, and changes outputs; the legacy script refuses it too.
-        raise ConfigError("--fp16 needs a GPU and this run is on CPU; use --bf16 for half precision on CPU")
-    return torch.device(name), backend
-
-
 def load_tokenizer(cfg: EvalConfig, given: Any = None) -> Any:
     """The run's tokenizer: loaded from --model_name, or `given` (a caller's tokenizer, copied
     before a language is set on it: the caller's own stays as it was)."""

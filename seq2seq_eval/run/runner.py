@@ -14,9 +14,8 @@ from typing import Any
 from .. import engines
 from ..config import EvalConfig
 from ..errors import EvalError, Interrupted, RunFailed, RunStateError
-from ..model.settings import resolve_device
 from ..report import check_output_locations
-from .dist import DistEnv, ProcessGroup, dist_env
+from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .prepare import Prepared, describe_plan, prepare
 from .rank import generate_rank
