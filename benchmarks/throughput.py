@@ -609,7 +609,7 @@ def collect_seq2seq_eval(key: str, model: str, save: Path, tmp: Path, wall: floa
         for line in journal.read_text().splitlines():
             entry = json.loads(line)
             if "records" not in entry:
-                continue  # a split after running out of memory (seq2seq_eval/oom.py): its halves follow
+                continue  # a split after running out of memory (seq2seq_eval/run/oom.py): its halves follow
             records = entry["records"]
             # n_tokens: the example's generated tokens up to its first EOS, as engines.hf.generated_lengths
             # counts them for (a)/(b); the longest of a batch is its number of decoder steps.
