@@ -22,12 +22,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from seq2seq_eval import generate  # noqa: E402
+from seq2seq_eval.model import settings as model_settings  # noqa: E402
 from seq2seq_eval.engines import hf  # noqa: E402
 from seq2seq_eval.engines.hf import HFEngine  # noqa: E402
 from seq2seq_eval.config import EvalConfig  # noqa: E402
 from seq2seq_eval.data import read_lines  # noqa: E402
-from seq2seq_eval.plan import make_batches  # noqa: E402
+from seq2seq_eval.run.plan import make_batches  # noqa: E402
 
 TASK = "translation"
 
@@ -51,12 +51,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "--out", tmp], check=True, capture_output=True)
         sources = read_lines(Path(tmp) / TASK / "test.source")
     cfg = EvalConfig(model_name=a.model, task=TASK)
-    tokenizer = generate.load_tokenizer(cfg)
-    model_config, base = generate.load_model_config(cfg)
-    gc = generate.generation_config_for(model_config, base, tokenizer, cfg)
-    model = generate.load_model(cfg, torch.device("cpu"))
-    ids, _ = generate.encode_sources(
-        tokenizer, sources, generate.source_prefix(model_config, cfg), generate.source_limit(model_config, tokenizer, cfg))
+    tokenizer = model_settings.load_tokenizer(cfg)
+    model_config, base = model_settings.load_model_config(cfg)
+    gc = model_settings.generation_config_for(model_config, base, tokenizer, cfg)
+    model = model_settings.load_model(cfg, torch.device("cpu"))
+    ids, _ = model_settings.encode_sources(
+        tokenizer, sources, model_settings.source_prefix(model_config, cfg), model_settings.source_limit(model_config, tokenizer, cfg))
     batches = make_batches([len(x) for x in ids], max_tokens=a.max_tokens)
     print(f"{len(ids)} examples, {len(batches)} batches (--max_tokens {a.max_tokens}), num_beams {gc.num_beams}, "
           f"model {a.model}", flush=True)

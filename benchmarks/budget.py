@@ -30,9 +30,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 def measure(model: str, data_dir: Path, engine: str, budget: tuple[str, int], n: int, max_new_tokens: int | None) -> float:
     import torch
 
-    from seq2seq_eval import engines, runner
+    from seq2seq_eval import engines
+
+    from seq2seq_eval.run import runner
     from seq2seq_eval.config import EvalConfig
-    from seq2seq_eval.dist import DistEnv
+    from seq2seq_eval.run.dist import DistEnv
 
     kind, value = budget
     gen = (("max_new_tokens", max_new_tokens),) if max_new_tokens else ()

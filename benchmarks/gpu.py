@@ -181,8 +181,8 @@ def run_method(key: str, spec: dict[str, Any], model: Path, data_dir: Path, wher
                ) -> tuple[Any, list[str]]:
     """One method on this configuration, in this process. Returns its throughput.MethodResult and
     its predictions."""
-    from seq2seq_eval import runner
-    from seq2seq_eval.dist import DistEnv
+    from seq2seq_eval.run import runner
+    from seq2seq_eval.run.dist import DistEnv
 
     save = tp.fresh(where / f"{key}")
     fresh_memory(spec["device"])
@@ -226,8 +226,8 @@ def describe_device(device: str) -> dict[str, Any]:
 def warm_up(spec: dict[str, Any], model: Path, data_dir: Path, where: Path) -> None:
     """One small seq2seq_eval run before any timing: CUDA context, cuBLAS handles and kernel
     selection are paid here, not by whichever method happens to run first."""
-    from seq2seq_eval import runner
-    from seq2seq_eval.dist import DistEnv
+    from seq2seq_eval.run import runner
+    from seq2seq_eval.run.dist import DistEnv
 
     sub = tp.fresh(where / "warm_up_data")
     sub.mkdir(parents=True)
@@ -245,17 +245,19 @@ def profile_batch(spec: dict[str, Any], model: Path, data_dir: Path, max_tokens:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from seq2seq_eval import generate, runner
+    from seq2seq_eval.model import settings as model_settings
+
+    from seq2seq_eval.run import runner
     from seq2seq_eval.engines.hf import HFEngine
 
     import tempfile
 
-    from seq2seq_eval.dist import DistEnv
+    from seq2seq_eval.run.dist import DistEnv
 
     cfg = s2s_config(spec, model, data_dir, out / "unused", max_tokens)
     prep = runner.prepare(cfg, DistEnv(), None, Path(tempfile.mkdtemp(prefix="gpu_profile_")))
     device = torch.device(spec["device"])
-    loaded = generate.load_model(cfg, device)
+    loaded = model_settings.load_model(cfg, device)
     batch = max(prep.batches, key=lambda b: b.cost)
     ids = [prep.tokens.ids(m) for m in batch.members]
     gen = HFEngine(loaded, prep.tokenizer, prep.generation_config, device)

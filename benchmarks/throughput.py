@@ -46,10 +46,10 @@ REPO = Path(__file__).resolve().parent.parent
 # what is being compared: sharding, batching, generation and the hand-over to rank 0.
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))  # tail.py, shared with scale.py
-from seq2seq_eval import generate  # noqa: E402
+from seq2seq_eval.model import settings as model_settings  # noqa: E402
 from seq2seq_eval.engines.hf import generated_lengths  # noqa: E402
 from seq2seq_eval.data import read_lines  # noqa: E402
-from seq2seq_eval.runfiles import write_json_atomic  # noqa: E402
+from seq2seq_eval.atomic import write_json_atomic  # noqa: E402
 TASK = "translation"  # BLEU: the goals compare scores, and BLEU is the cheap one to compute
 MAX_SOURCE_LENGTH = 1024  # seq2seq_eval's default --max_source_length, used by every method
 POLL_S = 0.1  # the legacy merge polls for rank files as often as seq2seq_eval does
@@ -200,7 +200,7 @@ class Worker:
         dtype = getattr(torch, getattr(args, "dtype", "float32"))
         # As seq2seq_eval's load_model: cast, then move.
         self.model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(dtype).to(self.device).eval()
-        params = generate.task_params(self.model.config, TASK)
+        params = model_settings.task_params(self.model.config, TASK)
         self.prefix = params.pop("prefix", None) or getattr(self.model.config, "prefix", None) or ""
         # The model's generation defaults, then its task parameters, then --num_beams: the
         # order seq2seq_eval applies them in, so all four methods generate with one setting.
@@ -348,11 +348,11 @@ def run_bare_worker(args: argparse.Namespace) -> int:
     import ctranslate2
     import torch.distributed as dist
 
-    from seq2seq_eval import runner
+    from seq2seq_eval.run import runner
     from seq2seq_eval.config import EvalConfig
-    from seq2seq_eval.dist import DistEnv
+    from seq2seq_eval.run.dist import DistEnv
     from seq2seq_eval.engines import ct2
-    from seq2seq_eval.plan import assign_batches
+    from seq2seq_eval.run.plan import assign_batches
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -609,7 +609,7 @@ def collect_seq2seq_eval(key: str, model: str, save: Path, tmp: Path, wall: floa
         for line in journal.read_text().splitlines():
             entry = json.loads(line)
             if "records" not in entry:
-                continue  # a split after running out of memory (seq2seq_eval/oom.py): its halves follow
+                continue  # a split after running out of memory (seq2seq_eval/run/oom.py): its halves follow
             records = entry["records"]
             # n_tokens: the example's generated tokens up to its first EOS, as engines.hf.generated_lengths
             # counts them for (a)/(b); the longest of a batch is its number of decoder steps.
@@ -640,7 +640,7 @@ def default_max_tokens(model: str, data_dir: Path, bs: int) -> int:
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prefix = generate.task_params(AutoConfig.from_pretrained(model), TASK).get("prefix") or ""
+    prefix = model_settings.task_params(AutoConfig.from_pretrained(model), TASK).get("prefix") or ""
     sources = read_lines(data_dir / "test.source")
     lengths = [len(ids) for ids in tokenizer([prefix + s for s in sources], truncation=True,
                                              max_length=MAX_SOURCE_LENGTH)["input_ids"]]

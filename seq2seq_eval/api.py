@@ -123,7 +123,7 @@ def evaluate(
     every rank gets the metrics, and the examples with `return_examples=True`."""
     import torch.distributed as tdist
 
-    from .dist import DistEnv, ProcessGroup, dist_env
+    from .run.dist import DistEnv, ProcessGroup, dist_env
 
     in_memory = model is not None and not isinstance(model, (str, Path))
     cfg = _config(model, in_memory, sources, references, ids, generate_kwargs, options)
@@ -158,7 +158,7 @@ def evaluate(
             pg.main_first(lambda: _clear_failed_run(Path(cfg.tmp_dir)), EvalError)
         if sources is not None:
             pg.main_first(lambda: _write_inputs(cfg, sources, references, ids), DataError)
-        from .runner import run
+        from .run.runner import run
 
         failure: BaseException | None = None
         payload: Any = None
@@ -188,7 +188,7 @@ def _clear_failed_run(tmp_dir: Path) -> None:
     """A model object's evaluation is never resumed (the weights it ran on are gone), so an
     earlier one that failed in the same tmp_dir (a training loop's previous epoch) would only
     block this one: its files are removed, unless another run holds the folder's lock."""
-    from .runfiles import MANIFEST, RunLock, cleanup_tmp_dir
+    from .run.tmpdir import MANIFEST, RunLock, cleanup_tmp_dir
 
     if not (tmp_dir / MANIFEST).exists():
         return
@@ -243,7 +243,7 @@ def _config(model: Any, in_memory: bool, sources: Any, references: Any, ids: Any
 def _write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any) -> None:
     """In-memory examples as the command line reads them. Rewritten only when they changed: the
     examples cache is keyed by the file's modification time."""
-    from .runfiles import write_atomic
+    from .atomic import write_atomic
 
     texts = _texts(sources, "sources")
     if not texts:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import MISSING, fields
 
 from .config import BACKENDS, COMPUTE_TYPES, DEVICES, ENGINE_NAMES, EvalConfig, TASKS, field_docs, parse_value
-from .dist import dist_env
+from .run.dist import dist_env
 from .errors import ConfigError, DataError, EvalError, Interrupted, ModelError, RunStateError
 
 logger = logging.getLogger("seq2seq_eval")
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # run_eval.py's form (MODEL INPUT_PATH SAVE_PATH ...) also writes SAVE_PATH and SCORE_PATH.
         cfg, legacy = build_legacy(argv) if is_legacy_command(argv) else (build_config(argv), None)
         _setup_logging(env.is_main, cfg.debug)
-        from .runner import run
+        from .run.runner import run
 
         if not cfg.debug:
             from transformers.utils import logging as hf_logging

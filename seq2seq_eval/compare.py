@@ -958,7 +958,7 @@ def compare_main(argv: Sequence[str]) -> str:
     out = json.dumps(comparison, indent=1, ensure_ascii=False) if args.json else format_table(comparison)
     if args.report:
         from .html_report import render_report
-        from .runfiles import write_atomic
+        from .atomic import write_atomic
 
         details = report_details(comparison, predictions, refs, sources, ids, rouge_rows)
         write_atomic(Path(args.report), render_report(comparison, details).encode("utf-8"))

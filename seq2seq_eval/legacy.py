@@ -24,7 +24,7 @@ from typing import Any
 from .cli import build_parser, parse_generate_kwargs
 from .config import CONFIG_FIELDS, EvalConfig
 from .errors import ConfigError
-from .runfiles import write_atomic
+from .atomic import write_atomic
 
 SUBCOMMANDS = ("score", "compare")
 """First words that name a subcommand; any other first word that is not an option is MODEL."""

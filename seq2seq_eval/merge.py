@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from .data import ExampleId
 from .errors import MergeError
-from .runfiles import RankOutput
+from .run.rankfiles import RankOutput
 
 
 def _preview(ids: Sequence[ExampleId], limit: int = 10, total: int | None = None) -> str:

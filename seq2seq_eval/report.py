@@ -17,7 +17,7 @@ from .config import EvalConfig
 from .data import Example
 from .errors import OutputError, RunStateError
 from .metrics import MetricTotals
-from .runfiles import AtomicFile, dumps, write_atomic
+from .atomic import AtomicFile, dumps, write_atomic
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -161,7 +161,7 @@ def output_lines(cfg: EvalConfig, examples: Sequence[Example], records: Sequence
     Building these strings was most of rank 0's tail on a million pseudolabels, a serial step at
     the end of the run; on the ranks it costs microseconds per example, in parallel.
 
-    Keys are runfiles.LINE_COLUMNS: out_gen ({type_path}_generations.txt, also .pseudo.target),
+    Keys are run.rankfiles.LINE_COLUMNS: out_gen ({type_path}_generations.txt, also .pseudo.target),
     out_legacy (an element of pseudolabel_results.json, with the ",\n" that precedes it),
     out_jsonl (a line of _pseudolabels.jsonl), out_example (a line of _examples.jsonl)."""
     preds = [r["pred"] if isinstance(r["pred"], list) else [r["pred"]] for r in records]
@@ -316,7 +316,7 @@ def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, An
         if tp.get(key) is not None:
             lines.append(f"{key:<{width}}{tp[key]:>12{fmt}}")
     if tp.get("split_batches"):
-        # Said only when it happened: a split batch's outputs may differ in the last bits (oom.py).
+        # Said only when it happened: a split batch's outputs may differ in the last bits (run/oom.py).
         lines.append(f"{'split_batches':<{width}}{tp['split_batches']:>12d}  (out of memory: split in halves and retried)")
     if tp.get("moved_batches"):
         lines.append(f"{'moved_batches':<{width}}{tp['moved_batches']:>12d}  (taken by a rank that ran out of work from a slower one)")

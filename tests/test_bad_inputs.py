@@ -216,7 +216,7 @@ def test_bad_input_gives_one_clear_line(runs, names, case_id, args, fragments, e
 @pytest.mark.parametrize("case_id, args, fragments, exit_code", LATE_CASES, ids=[c[0] for c in LATE_CASES])
 def test_generate_rejects_an_option(runs, names, case_id, args, fragments, exit_code):
     """No traceback and no result; the last line is the error. (Rank 0's progress bar has
-    started by then and leaves its own line: runner.py closes it before the error is printed.)"""
+    started by then and leaves its own line: run/runner.py closes it before the error is printed.)"""
     proc, save = runs[case_id]
     line = _lines(proc.stderr)[-1]
     assert line.startswith(PREFIX), proc.stderr

@@ -251,9 +251,7 @@ def test_language_codes(convention, ml_models):
     import torch
 
     from seq2seq_eval.config import EvalConfig
-    from seq2seq_eval.generate import (
-        encode_sources, generation_config_for, lang_token_id, load_model, load_model_config, load_tokenizer,
-    )
+    from seq2seq_eval.model.settings import encode_sources, generation_config_for, lang_token_id, load_model, load_model_config, load_tokenizer
 
     src_code, tgt_code = LANG_CODES[convention]
     cfg = EvalConfig(model_name=str(ml_models[convention]), src_lang=src_code, tgt_lang=tgt_code)
@@ -293,7 +291,7 @@ def test_unknown_language_code_is_a_config_error(convention, ml_models):
     """mBART-50 and NLLB would otherwise accept any string and prefix sources with <unk>."""
     from seq2seq_eval.config import EvalConfig
     from seq2seq_eval.errors import ConfigError
-    from seq2seq_eval.generate import load_tokenizer
+    from seq2seq_eval.model.settings import load_tokenizer
 
     with pytest.raises(ConfigError, match=r"--src_lang xx_YY: not a language code of \w+; expected one of"):
         load_tokenizer(EvalConfig(model_name=str(ml_models[convention]), src_lang="xx_YY"))

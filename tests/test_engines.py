@@ -21,9 +21,11 @@ from faults import wait_for_lines
 
 pytest.importorskip("ctranslate2", reason='the ctranslate2 extra is not installed (pip install -e ".[ctranslate2]")')
 
-from seq2seq_eval import engines, generate  # noqa: E402
+from seq2seq_eval import engines  # noqa: E402
+
+from seq2seq_eval.model import settings as model_settings  # noqa: E402
 from seq2seq_eval.config import EMBEDDED_DATA, EvalConfig  # noqa: E402
-from seq2seq_eval.dist import DistEnv  # noqa: E402
+from seq2seq_eval.run.dist import DistEnv  # noqa: E402
 from seq2seq_eval.engines import ct2  # noqa: E402
 from seq2seq_eval.errors import ConfigError  # noqa: E402
 
@@ -55,7 +57,7 @@ def _gc(**settings):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return generate.load_tokenizer(EvalConfig())
+    return model_settings.load_tokenizer(EvalConfig())
 
 
 @pytest.mark.parametrize("settings, expected", [
@@ -133,13 +135,13 @@ def test_compute_type_defaults_to_ctranslate2s_default():
 
 def _engine(name: str, settings: tuple = (), n: int = 1):
     cfg = EvalConfig(engine=name, generate_kwargs=settings, num_return_sequences=n)
-    tok = generate.load_tokenizer(cfg)
-    model_config, base = generate.load_model_config(cfg)
-    gc = generate.generation_config_for(model_config, base, tok, cfg)
+    tok = model_settings.load_tokenizer(cfg)
+    model_config, base = model_settings.load_model_config(cfg)
+    gc = model_settings.generation_config_for(model_config, base, tok, cfg)
     engine = engines.load(cfg, tokenizer=tok, model_config=model_config, generation_config=gc,
                           device=__import__("torch").device("cpu"), env=DistEnv())
     sources = (EMBEDDED_DATA["translation"] / "test.source").read_text().splitlines()[:24]
-    ids, _ = generate.encode_sources(tok, sources, generate.source_prefix(model_config, cfg), 1024)
+    ids, _ = model_settings.encode_sources(tok, sources, model_settings.source_prefix(model_config, cfg), 1024)
     return engine, [ids[i:i + 8] for i in range(0, len(ids), 8)]
 
 

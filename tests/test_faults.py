@@ -181,7 +181,7 @@ def test_concurrent_run_is_refused_and_dead_holder_is_not(slow_case, tmp_path):
 
 def test_full_disk_keeps_the_previous_rank_file(tmp_path):
     from seq2seq_eval.errors import EvalError
-    from seq2seq_eval.runfiles import RankWriter, rank_file, read_rank_output
+    from seq2seq_eval.run.rankfiles import RankWriter, rank_file, read_rank_output
 
     mnt = tmp_path / "small"
     mnt.mkdir()

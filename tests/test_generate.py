@@ -176,19 +176,19 @@ def test_generate_keeps_its_own_cache_where_the_shortcut_does_not_apply(setting,
 
 def test_generator_uses_the_beam_cache_on_the_embedded_model(monkeypatch, spare_slot_appends):
     """HFEngine hands the cache to generate() (its reorder runs) and the outputs are unchanged."""
-    from seq2seq_eval import generate
+    from seq2seq_eval.model import settings as model_settings
     from seq2seq_eval.data import read_lines
     from seq2seq_eval.engines import beam_cache, hf
     from seq2seq_eval.engines.hf import HFEngine
 
     cfg = EvalConfig(model_name=str(EMBEDDED_MODEL), generate_kwargs=(("num_beams", 4),))
-    tokenizer = generate.load_tokenizer(cfg)
-    model_config, base = generate.load_model_config(cfg)
-    gc = generate.generation_config_for(model_config, base, tokenizer, cfg)
+    tokenizer = model_settings.load_tokenizer(cfg)
+    model_config, base = model_settings.load_model_config(cfg)
+    gc = model_settings.generation_config_for(model_config, base, tokenizer, cfg)
     gc.num_return_sequences = 2
-    model = generate.load_model(cfg, torch.device("cpu"))
+    model = model_settings.load_model(cfg, torch.device("cpu"))
     sources = read_lines(Path(cfg.data_dir) / "test.source")[:8]
-    ids, _ = generate.encode_sources(tokenizer, sources, "", 128)
+    ids, _ = model_settings.encode_sources(tokenizer, sources, "", 128)
 
     calls = []
     cls = beam_cache._classes()[1]

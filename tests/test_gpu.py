@@ -173,15 +173,17 @@ def _calibrate(cfg: EvalConfig) -> tuple[int, int]:
     batch), and the peak of the longest example generated alone, in bytes."""
     import tempfile
 
-    from seq2seq_eval import generate, runner
-    from seq2seq_eval.dist import DistEnv
+    from seq2seq_eval.model import settings as model_settings
+
+    from seq2seq_eval.run import runner
+    from seq2seq_eval.run.dist import DistEnv
     from seq2seq_eval.engines.hf import HFEngine
 
     device = torch.device("cuda")
     gc.collect()
     torch.cuda.empty_cache()  # what earlier tests left cached would count as held
     prep = runner.prepare(cfg, DistEnv(), None, Path(tempfile.mkdtemp(prefix="gpu_calibrate_")))
-    model = generate.load_model(cfg, device)
+    model = model_settings.load_model(cfg, device)
     held = torch.cuda.memory_reserved(device)
     gen = HFEngine(model, prep.tokenizer, prep.generation_config, device)
     longest = prep.batches[0].members[0]
@@ -197,7 +199,7 @@ def _calibrate(cfg: EvalConfig) -> tuple[int, int]:
 
 def _run_limited(cfg: EvalConfig, limit: int):
     """runner.run with this process's CUDA allocator capped at `limit` bytes."""
-    from seq2seq_eval import runner
+    from seq2seq_eval.run import runner
 
     device = torch.device("cuda")
     total = torch.cuda.get_device_properties(device).total_memory

@@ -23,10 +23,10 @@ import pytest
 from conftest import REPO, _env, assert_ok, make_corpus, metrics_of, single, torchrun, write_legacy
 from faults import wait_for_lines
 
-from seq2seq_eval.dist import DistEnv
+from seq2seq_eval.run.dist import DistEnv
 from seq2seq_eval.report import summary_table
-from seq2seq_eval.runfiles import read_journals
-from seq2seq_eval.runner import resume_command
+from seq2seq_eval.run.journal import read_journals
+from seq2seq_eval.run.finish import resume_command
 
 EMBEDDED = REPO / "data_samples" / "model"
 PREFIX = "seq2seq_eval: error: "

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from seq2seq_eval import generate as generate_module
-from seq2seq_eval import oom, runner
+from seq2seq_eval.model import settings as model_settings
+from seq2seq_eval.run import oom, runner
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.errors import Interrupted, OutOfMemory
 from seq2seq_eval.engines import BatchOutput
-from seq2seq_eval.runfiles import Journal, JournalIndex, journal_file, read_journals
+from seq2seq_eval.run.journal import Journal, JournalIndex, journal_file, read_journals
 
 torch = pytest.importorskip("torch")
 
@@ -216,7 +216,7 @@ def test_malformed_split_lines_are_skipped(tmp_path, bad):
 # ---------------------------------------------------------------- a whole run, in process
 
 
-REAL_LOAD_MODEL = generate_module.load_model
+REAL_LOAD_MODEL = model_settings.load_model
 
 
 def oom_above(monkeypatch, rows: int, stop_after: int | None = None) -> list[int]:
@@ -242,7 +242,7 @@ def oom_above(monkeypatch, rows: int, stop_after: int | None = None) -> list[int
         model.generate = limited
         return model
 
-    monkeypatch.setattr(generate_module, "load_model", load_model)  # engines.load looks it up there
+    monkeypatch.setattr(model_settings, "load_model", load_model)  # engines.load looks it up there
     return calls
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from seq2seq_eval.runfiles import read_rank_output
+from seq2seq_eval.run.rankfiles import read_rank_output
 from conftest import assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
 
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from seq2seq_eval.runfiles import read_rank_output
+from seq2seq_eval.run.rankfiles import read_rank_output
 from conftest import assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
 from sacrebleu.metrics import BLEU, CHRF, TER
 

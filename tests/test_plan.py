@@ -7,15 +7,7 @@ import random
 
 import pytest
 
-from seq2seq_eval.plan import (
-    Batch,
-    assign_batches,
-    estimate_cost,
-    make_batches,
-    padding_efficiency,
-    plan_digest,
-    sort_by_length,
-)
+from seq2seq_eval.run.plan import Batch, assign_batches, estimate_cost, make_batches, padding_efficiency, plan_digest, sort_by_length
 
 
 def members(batches: list[Batch]) -> list[tuple[int, ...]]:

@@ -23,8 +23,8 @@ import pytest
 from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
 from faults import find_worker, wait_for_lines
 
-from seq2seq_eval.runfiles import prepare_tmp_dir
-from seq2seq_eval.steal import Claims, claims_dir, pick_victim
+from seq2seq_eval.run.tmpdir import prepare_tmp_dir
+from seq2seq_eval.run.steal import Claims, claims_dir, pick_victim
 
 # 96 examples in batches of 2, each decoding 20 steps: 48 batches, fine enough for the fast rank
 # to take over about two thirds of the work, and a few seconds of generation per run.

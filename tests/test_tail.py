@@ -17,7 +17,7 @@ from seq2seq_eval.errors import RunStateError
 from seq2seq_eval.merge import RowTaker, merge_by_id
 from seq2seq_eval import report
 from seq2seq_eval.report import output_lines, write_outputs
-from seq2seq_eval.runfiles import RankWriter, read_rank_output
+from seq2seq_eval.run.rankfiles import RankWriter, read_rank_output
 from seq2seq_eval.store import ExampleStore, write_store
 
 

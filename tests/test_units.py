@@ -12,25 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from seq2seq_eval import runfiles
+from seq2seq_eval import atomic
 from seq2seq_eval.cli import build_config, build_parser, parse_generate_kwargs
 from seq2seq_eval.config import EMBEDDED_DATA, EvalConfig, field_docs, parse_value
 from seq2seq_eval.data import read_lines
-from seq2seq_eval.dist import DistEnv, choose_device, dist_env
+from seq2seq_eval.run.dist import DistEnv, choose_device, dist_env
 from seq2seq_eval.errors import ConfigError, DataError, EvalError, MergeError, SyncTimeoutError
 from seq2seq_eval.data import Example
 from seq2seq_eval.merge import merge_by_id
 from seq2seq_eval.store import ExampleStore, write_store
-from seq2seq_eval.runfiles import (
-    Journal,
-    journal_file,
-    rank_file,
-    read_journals,
-    RankWriter,
-    read_rank_output,
-    wait_for_rank_files,
-    write_atomic,
-)
+from seq2seq_eval.atomic import write_atomic
+from seq2seq_eval.run.journal import Journal, journal_file, read_journals
+from seq2seq_eval.run.rankfiles import rank_file, RankWriter, read_rank_output, wait_for_rank_files
 
 # ---------------------------------------------------------------- generate options
 
@@ -365,7 +358,7 @@ def test_write_atomic_keeps_the_old_file_when_the_disk_is_full(tmp_path, monkeyp
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(runfiles.os, "fsync", full)
+    monkeypatch.setattr(atomic.os, "fsync", full)
     with pytest.raises(EvalError, match=r"out\.json: cannot write \(disk full\); the previous version, if any, is unchanged"):
         write_atomic(path, b"new, never complete\n")
     assert path.read_bytes() == b"old\n"

@@ -407,8 +407,8 @@ def run_dir(name: str, engine: str, world: int) -> str:
 
 def _dry_run(model_dir: Path, data: Path, task: str, tmp: Path, langs: tuple[str, str] | None, **user) -> dict:
     from seq2seq_eval.config import EvalConfig
-    from seq2seq_eval.dist import DistEnv
-    from seq2seq_eval.runner import run
+    from seq2seq_eval.run.dist import DistEnv
+    from seq2seq_eval.run.runner import run
 
     cfg = EvalConfig(model_name=str(model_dir), data_dir=str(data), task=task, dry_run=True, device="cpu",
                      save_dir=str(tmp / "out"), src_lang=langs[0] if langs else None,
@@ -588,7 +588,7 @@ PEGASUS_LARGE_STYLE = {"summarization_xsum": {"max_length": 64}, "summarization_
 def test_task_entry(tsp, task, entry, note):
     from types import SimpleNamespace
 
-    from seq2seq_eval.generate import task_entry
+    from seq2seq_eval.model.settings import task_entry
 
     got = task_entry(SimpleNamespace(task_specific_params=tsp), task)
     assert (got.name, got.note) == (entry, note)
@@ -606,7 +606,7 @@ def test_a_plain_family_name_with_several_entries_is_refused(tsp, task, listed):
     from types import SimpleNamespace
 
     from seq2seq_eval.errors import ConfigError
-    from seq2seq_eval.generate import task_entry
+    from seq2seq_eval.model.settings import task_entry
 
     with pytest.raises(ConfigError, match=rf"^--task {task}: the model has several {task} settings in its "
                                           rf"task_specific_params \({listed}\) and none named '{task}'; "
@@ -616,13 +616,13 @@ def test_a_plain_family_name_with_several_entries_is_refused(tsp, task, listed):
 
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_fast_tokenizing_equals_the_tokenizer_call(zoo_models, zoo_data, name):
-    """Sources are tokenized through the fast tokenizer's backend directly (generate._encode);
+    """Sources are tokenized through the fast tokenizer's backend directly (model_settings._encode);
     the ids must be the tokenizer's own, with and without truncation, and the tokenizer must be
     left as it was."""
     from transformers import AutoTokenizer
 
     from seq2seq_eval.data import read_lines
-    from seq2seq_eval.generate import _encode
+    from seq2seq_eval.model.settings import _encode
 
     tokenizer = AutoTokenizer.from_pretrained(zoo_models[name])
     texts = ["translate: " + s for s in read_lines(zoo_data / "test.source")]
@@ -641,18 +641,20 @@ def test_ctranslate2_starts_every_hypothesis_with_the_target_language(zoo_models
         pytest.skip("the ctranslate2 extra is not installed")
     import torch
 
-    from seq2seq_eval import engines, generate
+    from seq2seq_eval import engines
+
+    from seq2seq_eval.model import settings as model_settings
     from seq2seq_eval.config import EvalConfig
-    from seq2seq_eval.dist import DistEnv
+    from seq2seq_eval.run.dist import DistEnv
 
     cfg = EvalConfig(model_name=str(zoo_models[name]), engine="ctranslate2", src_lang=LANGS[name][0],
                      tgt_lang=LANGS[name][1], generate_kwargs=tuple(RUN_OPTIONS.items()))
-    tok = generate.load_tokenizer(cfg)
-    model_config, base = generate.load_model_config(cfg)
-    gc = generate.generation_config_for(model_config, base, tok, cfg)
+    tok = model_settings.load_tokenizer(cfg)
+    model_config, base = model_settings.load_model_config(cfg)
+    gc = model_settings.generation_config_for(model_config, base, tok, cfg)
     engine = engines.load(cfg, tokenizer=tok, model_config=model_config, generation_config=gc,
                           device=torch.device("cpu"), env=DistEnv())
-    ids, _ = generate.encode_sources(tok, (zoo_data / "test.source").read_text().splitlines(), "", 64)
+    ids, _ = model_settings.encode_sources(tok, (zoo_data / "test.source").read_text().splitlines(), "", 64)
     results = engine.translator.translate_batch([tok.convert_ids_to_tokens(x) for x in ids],
                                                 target_prefix=[[engine.mapping.prefix_token]] * len(ids),
                                                 **engine.mapping.options)

@@ -44,7 +44,7 @@ def load(cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_confi
 
         return ct2.CT2Engine.load(cfg, tokenizer=tokenizer, model_config=model_config,
                                   generation_config=generation_config, device=device, env=env)
-    from ..generate import load_model
+    from ..model.settings import load_model
     from .hf import HFEngine
 
     if model is None:

@@ -1,14 +1,8 @@
-"""The CTranslate2 engine: the model converted once into a cache, then `Translator.translate_batch`
-on each planned batch.
+"""The CTranslate2 engine: the model converted once into a cache (engines/ct2_convert.py), then
+`Translator.translate_batch` on each planned batch.
 
-Conversion goes through CTranslate2's own `TransformersConverter`, configured where checkpoints
-saved by transformers 5 trip it (see `_Converter` and `_MarianLoader`). The converted model is
-cached by what decides its weights (the model's files, the CTranslate2 version and this module's
-converter revision), so a resume, a torchrun restart and later runs load it instead of converting
-again. It is written under a lock into a temporary folder that is renamed into place: two ranks,
-two runs, or a crash in the middle never leave half a model where a reader would find it. The
-compute type is applied when the model is loaded, so one conversion serves every compute type;
-it is part of the run's manifest, so a resume under another compute type is refused.
+The compute type is applied when the model is loaded, so one conversion serves every compute
+type; it is part of the run's manifest, so a resume under another compute type is refused.
 
 Generation settings are taken from the same effective `GenerationConfig` the HF engine uses
 (model defaults, task entry, user flags) and mapped one by one (`translate_options`). A setting
@@ -17,43 +11,20 @@ with no CTranslate2 counterpart is an error naming it, raised before any work (`
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import json
 import logging
 import os
-import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..config import EvalConfig
-from ..errors import ConfigError, ModelError, RunStateError, first_line
+from ..errors import ConfigError, ModelError, first_line
 from .base import BatchOutput
+from .ct2_convert import converted_model
+from .ct2_convert import ctranslate2_module as _ctranslate2
 
 logger = logging.getLogger("seq2seq_eval")
-
-INSTALL_HINT = 'pip install -e ".[ctranslate2]" (or pip install ctranslate2)'
-CONVERTER_REVISION = 1
-"""Bumped whenever `_Converter` or the loaders of `_register_loaders` change what a conversion produces."""
-LOCK_POLL_S = 0.5
-
-
-def _ctranslate2() -> Any:
-    # CTranslate2 spreads each op over intra_threads itself; MKL's own threads on top of that
-    # oversubscribe the cores on small matrices (the embedded model on 2 cores: 38 samples/s with
-    # them, 183 without; an opus-mt-size model: 8% faster with them). Read when MKL starts, so
-    # set before the import; a user's own setting stands.
-    os.environ.setdefault("MKL_NUM_THREADS", "1")
-    try:
-        import ctranslate2
-    except ImportError as e:
-        raise ConfigError(f"--engine ctranslate2 needs the ctranslate2 package, which is not installed; "
-                          f"install it with: {INSTALL_HINT}") from e
-    return ctranslate2
-
 
 def describe(cfg: EvalConfig) -> dict[str, Any]:
     return {"name": "ctranslate2", "compute_type": cfg.compute_type, "ctranslate2": _ctranslate2().__version__}
@@ -160,242 +131,6 @@ def translate_options(gc: Any, tokenizer: Any) -> Mapping:
     return Mapping(options, prefix, forced_eos[0] if forced_eos else None, tuple(eos), bool(gc.do_sample))
 
 
-# ---------------------------------------------------------------- conversion
-
-
-def converted_model_config(folder: str, tokenizer_name: str | None, tokenizer: Any) -> tuple[Any, Any]:
-    """The model config and base generation config of an already converted model: those of the
-    Hugging Face model named by --tokenizer_name when it has them (task settings, limits and
-    generation defaults as published), else what CTranslate2's config.json says of the special
-    tokens, with a generation_config.json in the folder when the conversion copied one."""
-    from transformers import AutoConfig, GenerationConfig, PretrainedConfig
-
-    if tokenizer_name:
-        try:
-            config = AutoConfig.from_pretrained(os.path.expanduser(tokenizer_name))
-        except (OSError, ValueError, KeyError):
-            config = None
-        if config is not None and getattr(config, "is_encoder_decoder", False):
-            try:
-                return config, GenerationConfig.from_pretrained(os.path.expanduser(tokenizer_name))
-            except OSError:
-                return config, GenerationConfig.from_model_config(config)
-    path = Path(folder) / "config.json"
-    try:
-        ct2_config = json.loads(path.read_text())
-        tokens = {k: ct2_config[k] for k in ("eos_token", "decoder_start_token")}
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"{path}: not a CTranslate2 model config ({first_line(e)}); expected "
-                         "eos_token and decoder_start_token entries") from e
-    ids = {}
-    for key, token in tokens.items():
-        token_id = tokenizer.convert_tokens_to_ids(token) if token is not None else None
-        if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
-            raise ModelError(f"{path}: {key} {token!r} is not in the tokenizer's vocabulary; expected the tokenizer "
-                             "the model was converted with (--tokenizer_name)")
-        ids[key] = int(token_id)
-    config = PretrainedConfig(is_encoder_decoder=True, eos_token_id=ids["eos_token"],
-                              decoder_start_token_id=ids["decoder_start_token"], pad_token_id=tokenizer.pad_token_id)
-    try:
-        base = GenerationConfig.from_pretrained(folder)
-    except OSError:
-        base = GenerationConfig.from_model_config(config)
-    return config, base
-
-
-def cache_root() -> Path:
-    """Where converted models are kept: $SEQ2SEQ_EVAL_CACHE, else $XDG_CACHE_HOME/seq2seq_eval,
-    else ~/.cache/seq2seq_eval. Runs share it; on a multi-node job each node may convert its own."""
-    explicit = os.environ.get("SEQ2SEQ_EVAL_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "seq2seq_eval"
-
-
-def _files_digest(folder: Path) -> str:
-    """Every regular file of a model folder, by name and content: weights, config and tokenizer."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in folder.iterdir() if p.is_file()):
-        h.update(f.name.encode() + b"\0")
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
-def conversion_key(model_name: str, model_config: Any) -> str:
-    ct2 = _ctranslate2()
-    path = Path(os.path.expanduser(model_name))
-    source = (["files", _files_digest(path)] if path.is_dir()
-              else ["hub", model_name, getattr(model_config, "_commit_hash", None)])
-    payload = json.dumps([source, ct2.__version__, CONVERTER_REVISION])
-    return hashlib.sha256(payload.encode()).hexdigest()[:32]
-
-
-def _fill_legacy_config(model: Any) -> None:
-    """CTranslate2's BART-family loaders read `normalize_before` (pre- or post-layer-norm) and
-    `normalize_embedding` from the config: keys of the original fairseq configs that transformers
-    4 kept from config.json and transformers 5 drops. The module tree says which it is: a final
-    encoder `layer_norm` exists only in pre-norm models (mBART, Pegasus, M2M100), a
-    `layernorm_embedding` only where embeddings are normalised (BART, mBART)."""
-    config = model.config
-    encoder = getattr(getattr(model, "model", None), "encoder", None)
-    if encoder is None:
-        return
-    if not hasattr(config, "normalize_before"):
-        config.normalize_before = hasattr(encoder, "layer_norm") and encoder.layer_norm is not None
-    if not hasattr(config, "normalize_embedding"):
-        config.normalize_embedding = getattr(encoder, "layernorm_embedding", None) is not None
-
-
-def _converter_class() -> type:
-    from ctranslate2.converters import TransformersConverter
-
-    class _Converter(TransformersConverter):
-        def load_model(self, model_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
-            model = super().load_model(model_class, model_name_or_path, **kwargs)
-            _fill_legacy_config(model)
-            return model
-
-        def load_tokenizer(self, tokenizer_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
-            tokenizer = super().load_tokenizer(tokenizer_class, model_name_or_path, **kwargs)
-            if tokenizer.bos_token is None:
-                # The converted config.json would say "bos_token": null, which Translator refuses
-                # to load. A seq2seq decoder starts from decoder_start_token, not from BOS: any
-                # token of the vocabulary works, and the end token is one every model has.
-                tokenizer.bos_token = tokenizer.eos_token
-            return tokenizer
-
-    _register_loaders()
-    return _Converter
-
-
-_LOADERS_REGISTERED = False
-
-
-def _register_loaders() -> None:
-    """Replace CTranslate2's Marian and M2M100 loaders by subclasses, registered through the
-    converter's public `register_loader`. Each converts exactly as the original wherever the
-    original is right, so registering them for every conversion in this process is safe."""
-    global _LOADERS_REGISTERED
-    if _LOADERS_REGISTERED:
-        return
-    from ctranslate2.converters.transformers import BartLoader, M2M100Loader, MarianMTLoader, register_loader
-
-    @register_loader("MarianConfig")
-    class _MarianLoader(MarianMTLoader):
-        """CTranslate2's Marian loader assumes the Marian-NMT convention: the padding token is
-        the last vocabulary entry, its embedding is zero, and the decoder starts from it. It then
-        drops that row and starts the decoder from a zero vector. A model trained with
-        transformers may put the padding token anywhere (the embedded model has it at id 0) and
-        train its embedding: dropping the last row then removes a real word and starting from
-        zero changes every output. For such a model every row is kept and the decoder starts from
-        the embedding of the model's own decoder_start_token_id, as `generate()` does."""
-
-        @staticmethod
-        def _marian_convention(model: Any) -> bool:
-            config = model.config
-            pad, start = config.pad_token_id, config.decoder_start_token_id
-            weight = model.get_input_embeddings().weight
-            return (pad is not None and pad == weight.shape[0] - 1 and start == pad
-                    and not bool(weight[pad].abs().sum()))
-
-        def get_model_spec(self, model: Any) -> Any:
-            self._keep_all = not self._marian_convention(model)
-            if not self._keep_all:
-                return super().get_model_spec(model)
-            model.config.normalize_before = False
-            model.config.normalize_embedding = False
-            return BartLoader.get_model_spec(self, model)
-
-        def set_config(self, config: Any, model: Any, tokenizer: Any) -> None:
-            super().set_config(config, model, tokenizer)
-            if self._keep_all:
-                config.decoder_start_token = tokenizer.convert_ids_to_tokens(model.config.decoder_start_token_id)
-            if getattr(config, "bos_token", None) is None:
-                config.bos_token = tokenizer.eos_token  # see _Converter.load_tokenizer
-
-        def set_decoder(self, spec: Any, decoder: Any) -> None:
-            if not self._keep_all:
-                return super().set_decoder(spec, decoder)
-            BartLoader.set_decoder(self, spec, decoder)
-
-        def get_vocabulary(self, model: Any, tokenizer: Any) -> list[str]:
-            if not self._keep_all:
-                return super().get_vocabulary(model, tokenizer)
-            return BartLoader.get_vocabulary(self, model, tokenizer)
-
-    @register_loader("M2M100Config")
-    class _M2M100Loader(M2M100Loader):
-        """CTranslate2's M2M100 loader completes the vocabulary with the tokenizer's language
-        tokens and `num_madeup_words` filler words, sized for the published checkpoints. A model
-        whose embedding table is smaller than that (one trained or resized with transformers)
-        has no rows for the extra fillers: they are left out, as many as the table lacks."""
-
-        def get_vocabulary(self, model: Any, tokenizer: Any) -> list[str]:
-            tokens = super().get_vocabulary(model, tokenizer)
-            size = model.get_input_embeddings().weight.shape[0]
-            while len(tokens) > size and tokens[-1].startswith("madeupword"):
-                tokens.pop()
-            return tokens
-
-    _LOADERS_REGISTERED = True
-
-
-def converted_model(model_name: str, model_config: Any, timeout_s: float) -> Path:
-    """The cached conversion of `model_name`, converting it first if no process has yet. One
-    process converts (the others wait on its lock); the result appears by one rename."""
-    root = cache_root() / "ctranslate2"
-    key = conversion_key(model_name, model_config)
-    final = root / key
-    if (final / "model.bin").is_file():
-        return final
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        lock_fd = os.open(root / f"{key}.lock", os.O_CREAT | os.O_RDWR, 0o644)
-    except OSError as e:
-        raise RunStateError(f"{root}: cannot write the CTranslate2 model cache ({e.strerror}); "
-                            "set SEQ2SEQ_EVAL_CACHE to a writable folder") from e
-    try:
-        _lock(lock_fd, root / f"{key}.lock", timeout_s)
-        if (final / "model.bin").is_file():  # converted while this process waited
-            return final
-        # Whatever a crashed conversion left: no other process holds the lock, so none is using it.
-        for stale in root.glob(f"{key}.tmp-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        work = root / f"{key}.tmp-{os.getpid()}"
-        t0 = time.perf_counter()
-        logger.info("converting %s for CTranslate2 into %s", model_name, final)
-        try:
-            _converter_class()(os.path.expanduser(model_name)).convert(str(work), force=True)
-        except (ValueError, NotImplementedError, AttributeError, KeyError, OSError, RuntimeError) as e:
-            shutil.rmtree(work, ignore_errors=True)
-            raise ModelError(f"--model_name {model_name}: CTranslate2 cannot convert this model "
-                             f"({type(e).__name__}: {first_line(e)}); use --engine hf") from e
-        # The folder is complete before it gets the name readers look for.
-        os.replace(work, final)
-        logger.info("converted in %.1f s", time.perf_counter() - t0)
-        return final
-    finally:
-        os.close(lock_fd)  # releases the lock
-
-
-def _lock(fd: int, path: Path, timeout_s: float) -> None:
-    """Wait for the conversion lock. Polled rather than blocking, so that a conversion that hangs
-    on another process becomes an error after --sync_timeout instead of a silent wait."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise RunStateError(f"{path}: another process has been converting this model for more "
-                                    f"than --sync_timeout {timeout_s:g} s; expected it to finish") from None
-            time.sleep(LOCK_POLL_S)
-
-
 # ---------------------------------------------------------------- the engine
 
 
@@ -427,7 +162,7 @@ class CT2Engine:
     def load(cls, cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_config: Any, device: Any,
              env: Any) -> "CT2Engine":
         ct2 = _ctranslate2()
-        from ..generate import is_converted_folder
+        from ..model.converted import is_converted_folder
 
         path = (Path(os.path.expanduser(cfg.model_name)) if is_converted_folder(cfg.model_name)
                 else converted_model(cfg.model_name, model_config, cfg.sync_timeout))

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .errors import ConfigError, EvalError, RunFailed, first_line
+from ..config import EvalConfig
+from ..errors import ConfigError, EvalError, RunFailed, first_line
 
 T = TypeVar("T")
 
@@ -291,3 +292,15 @@ class ProcessGroup:
         self._src = ranks[0]
         self._active = True
         return self, env
+
+
+def resolve_device(cfg: EvalConfig, env: Any) -> tuple[Any, str]:
+    """This rank's torch device and the job's process-group backend (see choose_device)."""
+    import torch
+
+    count = torch.cuda.device_count() if cfg.device != "cpu" and torch.cuda.is_available() else 0
+    name, backend = choose_device(cfg.device, cfg.dist_backend, env, count)
+    if name == "cpu" and cfg.fp16:
+        # float16 on CPU runs, slowly, and changes outputs; the legacy script refuses it too.
+        raise ConfigError("--fp16 needs a GPU and this run is on CPU; use --bf16 for half precision on CPU")
+    return torch.device(name), backend

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config import EvalConfig, family_of
-from .errors import ConfigError, ModelError, first_line
+from ..config import EvalConfig, family_of
+from ..errors import ConfigError, ModelError, first_line
+from .converted import converted_model_config, is_converted_folder
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -25,20 +26,6 @@ def _model_path(cfg: EvalConfig) -> str:
     if looks_local and not os.path.exists(path):
         raise ModelError(f"--model_name {name}: no such path; expected a model folder or a hub model name")
     return path
-
-
-def resolve_device(cfg: EvalConfig, env: Any) -> tuple[Any, str]:
-    """This rank's torch device and the job's process-group backend (see dist.choose_device)."""
-    import torch
-
-    from .dist import choose_device
-
-    count = torch.cuda.device_count() if cfg.device != "cpu" and torch.cuda.is_available() else 0
-    name, backend = choose_device(cfg.device, cfg.dist_backend, env, count)
-    if name == "cpu" and cfg.fp16:
-        # float16 on CPU runs, slowly, and changes outputs; the legacy script refuses it too.
-        raise ConfigError("--fp16 needs a GPU and this run is on CPU; use --bf16 for half precision on CPU")
-    return torch.device(name), backend
 
 
 def load_tokenizer(cfg: EvalConfig, given: Any = None) -> Any:
@@ -112,14 +99,6 @@ def _converted_folder(cfg: EvalConfig) -> bool:
     return is_converted_folder(cfg.model_name)
 
 
-def is_converted_folder(name: str) -> bool:
-    """Whether `name` is an already converted CTranslate2 model folder (its model.bin, and no
-    weights transformers can load)."""
-    path = os.path.expanduser(name)
-    return os.path.isfile(os.path.join(path, "model.bin")) and not any(
-        os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "pytorch_model.bin"))
-
-
 def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
     """The model's config and its base generation config, without loading any weights: enough
     to validate a run (--dry_run) and to compute the exact settings the real run will use."""
@@ -130,7 +109,6 @@ def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
     if _converted_folder(cfg):
         if cfg.engine != "ctranslate2":
             raise ModelError(f"--model_name {cfg.model_name}: a CTranslate2 model folder; run it with --engine ctranslate2")
-        from .engines.ct2 import converted_model_config
 
         return converted_model_config(name, cfg.tokenizer_name, load_tokenizer(cfg))
     try:

@@ -6,7 +6,7 @@ single examples. Only an example that runs out of memory alone fails the run, wi
 `OutOfMemory` error naming its id and source length.
 
 Every split and every finished sub-batch is journaled as it happens (see
-`runfiles.JournaledBatch` for the line formats), so a resumed run reuses the finished halves and
+`journal.JournaledBatch` for the line formats), so a resumed run reuses the finished halves and
 goes straight to the halves of a range that ran out of memory, instead of failing on it again. A
 batch that never runs out of memory is journaled exactly as before splits existed.
 
@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import OutOfMemory
+from ..errors import OutOfMemory
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -122,7 +122,7 @@ def run_batch(
     on out of memory, journaling every split and every finished (sub-)batch in `journal`.
 
     `generate` is an engine's `generate` (engines.base.Engine); `journaled` is this
-    batch's `runfiles.JournaledBatch` from an earlier run, or None; `note` is added to every
+    batch's `journal.JournaledBatch` from an earlier run, or None; `note` is added to every
     journal line (which planned share a stolen batch came from). Raises `OutOfMemory` when one
     example does not fit alone."""
     n = len(ids)

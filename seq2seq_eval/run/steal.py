@@ -12,7 +12,7 @@ exactly one process, on a local disk as on NFS (v3 and later) or Lustre, the sha
 multi-node run already needs for its temp dir. No collective call is made during generation, so a
 slow or stopped rank holds nobody up, and a dead rank holds only the batch it had claimed.
 
-Claims live for one attempt: rank 0 removes them before the ranks start (runfiles.prepare_tmp_dir),
+Claims live for one attempt: rank 0 removes them before the ranks start (tmpdir.prepare_tmp_dir),
 so a batch claimed by a rank that was killed, and never journaled, runs again on resume or
 restart; a journaled batch is taken from the journal by whichever rank claims it, never generated
 again. The batches are the plan's whichever rank runs them, so outputs do not change.
@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import RunFailed
+from ..errors import RunFailed
 
 CLAIMS = "claims"
 

@@ -1,0 +1,60 @@
+"""Already converted CTranslate2 model folders: recognised without importing ctranslate2, and
+described (model config, generation config) from the Hugging Face model they came from or from
+their own config.json. Below both model.settings and engines.ct2, which use it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError, first_line
+
+
+def is_converted_folder(name: str) -> bool:
+    """Whether `name` is an already converted CTranslate2 model folder (its model.bin, and no
+    weights transformers can load)."""
+    path = os.path.expanduser(name)
+    return os.path.isfile(os.path.join(path, "model.bin")) and not any(
+        os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "pytorch_model.bin"))
+
+
+def converted_model_config(folder: str, tokenizer_name: str | None, tokenizer: Any) -> tuple[Any, Any]:
+    """The model config and base generation config of an already converted model: those of the
+    Hugging Face model named by --tokenizer_name when it has them (task settings, limits and
+    generation defaults as published), else what CTranslate2's config.json says of the special
+    tokens, with a generation_config.json in the folder when the conversion copied one."""
+    from transformers import AutoConfig, GenerationConfig, PretrainedConfig
+
+    if tokenizer_name:
+        try:
+            config = AutoConfig.from_pretrained(os.path.expanduser(tokenizer_name))
+        except (OSError, ValueError, KeyError):
+            config = None
+        if config is not None and getattr(config, "is_encoder_decoder", False):
+            try:
+                return config, GenerationConfig.from_pretrained(os.path.expanduser(tokenizer_name))
+            except OSError:
+                return config, GenerationConfig.from_model_config(config)
+    path = Path(folder) / "config.json"
+    try:
+        ct2_config = json.loads(path.read_text())
+        tokens = {k: ct2_config[k] for k in ("eos_token", "decoder_start_token")}
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelError(f"{path}: not a CTranslate2 model config ({first_line(e)}); expected "
+                         "eos_token and decoder_start_token entries") from e
+    ids = {}
+    for key, token in tokens.items():
+        token_id = tokenizer.convert_tokens_to_ids(token) if token is not None else None
+        if token_id is None or (token_id == tokenizer.unk_token_id and token != tokenizer.unk_token):
+            raise ModelError(f"{path}: {key} {token!r} is not in the tokenizer's vocabulary; expected the tokenizer "
+                             "the model was converted with (--tokenizer_name)")
+        ids[key] = int(token_id)
+    config = PretrainedConfig(is_encoder_decoder=True, eos_token_id=ids["eos_token"],
+                              decoder_start_token_id=ids["decoder_start_token"], pad_token_id=tokenizer.pad_token_id)
+    try:
+        base = GenerationConfig.from_pretrained(folder)
+    except OSError:
+        base = GenerationConfig.from_model_config(config)
+    return config, base

@@ -1,0 +1,185 @@
+"""Rank 0's tail: wait for every rank file, merge by id, score, write the outputs and the summary;
+and what to say when ranks did not finish (what is missing, how to resume)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import metrics as metric_fns
+from ..config import EvalConfig
+from ..merge import RowTaker, merge_by_id
+from ..report import lowest_scoring_line, now_iso, package_versions, summary_table, write_outputs
+from .dist import DistEnv
+from .journal import JournalIndex
+from .plan import assign_batches
+from .prepare import Prepared
+from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
+from .tmpdir import cleanup_tmp_dir
+
+
+@dataclass
+class Outcome:
+    """What the CLI reports: metrics on rank 0, nothing on other ranks."""
+
+    metrics: dict[str, Any] | None = None
+    written: list[Path] = field(default_factory=list)
+    table: str = ""
+    plan_text: str = ""
+
+
+def resume_command(env: DistEnv, argv: list[str] | None = None) -> str:
+    """The command that continues this run: the same arguments plus --resume, under the same
+    kind of launch (a multi-node torchrun needs its node count and rendezvous on every node)."""
+    args = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--resume"] + ["--resume"]
+    if env.launcher == "torchrun":
+        nproc = env.local_world_size or env.world_size
+        nnodes = max(1, env.world_size // nproc)
+        if nnodes == 1:
+            launch = ["torchrun", "--standalone", f"--nproc_per_node={nproc}"]
+        else:
+            launch = ["torchrun", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
+                      f"--rdzv_endpoint={env.rdzv_endpoint or 'HOST:PORT'}", f"--rdzv_id={env.run_id or 'ID'}"]
+        cmd = shlex.join([*launch, "-m", "seq2seq_eval", *args])
+        return cmd + (" (on every node)" if nnodes > 1 else "")
+    if env.launcher == "slurm":
+        return shlex.join(["srun", "python", "-m", "seq2seq_eval", *args]) + " (with the same srun options)"
+    return shlex.join([sys.executable, "-m", "seq2seq_eval", *args])
+
+
+def earlier_run(cfg: EvalConfig, prep: Prepared) -> Any:
+    """--compare_to's run, read and checked against this run's examples before any waiting."""
+    if cfg.compare_to is None:
+        return None
+    from ..compare import check_same_examples, load_run
+
+    earlier = load_run(cfg.compare_to)
+    check_same_examples(earlier, prep.store.ids(range(len(prep.store))), "this run")
+    return earlier
+
+
+def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: Any) -> dict[str, Any]:
+    """The paired test of this run against --compare_to's, with compare's own code."""
+    import pyarrow as pa
+
+    from ..compare import compare_systems
+
+    preds = [p[0] for p in table.take(pa.array(order)).column("pred").to_pylist()]
+    refs = prep.store.targets(range(len(prep.store)))
+    k = prep.store.max_references
+    streams = [[(r,) if isinstance(r, str) else r for r in refs]]
+    streams = [[t[j] if j < len(t) else None for t in streams[0]] for j in range(k)]
+    baseline = f"{Path(cfg.compare_to).name or cfg.compare_to} (--compare_to)"
+    return compare_systems({baseline: earlier.predictions, "this run": preds}, streams, metrics=cfg.metric_names)
+
+
+def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
+    if missing_ranks is None:
+        missing_ranks = [r for r in range(env.world_size) if not rank_file(tmp_dir, r).exists()]
+    done = JournalIndex(tmp_dir).finished()
+    deal = assign_batches(prep.batches, env.world_size)
+    left = {
+        r: sum(len(prep.batches[i].members) for i in deal[r] if i not in done) for r in missing_ranks
+    }
+    per_rank = ", ".join(f"rank {r}: {n}" for r, n in left.items())
+    unfinished = sum(len(b.members) for b in prep.batches if b.index not in done)
+    return (
+        f"rank(s) {', '.join(map(str, missing_ranks)) or 'none'} did not finish ({per_rank} examples left); "
+        f"{unfinished} of {len(prep.store)} examples still to generate ({len(done)} of {len(prep.batches)} "
+        f"batches are kept in {tmp_dir}); resume with: {resume_command(env)}"
+    )
+
+
+def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stats: dict[str, Any], t_start: float,
+            earlier: Any) -> Outcome:
+    t_wait = time.perf_counter()
+    paths = wait_for_rank_files(
+        tmp_dir, env.world_size, cfg.sync_timeout,
+        describe_missing=lambda missing: "; " + missing_summary(cfg, env, prep, tmp_dir, missing),
+    )
+    t_merge = time.perf_counter()
+    outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
+    table, order = merge_by_id(outputs, prep.store)
+    per_rank = [o.stats for o in outputs]
+    n = len(prep.store)
+
+    def summarize(totals: metric_fns.MetricTotals | None) -> dict[str, Any]:
+        metrics = totals.result(prep.store.sacrebleu_num_refs) if totals is not None else {}
+        if earlier is not None:
+            metrics["comparison"] = _compare(cfg, prep, table, order, earlier)
+        t_end = time.perf_counter()
+        gen_seconds = max(s["generation_seconds"] for s in per_rank)
+        # Rates cover what this run generated; batches reused from a journal cost no time here.
+        generated = sum(s["generated_examples"] for s in per_rank)
+        tokens = sum(s["new_generated_tokens"] for s in per_rank)
+        padded = sum(s["padded_source_tokens"] for s in per_rank)
+        throughput = {
+            "generated_examples": generated,
+            "samples_per_second": generated / gen_seconds if gen_seconds else None,
+            "generated_tokens_per_second": tokens / gen_seconds if gen_seconds else None,
+            "generation_seconds": gen_seconds,
+            "source_padding_efficiency": sum(s["source_tokens"] for s in per_rank) / padded if padded else None,
+            # Planned batches that ran as sub-batches after running out of memory (oom.py).
+            "split_batches": sum(s.get("split_batches", 0) for s in per_rank),
+            # Batches run by another rank than the plan dealt them to (steal.py).
+            "moved_batches": sum(s.get("stolen_batches", 0) for s in per_rank),
+            "rank_imbalance": gen_seconds / (sum(s["generation_seconds"] for s in per_rank) / len(per_rank))
+            if gen_seconds else None,
+            # How long the first rank to finish its generation waited for the last one (clocks of
+            # several nodes are only as close as NTP keeps them).
+            "finish_spread_seconds": max(s["generation_finished"] for s in per_rank) - min(s["generation_finished"] for s in per_rank),
+            "time_breakdown": {
+                "prepare": my_stats["prepare_seconds"],  # examples, tokenize, plan: within model_load
+                "model_load": my_stats["model_load_seconds"],
+                "generation": my_stats["generation_seconds"],
+                "scoring_on_rank": my_stats["scoring_seconds"],
+                "waiting": t_merge - t_wait,
+                "merge_and_scoring": t_end - t_merge,
+                "total": t_end - t_start,
+            },
+            "per_rank": per_rank,
+        }
+        summary: dict[str, Any] = dict(metrics)
+        summary.update({
+            "n_obs": n,
+            # As the legacy script: generation time over the run's examples. A resumed run's
+            # reused batches cost nothing here, hence the generation-only figure beside it.
+            "seconds_per_sample": gen_seconds / n,
+            "seconds_per_generated_sample": gen_seconds / generated if generated else None,
+            "n_gpus": env.world_size,
+            "throughput": throughput,
+            "provenance": {
+                "config": cfg.to_dict(),
+                "task_settings": prep.manifest["task_settings"],
+                "generation": prep.manifest["generation"],
+                "prefix": prep.prefix,
+                "model": prep.manifest["model"],
+                "engine": prep.manifest["engine"],
+                "data": prep.manifest["data"],
+                "plan": prep.manifest["plan"],
+                "versions": package_versions(),
+                "date": now_iso(),
+                "world_size": env.world_size,
+                "device_type": my_stats["device"].split(":")[0],
+            },
+        })
+        return summary
+
+    # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
+    written, summary, totals = write_outputs(cfg, prep.store, RowTaker(outputs), order, summarize, tail_since=t_merge)
+    # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
+    table = outputs = None
+    if not cfg.debug:
+        cleanup_tmp_dir(tmp_dir)
+    text = summary_table(summary, per_rank)
+    if totals is not None:
+        text += "\n" + lowest_scoring_line(prep.store, totals)
+    if "comparison" in summary:
+        from ..compare import format_table
+
+        text += "\n\n" + format_table(summary["comparison"])
+    return Outcome(metrics=summary, written=written, table=text)

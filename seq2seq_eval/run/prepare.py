@@ -1,0 +1,218 @@
+"""Everything before generation, identical on every rank: the examples as an Arrow store, the
+tokenized sources, the model's settings, the batch plan and the manifest that identifies the run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import engines
+from ..config import EvalConfig
+from ..data import iter_examples
+from ..errors import DataError
+from ..model.settings import (
+    generation_config_for,
+    load_model_config,
+    load_tokenizer,
+    model_config_of,
+    source_limit,
+    source_prefix,
+    task_entry,
+)
+from ..report import data_files
+from ..atomic import write_json_atomic
+from ..store import ROWS_PER_BATCH, ExampleStore, write_blocks
+from ..tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
+from .dist import DistEnv, ProcessGroup
+from .plan import Batch, assign_batches, batch_budget, make_batches, padding_efficiency, plan_digest
+
+logger = logging.getLogger("seq2seq_eval")
+
+
+@dataclass
+class Prepared:
+    """Everything derived before generation: identical on every rank."""
+
+    store: ExampleStore
+    tokenizer: Any
+    model_config: Any
+    generation_config: Any
+    prefix: str
+    tokens: SourceTokens
+    batches: list[Batch]
+    manifest: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per preparation step on this rank
+
+
+def _canonical(name: str) -> str:
+    """A local path as an absolute, resolved path; a hub name as it is."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
+
+
+def _model_identity(model_config: Any, model_name: str) -> dict[str, Any]:
+    """The model's revision when it came from the hub, else a hash of its local weight files."""
+    identity: dict[str, Any] = {"name": _canonical(model_name)}
+    revision = getattr(model_config, "_commit_hash", None)
+    if revision:
+        identity["revision"] = revision
+    path = Path(os.path.expanduser(model_name))
+    if path.is_dir():
+        h = hashlib.sha256()
+        for f in sorted(path.iterdir()):
+            if f.suffix in (".safetensors", ".bin") and f.is_file():
+                with open(f, "rb") as fh:
+                    for chunk in iter(lambda: fh.read(1 << 22), b""):
+                        h.update(chunk)
+        identity["weights_sha256"] = h.hexdigest()
+    return identity
+
+
+def _data_key(cfg: EvalConfig) -> str:
+    """What the examples cache depends on: the input options and, for local files, their size
+    and modification time (a changed file is converted again; its new fingerprint then tells a
+    --resume that the data changed)."""
+    stamp = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in data_files(cfg)]
+    options = [_canonical(cfg.input_path or cfg.dataset or cfg.data_dir), cfg.reference_path, cfg.dataset_config, cfg.split, cfg.type_path, cfg.n_obs,
+               cfg.source_column, cfg.target_column, cfg.id_column, cfg.src_lang, cfg.tgt_lang, cfg.pseudolabels]
+    return hashlib.sha256(json.dumps([options, stamp], default=str).encode()).hexdigest()
+
+
+def _examples_store(cfg: EvalConfig, pg: ProcessGroup | None, cache: Path) -> tuple[ExampleStore, dict[str, Any]]:
+    """The examples as an Arrow file in the cache: converted once by rank 0 (the others wait and
+    then map it), reused by a resumed or restarted run whose inputs are unchanged."""
+    path, meta_path = cache / "examples.arrow", cache / "examples.json"
+    key = _data_key(cfg)
+
+    def build() -> dict[str, Any]:
+        try:
+            meta = json.loads(meta_path.read_text())
+            if meta.get("key") == key and path.is_file():
+                return meta
+        except (OSError, ValueError):
+            pass
+        blocks, origin = iter_examples(cfg, ROWS_PER_BATCH)
+        n, sha = write_blocks(path, blocks)
+        meta = {"key": key, "n": n, "sha256": sha, "origin": origin}
+        write_json_atomic(meta_path, meta)  # last: the store above is complete
+        return meta
+
+    meta = pg.main_first(build, DataError) if pg is not None else build()
+    return ExampleStore(path, meta["origin"]), meta
+
+
+def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str, store: ExampleStore,
+                   tokenizer: Any, prefix: str, max_len: int | None) -> SourceTokens:
+    """Each rank tokenizes its 1/world of the sources (a dry run: all of them), then maps every
+    shard. Shards already complete for the same key (a resume, a restart) are kept."""
+    world = env.world_size if pg is not None else 1
+    ranges = [shard_range(len(store), r, world) for r in range(world)]
+    start, end = ranges[env.rank if pg is not None else 0]
+    if not shard_is_complete(cache, key, start, end):
+        tokenize_to(cache, key, start, end, tokenizer, store.iter_sources(start, end, CHUNK), prefix, max_len)
+    if pg is not None:
+        pg.barrier()  # every shard is on disk
+    return load_shards(cache, ranges)
+
+
+def _in_memory_identity(model: Any) -> dict[str, Any]:
+    """What the manifest records of a model passed in memory. No weight hash (that would read
+    every parameter at every evaluation); such a run is never resumed (api.evaluate refuses
+    --resume for it), so the identity only has to describe the model."""
+    params = list(model.parameters())
+    return {"name": f"<in-memory {type(model).__name__}>", "parameters": sum(p.numel() for p in params),
+            "dtype": str(params[0].dtype).removeprefix("torch.") if params else None}
+
+
+def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path, device_type: str = "cpu",
+            model: Any = None, tokenizer: Any = None) -> Prepared:
+    """Everything before generation. `device_type` picks the default batch budget
+    (plan.batch_budget); `model`, `tokenizer`: a model (and its tokenizer) already in memory
+    (api.evaluate), used instead of loading --model_name."""
+    model_config, base_gc = load_model_config(cfg) if model is None else model_config_of(model, cfg.model_name)
+    tokenizer = load_tokenizer(cfg, tokenizer)
+    entry = task_entry(model_config, cfg.task)
+    if entry.note and (pg is None or pg.env.is_main):  # every rank sees the same; one says it
+        logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
+    gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
+    engines.check(cfg, model_config, gc, tokenizer)
+    prefix = source_prefix(model_config, cfg)
+    max_source_length = source_limit(model_config, tokenizer, cfg)
+    identity = _model_identity(model_config, cfg.model_name) if model is None else _in_memory_identity(model)
+    cache.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    store, data = _examples_store(cfg, pg, cache)
+    t1 = time.perf_counter()
+    token_key = hashlib.sha256(json.dumps(
+        [data["sha256"], identity, prefix, max_source_length, type(tokenizer).__name__, len(tokenizer)], sort_keys=True
+    ).encode()).hexdigest()
+    tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length)
+    t2 = time.perf_counter()
+    out_cap = gc.max_new_tokens or gc.max_length
+    bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type)
+    batches = make_batches(
+        tokens.lengths.tolist(),
+        bs=bs,
+        max_tokens=max_tokens,
+        out_ratio=1.0 if cfg.task_family == "translation" else 0.25,
+        out_cap=out_cap,
+        beams=gc.num_beams or 1,
+    )
+    gen_settings = {k: v for k, v in gc.to_diff_dict().items() if k != "transformers_version"}
+    manifest = {
+        "model": identity,
+        "data": {
+            # Resolved: the same files named relatively, absolutely or with a trailing slash
+            # are the same run to --resume.
+            "path": _canonical(cfg.input_path or cfg.dataset or cfg.data_dir),
+            "dataset_config": cfg.dataset_config, "split": cfg.split,
+            "n_examples": len(store), "sha256": data["sha256"],
+        },
+        "task": cfg.task,
+        "task_settings": {"entry": entry.name, "params": json.loads(json.dumps(entry.params, default=str))},
+        "type_path": cfg.type_path,
+        "prefix": prefix,
+        "max_source_length": max_source_length,
+        "dtype": identity["dtype"] if model is not None else "float16" if cfg.fp16 else "bfloat16" if cfg.bf16 else "float32",
+        "engine": engines.describe(cfg),
+        "num_return_sequences": cfg.num_return_sequences,
+        "seed": cfg.seed,
+        "generation": json.loads(json.dumps(gen_settings, sort_keys=True, default=str)),
+        "plan": {"bs": bs, "max_tokens": max_tokens, "sha256": plan_digest(batches)},
+    }
+    timings = {"examples": t1 - t0, "tokenize": t2 - t1, "plan": time.perf_counter() - t2}
+    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings)
+
+
+def describe_plan(prep: Prepared, world_size: int) -> str:
+    deal = assign_batches(prep.batches, world_size)
+    plan = prep.manifest["plan"]
+    budget = f"--bs {plan['bs']}" if plan["bs"] is not None else f"--max_tokens {plan['max_tokens']}"
+    lines = [
+        f"{len(prep.store)} examples from {prep.store.origin}, {len(prep.batches)} batches ({budget}), "
+        f"source padding efficiency {padding_efficiency(prep.batches, prep.tokens.lengths):.3f}",
+        f"engine: {json.dumps(prep.manifest['engine'], sort_keys=True)}",
+        f"task settings: {_describe_entry(prep.manifest['task_settings'])}",
+        f"generation: {json.dumps(prep.manifest['generation'], sort_keys=True)}",
+        f"source prefix: {prep.prefix!r}",
+        f"sources truncated to {prep.manifest['max_source_length']} tokens: {prep.tokens.truncated}"
+        if prep.manifest["max_source_length"] is not None else "sources are not truncated (no model limit)",
+    ]
+    for rank, indices in enumerate(deal):
+        n = sum(len(prep.batches[i].members) for i in indices)
+        cost = sum(prep.batches[i].cost for i in indices)
+        lines.append(f"rank {rank}: {len(indices)} batches, {n} examples, est. cost {cost:.0f}")
+    lines.append("prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
+    return "\n".join(lines)
+
+
+def _describe_entry(settings: dict[str, Any]) -> str:
+    if settings["entry"] is None:
+        return "none (no task_specific_params entry applies)"
+    return f"task_specific_params[{settings['entry']!r}] = {json.dumps(settings['params'], sort_keys=True)}"

@@ -1,0 +1,174 @@
+"""One rank's run: load, plan, generate its batches with a journal, write its rank file; on
+rank 0 also wait, merge by id, score and report."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import engines
+from ..config import EvalConfig
+from ..errors import EvalError, Interrupted, RunFailed, RunStateError
+from ..report import check_output_locations
+from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
+from .finish import Outcome, earlier_run, finish, missing_summary
+from .prepare import Prepared, describe_plan, prepare
+from .rank import generate_rank
+from .tmpdir import STOPPED, RunLock, check_tmp_dir, prepare_tmp_dir, refuse_earlier_run
+
+logger = logging.getLogger("seq2seq_eval")
+
+
+class _Signals:
+    """SIGINT/SIGTERM become an `Interrupted` exception in the main thread. torchrun sends
+    SIGTERM to every worker when one of them dies; unwinding (instead of dying at once) lets
+    rank 0 say which examples are missing. Finished batches are already fsynced in the journal."""
+
+    def __enter__(self) -> "_Signals":
+        self._old = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum: int, frame: Any) -> None:
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}")
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+
+def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGroup | None = None,
+        model: Any = None, tokenizer: Any = None) -> Outcome:
+    """One rank's run. The command line passes the config alone; api.evaluate also passes the
+    job's group (`process_group`, kept open: the caller closes it) and may pass a model and its
+    tokenizer already in memory, which run where they are, as they are."""
+    env = env or dist_env()
+    t_start = time.perf_counter()
+    check_output_locations(cfg)
+    if cfg.dry_run:
+        # A dry run is one process that never joins a group: it validates and prints the plan,
+        # converting and tokenizing into a throwaway folder (the run's temp dir stays untouched).
+        device, _ = resolve_device(cfg, env)
+        with tempfile.TemporaryDirectory(prefix="seq2seq_eval_dry_run_") as cache:
+            prep = prepare(cfg, env, None, Path(cache), device.type)
+            check_tmp_dir(Path(cfg.tmp_dir), prep.manifest, cfg.resume)
+            earlier_run(cfg, prep)
+            return Outcome(plan_text=describe_plan(prep, env.world_size))
+    if model is not None:
+        device = next(model.parameters()).device  # the caller's: its current device is set
+    else:
+        device, backend = resolve_device(cfg, env)
+        if device.type == "cuda":
+            import torch
+
+            torch.cuda.set_device(device)
+    pg = process_group if process_group is not None else ProcessGroup(env, backend, cfg.sync_timeout)
+    lock: RunLock | None = None
+    tmp_dir = Path(cfg.tmp_dir)
+    prep: Prepared | None = None
+    try:
+        with _Signals():
+            lock = _claim_tmp_dir(cfg, env, pg, tmp_dir)
+            prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type, model, tokenizer)
+            _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
+            earlier: list[Any] = []  # --compare_to's run, checked before any generation
+            _agree(env, pg, lambda: earlier.append(earlier_run(cfg, prep)))
+            engine = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
+                                  generation_config=prep.generation_config, device=device, env=env, model=model)
+            t_loaded = time.perf_counter()
+            # What a large run spends before generating anything (benchmarks/scale.py reads it).
+            logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,
+                        ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
+            stats = generate_rank(cfg, env, prep, engine, device, tmp_dir,
+                                   {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings})
+            if not env.is_main:
+                return Outcome()
+            return finish(cfg, env, prep, tmp_dir, stats, t_start, earlier[0] if earlier else None)
+    except Interrupted as e:
+        if prep is None:
+            raise
+        if env.is_main:
+            if lock is not None:
+                # Before the lock goes: a rank that finds the lock free and this file absent
+                # knows rank 0 died; with it, rank 0 was interrupted too and reports itself.
+                _write_marker(tmp_dir / STOPPED)
+            raise Interrupted(f"{e}; {missing_summary(cfg, env, prep, tmp_dir)}") from e
+        if _main_rank_is_gone(tmp_dir):
+            # Rank 0 died (its flock went with it) and cannot report; the first surviving rank to
+            # take the lock says what is missing, the others stay quiet.
+            raise RunFailed(f"rank 0 is gone; {missing_summary(cfg, env, prep, tmp_dir)}") from e
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
+        if process_group is None:
+            pg.close()
+
+
+def _write_marker(path: Path) -> None:
+    try:
+        path.write_bytes(b"")
+    except OSError:
+        pass  # only a hint for the other ranks' messages
+
+
+def _main_rank_is_gone(tmp_dir: Path) -> bool:
+    try:
+        RunLock(tmp_dir).acquire()  # kept until this process exits
+    except EvalError:
+        return False
+    return not (tmp_dir / STOPPED).exists()
+
+
+def _agree(env: DistEnv, pg: ProcessGroup, check: Any) -> None:
+    """Rank 0 runs `check`; every rank learns its verdict from one broadcast, so a refused run
+    stops on all ranks before any of them writes a journal line."""
+    verdict: str | None = None
+    if env.is_main:
+        try:
+            check()
+        except EvalError as e:
+            pg.broadcast(str(e))
+            raise
+    verdict = pg.broadcast(verdict)
+    if verdict is not None:
+        raise RunStateError(verdict)
+
+
+def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Path) -> RunLock | None:
+    """Rank 0 creates and locks the temp dir before anything is written there (the examples
+    cache comes next), and refuses an earlier run's files unless resuming."""
+    holder: list[RunLock] = []
+
+    def claim() -> None:
+        try:
+            tmp_dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(tmp_dir, os.W_OK):
+                raise PermissionError(13, "Permission denied")
+        except OSError as e:
+            raise RunStateError(f"--tmp_dir {tmp_dir}: not writable ({e.strerror})") from e
+        lock = RunLock(tmp_dir)
+        lock.acquire()
+        try:
+            # A worker group restarted by torchrun (--max_restarts) resumes by itself.
+            refuse_earlier_run(tmp_dir, cfg.resume or env.restart_count > 0)
+        except EvalError:
+            lock.release()
+            raise
+        holder.append(lock)
+
+    _agree(env, pg, claim)
+    return holder[0] if holder else None
+
+
+def _check_manifest(cfg: EvalConfig, env: DistEnv, tmp_dir: Path, manifest: dict[str, Any]) -> None:
+    found = prepare_tmp_dir(tmp_dir, manifest, cfg.resume or env.restart_count > 0)
+    if found:
+        logger.info("resuming from %d journal(s) in %s", found, tmp_dir)
