@@ -50,6 +50,7 @@ from seq2seq_eval.model import settings as model_settings  # noqa: E402
 from seq2seq_eval.engines.hf import generated_lengths  # noqa: E402
 from seq2seq_eval.data import read_lines  # noqa: E402
 from seq2seq_eval.atomic import write_json_atomic  # noqa: E402
+from seq2seq_eval.run.plan import DEFAULT_MAX_TOKENS  # noqa: E402
 TASK = "translation"  # BLEU: the goals compare scores, and BLEU is the cheap one to compute
 MAX_SOURCE_LENGTH = 1024  # seq2seq_eval's default --max_source_length, used by every method
 POLL_S = 0.1  # the legacy merge polls for rank files as often as seq2seq_eval does
@@ -65,11 +66,13 @@ METHODS = {
     "h": "(h) s2s defaults",
 }
 # How each seq2seq_eval method runs: its batching ("bs", "max_tokens" or None for the defaults)
-# and engine flags. (e) and (f) batch as (d); (g) runs (e)'s planned batches with nothing around them.
+# and engine flags. (e) and (f) batch as the tool does by default for CTranslate2 (its measured
+# best budget, plan.DEFAULT_MAX_TOKENS), as (h) does for the HF engine; (g) runs (e)'s planned
+# batches with nothing around them.
 S2S_METHODS = {
     "c": ("bs", []), "d": ("max_tokens", []),
-    "e": ("max_tokens", ["--engine", "ctranslate2", "--compute_type", "float32"]),
-    "f": ("max_tokens", ["--engine", "ctranslate2", "--compute_type", "int8"]),
+    "e": (None, ["--engine", "ctranslate2", "--compute_type", "float32"]),
+    "f": (None, ["--engine", "ctranslate2", "--compute_type", "int8"]),
     "h": (None, []),
 }
 
@@ -788,7 +791,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "a": lambda where: run_baseline("a", "tutorial", a, data_dir, where),
         "b": lambda where: run_baseline("b", "legacy", a, data_dir, where),
         **{k: (lambda where, k=k: run_seq2seq_eval(k, a, data_dir, where, max_tokens)) for k in S2S_METHODS},
-        "g": lambda where: run_bare("g", a, data_dir, where, max_tokens),
+        "g": lambda where: run_bare("g", a, data_dir, where, DEFAULT_MAX_TOKENS["ctranslate2"][a.device]),
     }
     keys = [k for k in METHODS if k in a.methods]
     rounds: list[dict[str, MethodResult]] = []

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from seq2seq_eval.run.plan import Batch, assign_batches, estimate_cost, make_batches, padding_efficiency, plan_digest, sort_by_length
+from seq2seq_eval.run.plan import Batch, assign_batches, batch_budget, estimate_cost, make_batches, padding_efficiency, plan_digest, sort_by_length
 
 
 def members(batches: list[Batch]) -> list[tuple[int, ...]]:
@@ -199,3 +199,17 @@ def test_plan_digest_depends_on_members_only():
 )
 def test_padding_efficiency_hand_checked(lengths, mode, expected):
     assert padding_efficiency(make_batches(lengths, **mode), lengths) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("bs, max_tokens, device, engine, expected", [
+    (None, None, "cpu", "hf", (None, 1024)),  # the measured best per engine and device
+    (None, None, "cpu", "ctranslate2", (None, 2048)),
+    (None, None, "cuda", "hf", (None, 16384)),
+    (None, None, "cuda", "ctranslate2", (None, 16384)),
+    (None, None, "mps", "hf", (None, 1024)),  # an unlisted device takes the CPU's
+    (8, None, "cpu", "ctranslate2", (8, None)),  # a flag given wins
+    (None, 300, "cuda", "hf", (None, 300)),
+    (8, 300, "cpu", "hf", (None, 300)),  # both given: the token budget wins
+])
+def test_batch_budget(bs, max_tokens, device, engine, expected):
+    assert batch_budget(bs, max_tokens, device, engine) == expected
