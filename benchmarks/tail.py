@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from seq2seq_eval import metrics
+from seq2seq_eval.scoring import totals as metrics
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.data import Example
 from seq2seq_eval.merge import RowTaker, merge_by_id

@@ -50,8 +50,8 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
     `references`: one reference per prediction (a list of str), or several reference streams as
     sacrebleu takes them (a list of lists, each aligned with `predictions`). `metrics`: a comma
     list or a sequence of names from bleu, chrf, chrf++, ter, rouge (default: the task's)."""
-    from . import metrics as metric_fns
-    from .metric_names import parse_metric_names
+    from .scoring import totals as metric_fns
+    from .scoring.names import parse_metric_names
 
     names = parse_metric_names(metrics if isinstance(metrics, str) else ",".join(metrics), task)
     preds = _texts(predictions, "predictions")

@@ -35,7 +35,8 @@ import numpy as np
 
 from .data import ExampleId, Examples, load_jsonl, load_legacy, read_lines
 from .errors import ConfigError, DataError, EvalError
-from .metrics import ROUGE_KEYS, SEED, rouge_example_scores
+from .scoring.results import ROUGE_KEYS, SEED
+from .scoring.rouge import rouge_example_scores
 
 __all__ = [
     "ALPHA",

@@ -16,7 +16,7 @@ from typing import Any
 from .config import EvalConfig
 from .data import Example
 from .errors import OutputError, RunStateError
-from .metrics import MetricTotals
+from .scoring.totals import MetricTotals
 from .atomic import AtomicFile, dumps, write_atomic
 
 logger = logging.getLogger("seq2seq_eval")

@@ -36,7 +36,8 @@ from seq2seq_eval.compare import (
 from seq2seq_eval.data import load_jsonl, load_legacy, read_lines
 from seq2seq_eval.errors import ConfigError, DataError
 from seq2seq_eval.html_report import PALETTE, render_report
-from seq2seq_eval.metrics import ROUGE_KEYS, rouge_example_scores, rouge_from_example_scores
+from seq2seq_eval.scoring.results import ROUGE_KEYS
+from seq2seq_eval.scoring.rouge import rouge_example_scores, rouge_from_example_scores
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 REALDATA = SHARED / "realdata"

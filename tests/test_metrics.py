@@ -18,25 +18,11 @@ import sacrebleu
 from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU
 
-from seq2seq_eval import metrics
-from seq2seq_eval.metrics import (
-    ROUGE_KEYS,
-    SEED,
-    BleuResult,
-    RougeResult,
-    bleu_from_statistics,
-    bleu_statistics,
-    combine,
-    corpus_bleu,
-    corpus_rouge,
-    example_statistics,
-    metric_dict,
-    prepare_for_rouge,
-    rouge_example_scores,
-    rouge_from_example_scores,
-    score,
-    split_sentences,
-)
+from seq2seq_eval.scoring import rouge as rouge_module
+from seq2seq_eval.scoring.bleu import bleu_from_statistics, bleu_statistics, corpus_bleu
+from seq2seq_eval.scoring.results import ROUGE_KEYS, SEED, BleuResult, RougeResult
+from seq2seq_eval.scoring.rouge import corpus_rouge, prepare_for_rouge, rouge_example_scores, rouge_from_example_scores, split_sentences
+from seq2seq_eval.scoring.task import combine, example_statistics, metric_dict, score
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 REALDATA = SHARED / "realdata"
@@ -377,7 +363,7 @@ def test_split_sentences_uses_the_same_parameters_as_nltk(nltk_sent_tokenize):
 
     nltk_sent_tokenize("Warm up.")
     theirs = _get_punkt_tokenizer("english")._params
-    ours = metrics._sentence_tokenizer()._params
+    ours = rouge_module._sentence_tokenizer()._params
     assert ours.abbrev_types == theirs.abbrev_types
     assert ours.collocations == theirs.collocations
     assert ours.sent_starters == theirs.sent_starters

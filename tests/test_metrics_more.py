@@ -20,18 +20,11 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from seq2seq_eval import cli
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.errors import ConfigError, DataError
-from seq2seq_eval.metric_names import METRIC_NAMES, parse_metric_names
-from seq2seq_eval.metrics import (
-    ROUGE_KEYS,
-    combine_metrics,
-    lowest_scoring,
-    metric_statistics,
-    prepare_for_rouge,
-    sacrebleu_num_refs,
-    score_metrics,
-    sentence_scores,
-)
-from seq2seq_eval.sacre_metrics import reference_streams
+from seq2seq_eval.scoring.names import METRIC_NAMES, parse_metric_names
+from seq2seq_eval.scoring.results import ROUGE_KEYS
+from seq2seq_eval.scoring.rouge import prepare_for_rouge
+from seq2seq_eval.scoring.totals import combine_metrics, lowest_scoring, metric_statistics, sacrebleu_num_refs, score_metrics, sentence_scores
+from seq2seq_eval.scoring.sacre import reference_streams
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 REALDATA = SHARED / "realdata"

@@ -98,7 +98,7 @@ def test_summary_names_the_five_lowest_scoring_ids(two_refs):
 
 def test_rank_files_carry_statistics_keyed_by_metric(two_refs):
     """Each rank computed the statistics and sentence scores of the examples it generated."""
-    from seq2seq_eval.metrics import metric_statistics, sentence_scores
+    from seq2seq_eval.scoring.totals import metric_statistics, sentence_scores
 
     save, _ = two_refs["runs"][3]
     tgt, tgt2 = two_refs["refs"]
@@ -141,7 +141,8 @@ def test_summarization_jsonl_reference_lists(tiny_model, tmp_path):
     (nrefs:var), no examples file."""
     from rouge_score import rouge_scorer
 
-    from seq2seq_eval.metrics import ROUGE_KEYS, prepare_for_rouge
+    from seq2seq_eval.scoring.results import ROUGE_KEYS
+    from seq2seq_eval.scoring.rouge import prepare_for_rouge
 
     src, tgt = make_corpus(9, seed=7)
     _, tgt2 = make_corpus(9, seed=8)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import metrics as metric_fns
+from ..scoring import totals as metric_fns
 from ..config import EvalConfig
 from ..merge import RowTaker, merge_by_id
 from ..report import lowest_scoring_line, now_iso, package_versions, summary_table, write_outputs

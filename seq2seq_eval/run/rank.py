@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import engines
-from .. import metrics as metric_fns
+from ..scoring import totals as metric_fns
 from ..config import EvalConfig
 from ..report import output_lines
 from .dist import DistEnv

@@ -6,7 +6,7 @@ imported, so a typo costs no start-up time; ``metrics.py`` builds the metrics th
 
 from __future__ import annotations
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 METRIC_NAMES = ("bleu", "chrf", "chrf++", "ter", "rouge")
 """Every name ``--metrics`` accepts: sacrebleu's BLEU(), CHRF(), CHRF(word_order=2), TER(), and rouge-score."""
