@@ -26,7 +26,7 @@ from seq2seq_eval.model import settings as model_settings  # noqa: E402
 from seq2seq_eval.engines import hf  # noqa: E402
 from seq2seq_eval.engines.hf import HFEngine  # noqa: E402
 from seq2seq_eval.config import EvalConfig  # noqa: E402
-from seq2seq_eval.data import read_lines  # noqa: E402
+from seq2seq_eval.inputs.files import read_lines  # noqa: E402
 from seq2seq_eval.run.plan import make_batches  # noqa: E402
 
 TASK = "translation"

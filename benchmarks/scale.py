@@ -107,7 +107,7 @@ def floor_child(spec: dict[str, Any]) -> None:
     from transformers import AutoTokenizer
 
     from seq2seq_eval.config import EMBEDDED_MODEL
-    from seq2seq_eval.tokens import CHUNK
+    from seq2seq_eval.inputs.tokens import CHUNK
 
     backend = AutoTokenizer.from_pretrained(str(EMBEDDED_MODEL)).backend_tokenizer
     with open(spec["source"], encoding="utf-8") as f:
@@ -216,7 +216,7 @@ def main() -> int:
         if not (files / "tmp" / "rank_1_output.json").exists():
             subprocess.run([py, "-c", (
                 "import sys; sys.path[:0] = [sys.argv[1], sys.argv[1] + '/benchmarks'];"
-                "from pathlib import Path; from tail import make_rank_files; from seq2seq_eval.data import read_lines;"
+                "from pathlib import Path; from tail import make_rank_files; from seq2seq_eval.inputs.files import read_lines;"
                 "d = Path(sys.argv[2]); make_rank_files(Path(sys.argv[3]), read_lines(d / 'test.source'),"
                 " read_lines(d / 'test.target'), 2, candidates=2)"), str(REPO), str(folders[n]), str(files)],
                 check=True, env=env())

@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))  # tail.py, shared with scale.py
 from seq2seq_eval.model import settings as model_settings  # noqa: E402
 from seq2seq_eval.engines.hf import generated_lengths  # noqa: E402
-from seq2seq_eval.data import read_lines  # noqa: E402
+from seq2seq_eval.inputs.files import read_lines  # noqa: E402
 from seq2seq_eval.atomic import write_json_atomic  # noqa: E402
 from seq2seq_eval.run.plan import DEFAULT_MAX_TOKENS  # noqa: E402
 TASK = "translation"  # BLEU: the goals compare scores, and BLEU is the cheap one to compute

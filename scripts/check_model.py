@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO / "data_samples"
 # Data files are read as the evaluator reads them (split on "\n" only, UTF-8 checked).
 sys.path.insert(0, str(REPO))
-from seq2seq_eval.data import read_lines  # noqa: E402
+from seq2seq_eval.inputs.files import read_lines  # noqa: E402
 
 
 def generate(model, tokenizer, sources: list[str], params: dict, batch_size: int) -> list[str]:

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO / "data_samples"
 # Data files are read as the evaluator reads them (split on "\n" only, UTF-8 checked).
 sys.path.insert(0, str(REPO))
-from seq2seq_eval.data import read_lines  # noqa: E402
+from seq2seq_eval.inputs.files import read_lines  # noqa: E402
 PREFIXES = {"translation": "translate: ", "summarization": "summarize: "}
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"  # ids 0, 1, 2; the decoder starts from <pad>
 # Longest input the model accepts; the evaluator truncates sources to 1024 tokens by default.

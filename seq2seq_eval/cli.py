@@ -109,7 +109,7 @@ def score_main(argv: Sequence[str]) -> dict:
 
     from .api import score
     from .config import CONFIG_FIELDS
-    from .data import read_lines, read_references
+    from .inputs.files import read_lines, read_references
     from .scoring.names import METRIC_NAMES, parse_metric_names
 
     parser = _Parser(prog="seq2seq_eval score", allow_abbrev=False,

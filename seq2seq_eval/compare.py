@@ -33,7 +33,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .data import ExampleId, Examples, load_jsonl, load_legacy, read_lines
+from .inputs.examples import ExampleId, Examples
+from .inputs.files import load_jsonl, load_legacy, read_lines
 from .errors import ConfigError, DataError, EvalError
 from .scoring.results import ROUGE_KEYS, SEED
 from .scoring.rouge import rouge_example_scores
@@ -555,7 +556,9 @@ def load_run(save_dir: str | Path) -> Run:
         examples, note = _run_examples(config, type_path)
     if examples is not None:
         expected = data_info.get("sha256")
-        if expected and examples.fingerprint() != expected:
+        from .inputs.store import fingerprint
+
+        if expected and fingerprint(examples.items) != expected:
             examples, note = None, f"its data {note} has changed since the run (sha256 differs from its provenance)"
     if examples is not None and len(examples) != len(preds):
         raise DataError(f"{gen_path}: {len(preds)} lines but the run's data {note} has {len(examples)} examples")

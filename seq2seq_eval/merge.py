@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .data import ExampleId
+from .inputs.examples import ExampleId
 from .errors import MergeError
 from .run.rankfiles import RankOutput
 

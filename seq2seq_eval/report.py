@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import EvalConfig
-from .data import Example
+from .inputs.examples import Example
 from .errors import OutputError, RunStateError
 from .scoring.totals import MetricTotals
 from .atomic import AtomicFile, dumps, write_atomic

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-import seq2seq_eval.data as data
-from seq2seq_eval.data import iter_files, iter_lines
+import seq2seq_eval.inputs.files as data
+from seq2seq_eval.inputs.files import iter_files, iter_lines
 from seq2seq_eval.errors import DataError
 
 

@@ -33,7 +33,8 @@ from seq2seq_eval.compare import (
     rouge_paired_test,
     sentence_scores,
 )
-from seq2seq_eval.data import load_jsonl, load_legacy, read_lines
+from seq2seq_eval.inputs.files import load_jsonl, load_legacy, read_lines
+from seq2seq_eval.inputs.store import fingerprint
 from seq2seq_eval.errors import ConfigError, DataError
 from seq2seq_eval.html_report import PALETTE, render_report
 from seq2seq_eval.scoring.results import ROUGE_KEYS
@@ -332,7 +333,7 @@ def make_run(save_dir: Path, data: Path, preds: list[str], task: str = "translat
     if sha256 is None:
         examples = load_jsonl(data, False) if data.suffix == ".jsonl" else load_legacy(data, type_path, False)
         examples = type(examples)(examples.items[:n_obs] if n_obs else examples.items, examples.origin)
-        sha256 = examples.fingerprint()
+        sha256 = fingerprint(examples.items)
     metric = "bleu" if "translation" in task else "rouge"
     config = {"model_name": "m", "data_dir": str(data), "dataset": None, "task": task, "type_path": type_path, "n_obs": n_obs}
     (save_dir / f"{type_path}_{metric}.json").write_text(json.dumps(

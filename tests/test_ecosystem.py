@@ -193,7 +193,7 @@ def _saved(tmp_path: Path, columns: dict, split: str = "test") -> Path:
 ])
 def test_columns_table(tmp_path, columns, flags, expected):
     from seq2seq_eval.config import EvalConfig
-    from seq2seq_eval.hf_data import load_hf_examples
+    from seq2seq_eval.inputs.hub import load_hf_examples
 
     cfg = EvalConfig(dataset=str(_saved(tmp_path, columns)), **flags)
     examples = load_hf_examples(cfg, need_targets=True)
@@ -218,7 +218,7 @@ def test_columns_table(tmp_path, columns, flags, expected):
 def test_data_errors_table(tmp_path, columns, flags, message):
     from seq2seq_eval.config import EvalConfig
     from seq2seq_eval.errors import DataError
-    from seq2seq_eval.hf_data import load_hf_examples
+    from seq2seq_eval.inputs.hub import load_hf_examples
 
     with pytest.raises(DataError, match=re.escape(message)):
         load_hf_examples(EvalConfig(dataset=str(_saved(tmp_path, columns)), **flags), need_targets=True)
@@ -226,7 +226,7 @@ def test_data_errors_table(tmp_path, columns, flags, message):
 
 def test_pseudolabels_need_no_target_column(tmp_path):
     from seq2seq_eval.config import EvalConfig
-    from seq2seq_eval.hf_data import load_hf_examples
+    from seq2seq_eval.inputs.hub import load_hf_examples
 
     cfg = EvalConfig(dataset=str(_saved(tmp_path, {"article": ["a", "b"]})), num_return_sequences=2)
     assert [(e.id, e.target) for e in load_hf_examples(cfg, need_targets=False).items] == [(0, None), (1, None)]

@@ -177,7 +177,7 @@ def test_generate_keeps_its_own_cache_where_the_shortcut_does_not_apply(setting,
 def test_generator_uses_the_beam_cache_on_the_embedded_model(monkeypatch, spare_slot_appends):
     """HFEngine hands the cache to generate() (its reorder runs) and the outputs are unchanged."""
     from seq2seq_eval.model import settings as model_settings
-    from seq2seq_eval.data import read_lines
+    from seq2seq_eval.inputs.files import read_lines
     from seq2seq_eval.engines import beam_cache, hf
     from seq2seq_eval.engines.hf import HFEngine
 

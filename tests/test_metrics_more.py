@@ -401,7 +401,7 @@ def _legacy(folder: Path, files: dict[str, list[str]]) -> Path:
 
 
 def test_legacy_dir_with_several_references(tmp_path):
-    from seq2seq_eval.data import load_legacy
+    from seq2seq_eval.inputs.files import load_legacy
 
     d = _legacy(tmp_path / "d", {"test.source": ["s1", "s2"], "test.target": ["a1", "a2"], "test.target.1": ["b1", "b2"],
                                  "test.target.2": ["c1", "c2"], "test.target.bak": ["x"], "val.target.5": ["x"]})
@@ -424,7 +424,7 @@ def test_legacy_dir_with_several_references(tmp_path):
     ],
 )
 def test_legacy_reference_errors(tmp_path, files, message):
-    from seq2seq_eval.data import load_legacy
+    from seq2seq_eval.inputs.files import load_legacy
 
     d = _legacy(tmp_path / "d", {"test.source": ["s1", "s2"], "test.target": ["a1", "a2"], **files})
     with pytest.raises(DataError, match=re.escape(message.format(d=d))):
@@ -432,7 +432,7 @@ def test_legacy_reference_errors(tmp_path, files, message):
 
 
 def test_jsonl_target_lists(tmp_path):
-    from seq2seq_eval.data import load_jsonl
+    from seq2seq_eval.inputs.files import load_jsonl
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"source": "s", "target": ["a", "b"]}\n{"source": "t", "target": ["c"]}\n'
@@ -453,7 +453,7 @@ def _saved(folder: Path, columns: dict) -> Path:
 
 
 def test_dataset_several_target_columns_and_list_columns(tmp_path):
-    from seq2seq_eval.hf_data import load_hf_examples
+    from seq2seq_eval.inputs.hub import load_hf_examples
 
     ds = _saved(tmp_path / "ds", {"source": ["s1", "s2"], "target": ["a1", "a2"], "alt": ["b1", "b2"],
                                   "refs": [["c1", "d1"], ["c2"]]})

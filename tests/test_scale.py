@@ -15,9 +15,10 @@ import shutil
 import pytest
 from conftest import assert_ok, make_corpus, single, write_legacy
 
-from seq2seq_eval.data import Example, Examples, iter_lines, read_lines
-from seq2seq_eval.store import ExampleStore, fingerprint, write_store
-from seq2seq_eval.tokens import load_shards, shard_is_complete, shard_range, write_shard
+from seq2seq_eval.inputs.examples import Example, Examples
+from seq2seq_eval.inputs.files import iter_lines, read_lines
+from seq2seq_eval.inputs.store import ExampleStore, fingerprint, write_store
+from seq2seq_eval.inputs.tokens import load_shards, shard_is_complete, shard_range, write_shard
 
 
 # ---------------------------------------------------------------- store
@@ -35,13 +36,13 @@ def test_store_round_trip_and_fingerprint(tmp_path):
     assert store.ids(range(4)) == [0, "k", 7, -3]  # ints and strings keep their JSON type
     assert store.reference_counts == (0, 2) and store.max_references == 2 and store.sacrebleu_num_refs == -1
     # the digest a run records equals the in-memory one compare computes, and depends on content
-    assert sha == fingerprint(EXAMPLES) == Examples(tuple(EXAMPLES), "x").fingerprint()
+    assert sha == fingerprint(EXAMPLES) == fingerprint(Examples(tuple(EXAMPLES), "x").items)
     assert fingerprint([Example(0, "a b", "x")]) != fingerprint([Example(0, "a b ", "x")])
     assert fingerprint([Example(0, "a", "x")]) != fingerprint([Example("0", "a", "x")])
 
 
 def test_store_spans_several_record_batches(tmp_path):
-    from seq2seq_eval import store as store_module
+    from seq2seq_eval.inputs import store as store_module
 
     many = [Example(i, f"source {i}", f"target {i}") for i in range(store_module.ROWS_PER_BATCH * 2 + 5)]
     n, sha = write_store(tmp_path / "s.arrow", iter(many))

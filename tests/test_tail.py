@@ -12,13 +12,13 @@ import pyarrow as pa
 import pytest
 
 from seq2seq_eval.config import EvalConfig
-from seq2seq_eval.data import Example
+from seq2seq_eval.inputs.examples import Example
 from seq2seq_eval.errors import RunStateError
 from seq2seq_eval.merge import RowTaker, merge_by_id
 from seq2seq_eval import report
 from seq2seq_eval.report import output_lines, write_outputs
 from seq2seq_eval.run.rankfiles import RankWriter, read_rank_output
-from seq2seq_eval.store import ExampleStore, write_store
+from seq2seq_eval.inputs.store import ExampleStore, write_store
 
 
 def _examples(n: int) -> list[Example]:

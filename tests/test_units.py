@@ -15,12 +15,12 @@ import pytest
 from seq2seq_eval import atomic
 from seq2seq_eval.cli import build_config, build_parser, parse_generate_kwargs
 from seq2seq_eval.config import EMBEDDED_DATA, EvalConfig, field_docs, parse_value
-from seq2seq_eval.data import read_lines
+from seq2seq_eval.inputs.files import read_lines
 from seq2seq_eval.run.dist import DistEnv, choose_device, dist_env
 from seq2seq_eval.errors import ConfigError, DataError, EvalError, MergeError, SyncTimeoutError
-from seq2seq_eval.data import Example
+from seq2seq_eval.inputs.examples import Example
 from seq2seq_eval.merge import merge_by_id
-from seq2seq_eval.store import ExampleStore, write_store
+from seq2seq_eval.inputs.store import ExampleStore, write_store
 from seq2seq_eval.atomic import write_atomic
 from seq2seq_eval.run.journal import Journal, journal_file, read_journals
 from seq2seq_eval.run.rankfiles import rank_file, RankWriter, read_rank_output, wait_for_rank_files

@@ -621,7 +621,7 @@ def test_fast_tokenizing_equals_the_tokenizer_call(zoo_models, zoo_data, name):
     left as it was."""
     from transformers import AutoTokenizer
 
-    from seq2seq_eval.data import read_lines
+    from seq2seq_eval.inputs.files import read_lines
     from seq2seq_eval.model.settings import _encode
 
     tokenizer = AutoTokenizer.from_pretrained(zoo_models[name])

@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import engines
 from ..config import EvalConfig
-from ..data import iter_examples
+from ..inputs.read import iter_examples
 from ..errors import DataError
 from ..model.settings import (
     generation_config_for,
@@ -27,8 +27,8 @@ from ..model.settings import (
 )
 from ..report import data_files
 from ..atomic import write_json_atomic
-from ..store import ROWS_PER_BATCH, ExampleStore, write_blocks
-from ..tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
+from ..inputs.store import ROWS_PER_BATCH, ExampleStore, write_blocks
+from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
 from .plan import Batch, assign_batches, batch_budget, make_batches, padding_efficiency, plan_digest
 

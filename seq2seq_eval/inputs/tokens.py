@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .model.settings import encode_sources
+from ..model.settings import encode_sources
 
 CHUNK = 10_000
 """Sources per tokenizer call: the tokenizer's output for a chunk is the largest transient."""

@@ -1,98 +1,16 @@
-"""Input examples: the legacy {type_path}.source/.target layout, JSON Lines, or a datasets split.
-
-Every example carries an id. Predictions are joined to references by that id, never by
-position, so an id must be unique and stable: the 0-based line number in the legacy layout, the
-record's "id" (or its 0-based line number) in JSON Lines.
-"""
+"""Text inputs: the legacy {type_path}.source/.target layout (with .target.1, .target.2... for more
+references), a source file with its reference file (the run_eval.py command line), and JSON Lines.
+Read as streams of blocks, with errors that name the file and the line."""
 
 from __future__ import annotations
 
 import json
-import itertools
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from .config import EvalConfig
-from .errors import DataError
-
-ExampleId = int | str
-
-
-@dataclass(frozen=True)
-class Example:
-    id: ExampleId
-    source: str
-    target: str | tuple[str, ...] | None
-    """One reference as a str, several as a tuple of two or more, None when there are none."""
-
-    @property
-    def references(self) -> tuple[str, ...]:
-        """The reference(s) as a tuple, whatever the count (empty when there are none)."""
-        if self.target is None:
-            return ()
-        return (self.target,) if isinstance(self.target, str) else tuple(self.target)
-
-
-@dataclass(frozen=True)
-class Examples:
-    items: tuple[Example, ...]
-    origin: str  # where they came from, for messages and the manifest
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    @property
-    def ids(self) -> list[ExampleId]:
-        return [e.id for e in self.items]
-
-    def fingerprint(self) -> str:
-        """What a run records as its data's sha256 (see store.fingerprint)."""
-        from .store import fingerprint
-
-        return fingerprint(self.items)
-
-
-def target_of(references: Sequence[str] | None) -> str | tuple[str, ...] | None:
-    """An Example's target from its list of references: the one text, a tuple of several, or None."""
-    if references is None:
-        return None
-    return references[0] if len(references) == 1 else tuple(references)
-
-
-@dataclass(frozen=True)
-class Block:
-    """Consecutive examples as columns: how inputs reach the example store. A million Example
-    objects cost seconds to build and to take apart again; the legacy layout is read straight
-    into these lists, a few MiB of each file at a time."""
-
-    ids: Sequence[ExampleId]  # a range for line-numbered inputs
-    sources: list[str]
-    targets: list[list[str] | None] | None = None  # per example, its reference(s) or None
-    reference_sets: list[list[str]] | None = None  # or: per reference file, a text per example
-
-    def __len__(self) -> int:
-        return len(self.sources)
-
-    def examples(self) -> Iterator[Example]:
-        targets = self.targets
-        if self.reference_sets is not None:
-            targets = [list(t) for t in zip(*self.reference_sets)]
-        for i, s, t in zip(self.ids, self.sources, targets if targets is not None else itertools.repeat(None)):
-            yield Example(i, s, target_of(t))
-
-    def head(self, n: int) -> "Block":
-        return Block(self.ids[:n], self.sources[:n], None if self.targets is None else self.targets[:n],
-                     None if self.reference_sets is None else [r[:n] for r in self.reference_sets])
-
-
-def blocks_of(examples: Iterable[Example], rows: int) -> Iterator[Block]:
-    """Examples regrouped into blocks of `rows` (the last one shorter)."""
-    it = iter(examples)
-    while chunk := list(itertools.islice(it, rows)):
-        yield Block([e.id for e in chunk], [e.source for e in chunk],
-                    [list(e.references) if e.target is not None else None for e in chunk])
+from ..errors import DataError
+from .examples import BLOCK_ROWS, Block, Example, ExampleId, Examples
 
 
 def read_lines(path: Path) -> list[str]:
@@ -142,6 +60,7 @@ def count_lines(path: Path) -> int:
 
 
 READ_BYTES = 1 << 22
+
 """Bytes read from a line file at a time by _Lines."""
 
 
@@ -251,11 +170,6 @@ def extra_reference_files(data_dir: Path, type_path: str) -> list[Path]:
             f"{prefix}1, {prefix}2, ... without gaps"
         )
     return [numbers[k] for k in expected]
-
-
-BLOCK_ROWS = 8192
-"""Examples per Block read from an input: also the store's record batch size (store.ROWS_PER_BATCH),
-fixed because the data fingerprint hashes batch buffers."""
 
 
 def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
@@ -372,51 +286,3 @@ def _target_field(record: dict, path: Path, lineno: int, required: bool) -> str 
             f"non-empty strings, got {value!r}"
         )
     return value[0] if len(value) == 1 else tuple(value)
-
-
-def load_examples(cfg: EvalConfig) -> Examples:
-    """Every example in memory: for small inputs (compare, tests). A run streams them instead."""
-    blocks, origin = iter_examples(cfg)
-    return Examples(tuple(e for b in blocks for e in b.examples()), origin)
-
-
-def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Block], str]:
-    """The examples the run evaluates (the first --n_obs), as a stream of blocks of `rows`
-    (the last one shorter), and where they come from. The input is opened and checked at once;
-    its rows are read as the iterator goes."""
-    need_targets = cfg.scored
-    if cfg.dataset is not None:
-        from .hf_data import iter_hf_examples
-
-        examples, origin = iter_hf_examples(cfg, need_targets)  # applies --n_obs before reading any column
-        return blocks_of(examples, rows), origin
-    path = Path(cfg.data_dir)
-    if cfg.input_path is not None:  # the legacy run_eval.py command line
-        path = Path(cfg.input_path)
-        refs = [Path(cfg.reference_path)] if cfg.reference_path is not None else []
-        blocks = iter_files(path, refs, rows)
-    elif path.suffix == ".jsonl" or path.is_file():
-        if not path.exists():
-            raise DataError(f"--data_dir {path}: file not found")
-        if path.suffix in (".source", ".target"):
-            # Otherwise read as JSON Lines and reported as "line 1: malformed JSON".
-            raise DataError(
-                f"--data_dir {path}: a .source/.target file; expected the folder that holds "
-                f"{cfg.type_path}.source and {cfg.type_path}.target (or a .jsonl file)"
-            )
-        blocks = blocks_of(iter_jsonl(path, need_targets), rows)
-    else:
-        blocks = iter_legacy(path, cfg.type_path, need_targets, rows)
-    if cfg.n_obs is not None:
-        blocks = _first(blocks, cfg.n_obs)
-    return blocks, str(path)
-
-
-def _first(blocks: Iterator[Block], n: int) -> Iterator[Block]:
-    for b in blocks:
-        if len(b) >= n:
-            if n:
-                yield b.head(n)
-            return
-        n -= len(b)
-        yield b

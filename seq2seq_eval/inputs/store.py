@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .data import BLOCK_ROWS, Block, Example, ExampleId, blocks_of, target_of
+from .examples import BLOCK_ROWS, Block, Example, ExampleId, blocks_of, target_of
 
 ROWS_PER_BATCH = BLOCK_ROWS
 """Rows per Arrow record batch: the blocks inputs are read in; fixed, because the fingerprint

@@ -1,0 +1,64 @@
+"""The examples a run evaluates, from whichever input the config names: text files, JSON Lines or
+a Hugging Face dataset, cut to --n_obs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..config import EvalConfig
+from ..errors import DataError
+from .examples import BLOCK_ROWS, Block, Examples, blocks_of
+from .files import (
+    iter_files,
+    iter_jsonl,
+    iter_legacy,
+)
+
+
+def load_examples(cfg: EvalConfig) -> Examples:
+    """Every example in memory: for small inputs (compare, tests). A run streams them instead."""
+    blocks, origin = iter_examples(cfg)
+    return Examples(tuple(e for b in blocks for e in b.examples()), origin)
+
+
+def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Block], str]:
+    """The examples the run evaluates (the first --n_obs), as a stream of blocks of `rows`
+    (the last one shorter), and where they come from. The input is opened and checked at once;
+    its rows are read as the iterator goes."""
+    need_targets = cfg.scored
+    if cfg.dataset is not None:
+        from .hub import iter_hf_examples
+
+        examples, origin = iter_hf_examples(cfg, need_targets)  # applies --n_obs before reading any column
+        return blocks_of(examples, rows), origin
+    path = Path(cfg.data_dir)
+    if cfg.input_path is not None:  # the legacy run_eval.py command line
+        path = Path(cfg.input_path)
+        refs = [Path(cfg.reference_path)] if cfg.reference_path is not None else []
+        blocks = iter_files(path, refs, rows)
+    elif path.suffix == ".jsonl" or path.is_file():
+        if not path.exists():
+            raise DataError(f"--data_dir {path}: file not found")
+        if path.suffix in (".source", ".target"):
+            # Otherwise read as JSON Lines and reported as "line 1: malformed JSON".
+            raise DataError(
+                f"--data_dir {path}: a .source/.target file; expected the folder that holds "
+                f"{cfg.type_path}.source and {cfg.type_path}.target (or a .jsonl file)"
+            )
+        blocks = blocks_of(iter_jsonl(path, need_targets), rows)
+    else:
+        blocks = iter_legacy(path, cfg.type_path, need_targets, rows)
+    if cfg.n_obs is not None:
+        blocks = _first(blocks, cfg.n_obs)
+    return blocks, str(path)
+
+
+def _first(blocks: Iterator[Block], n: int) -> Iterator[Block]:
+    for b in blocks:
+        if len(b) >= n:
+            if n:
+                yield b.head(n)
+            return
+        n -= len(b)
+        yield b
