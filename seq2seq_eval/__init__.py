@@ -17,10 +17,10 @@ def __getattr__(name: str) -> Any:
         from . import api
 
         return getattr(api, name)
-    if name == "compare":  # the module, callable as the compare() function (compare._CallableModule)
-        import importlib
+    if name == "compare":
+        from .comparison.systems import compare
 
-        return importlib.import_module(f"{__name__}.compare")
+        return compare
     if name == "EvalCallback":
         from .callback import EvalCallback
 

@@ -3,7 +3,7 @@
 `evaluate` is the command line's run (the same plan, journals, rank files, merge by id and
 metrics) called from Python on every rank of a job that is already running, such as a training
 job under torchrun, with the model it is training. `compare` lives beside the `compare`
-subcommand (compare.compare); `seq2seq_eval.compare(...)` calls it.
+subcommand (comparison.systems.compare); `seq2seq_eval.compare(...)` is it.
 
 Errors are the typed errors the command line turns into one line (errors.py), never SystemExit.
 """

@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(score_main(argv[1:]), indent=1, sort_keys=True, ensure_ascii=False))
             return 0
         if argv[:1] == ["compare"]:
-            from .compare import compare_main
+            from .comparison.command import compare_main
 
             print(compare_main(argv[1:]))
             return 0

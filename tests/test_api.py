@@ -139,7 +139,7 @@ def test_score_is_the_score_subcommand(tmp_path):
 
 
 def test_compare_is_the_compare_subcommand(tmp_path):
-    from seq2seq_eval.compare import compare_main
+    from seq2seq_eval.comparison.command import compare_main
 
     refs = ["the cat sat on the mat", "a dog runs", "it is red"]
     systems = {"a": ["the cat sat", "a dog runs", "it is blue"], "b": ["the cat sat on the mat", "a dog", "it is red"]}

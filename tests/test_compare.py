@@ -22,21 +22,18 @@ import pytest
 from sacrebleu.metrics import BLEU, CHRF, TER
 from sacrebleu.significance import PairedTest
 
-from seq2seq_eval import compare
+from seq2seq_eval.comparison import details as report_data
+from seq2seq_eval.comparison import paired
 from seq2seq_eval.cli import main
-from seq2seq_eval.compare import (
-    compare_main,
-    compare_systems,
-    load_run,
-    metric_names,
-    rouge_baseline_interval,
-    rouge_paired_test,
-    sentence_scores,
-)
+from seq2seq_eval.comparison.command import compare_main
+from seq2seq_eval.comparison.details import sentence_scores
+from seq2seq_eval.comparison.paired import metric_names, rouge_baseline_interval, rouge_paired_test
+from seq2seq_eval.comparison.runs import load_run
+from seq2seq_eval.comparison.systems import compare_systems
 from seq2seq_eval.inputs.files import load_jsonl, load_legacy, read_lines
 from seq2seq_eval.inputs.store import fingerprint
 from seq2seq_eval.errors import ConfigError, DataError
-from seq2seq_eval.html_report import PALETTE, render_report
+from seq2seq_eval.comparison.html import PALETTE, render_report
 from seq2seq_eval.scoring.results import ROUGE_KEYS
 from seq2seq_eval.scoring.rouge import rouge_example_scores, rouge_from_example_scores
 
@@ -94,7 +91,7 @@ def test_unknown_metric_is_a_config_error_listing_valid_names(spec):
     ("summarization", ROUGE_KEYS),
 ])
 def test_default_metrics(task, expected):
-    assert compare.default_metrics(task) == expected
+    assert paired.default_metrics(task) == expected
 
 
 # ---------------------------------------------------------------------------
@@ -165,8 +162,8 @@ def test_paired_bootstrap_detects_a_clear_difference():
 
 
 def test_index_chunks_draw_the_same_indices_as_one_call(monkeypatch):
-    monkeypatch.setattr(compare, "_CHUNK_ELEMENTS", 17)  # 17 // 5 = 3 rows per chunk
-    chunks = list(compare._index_chunks(np.random.default_rng(5), 5, 11))
+    monkeypatch.setattr(paired, "_CHUNK_ELEMENTS", 17)  # 17 // 5 = 3 rows per chunk
+    chunks = list(paired._index_chunks(np.random.default_rng(5), 5, 11))
     assert [len(c) for c in chunks] == [3, 3, 3, 2]
     one = np.random.default_rng(5).choice(5, size=(11, 5), replace=True)
     assert (np.concatenate(chunks) == one).all()
@@ -174,7 +171,7 @@ def test_index_chunks_draw_the_same_indices_as_one_call(monkeypatch):
 
 @pytest.mark.parametrize("chunk", [1 << 22, 50])
 def test_rouge_tests_equal_a_direct_computation_on_synthetic_scores(monkeypatch, chunk):
-    monkeypatch.setattr(compare, "_CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(paired, "_CHUNK_ELEMENTS", chunk)
     rng = np.random.default_rng(0)
     base = rng.uniform(0, 100, 37)
     sys_ = np.clip(base + rng.normal(2, 15, 37), 0, 100)
@@ -287,7 +284,7 @@ def test_wmt17_p_values_equal_sacrebleu(wmt17, monkeypatch, capsys, paired_test,
 def test_sacrebleu_seed_is_restored(monkeypatch):
     monkeypatch.setenv("SACREBLEU_SEED", "99")
     compare_systems({"a": ["a b c"], "b": ["a b d"]}, [["a b c"]], ["bleu"], "bs", 10, 5)
-    assert compare.os.environ["SACREBLEU_SEED"] == "99"
+    assert paired.os.environ["SACREBLEU_SEED"] == "99"
 
 
 def test_sentence_scores_are_sacrebleus(wmt17):
@@ -498,8 +495,8 @@ def test_report_is_self_contained_and_complete(report_page):
     assert set(re.findall(r'data-chart="([^"]+)"', page)) == {f"{kind}-{m}" for kind in ("buckets", "dist") for m in metrics}
     assert "No sources were given" in page and "reference</strong> length" in page
     # 10 examples per non-baseline system, with both predictions side by side.
-    assert page.count('<div class="ex">') == 2 * compare.TOP_EXAMPLES
-    assert page.count(f'class="label">baseline: {base}') == 2 * compare.TOP_EXAMPLES
+    assert page.count('<div class="ex">') == 2 * paired.TOP_EXAMPLES
+    assert page.count(f'class="label">baseline: {base}') == 2 * paired.TOP_EXAMPLES
 
 
 def test_report_is_deterministic(tmp_path, legacy):
@@ -513,7 +510,7 @@ def test_report_is_deterministic(tmp_path, legacy):
 
 
 def test_length_buckets_hand_cases():
-    labels = lambda xs: [(label, len(m)) for label, m in compare._length_buckets(xs)]  # noqa: E731
+    labels = lambda xs: [(label, len(m)) for label, m in report_data._length_buckets(xs)]  # noqa: E731
     assert labels(list(range(1, 11))) == [("1–2", 2), ("3–4", 2), ("5–6", 2), ("7–8", 2), ("9–10", 2)]
     assert labels([5] * 7) == [("5–5", 7)]
     assert labels([1, 1, 1, 1, 9]) == [("1–1", 4), ("9–9", 1)]
@@ -601,7 +598,7 @@ def test_report_renders_in_headless_chromium(report_page, tmp_path):
 
 def test_render_report_escapes_text():
     comparison = compare_systems({"<a>": ["x & y"], "b": ["<script>"]}, [["x & y"]], ["bleu"], "bs", 10)
-    details = compare.report_details(comparison, {"<a>": ["x & y"], "b": ["<script>"]}, [["x & y"]])
+    details = report_data.report_details(comparison, {"<a>": ["x & y"], "b": ["<script>"]}, [["x & y"]])
     page = render_report(comparison, details)
     assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;a&gt;" in page
 

@@ -55,7 +55,7 @@ def earlier_run(cfg: EvalConfig, prep: Prepared) -> Any:
     """--compare_to's run, read and checked against this run's examples before any waiting."""
     if cfg.compare_to is None:
         return None
-    from ..compare import check_same_examples, load_run
+    from ..comparison.runs import check_same_examples, load_run
 
     earlier = load_run(cfg.compare_to)
     check_same_examples(earlier, prep.store.ids(range(len(prep.store))), "this run")
@@ -66,7 +66,7 @@ def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: A
     """The paired test of this run against --compare_to's, with compare's own code."""
     import pyarrow as pa
 
-    from ..compare import compare_systems
+    from ..comparison.systems import compare_systems
 
     preds = [p[0] for p in table.take(pa.array(order)).column("pred").to_pylist()]
     refs = prep.store.targets(range(len(prep.store)))
@@ -179,7 +179,7 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
     if totals is not None:
         text += "\n" + lowest_scoring_line(prep.store, totals)
     if "comparison" in summary:
-        from ..compare import format_table
+        from ..comparison.table import format_table
 
         text += "\n\n" + format_table(summary["comparison"])
     return Outcome(metrics=summary, written=written, table=text)

@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from .compare import LOWER_IS_BETTER, describe_test, table_rows
+from .paired import LOWER_IS_BETTER
+from .table import describe_test, table_rows
 
 __all__ = ["PALETTE", "bar_chart", "render_report"]
 

@@ -1,0 +1,179 @@
+"""Every system scored and each tested against the first (the baseline): `compare_systems` over
+prediction lists, `compare` (the Python API's `seq2seq_eval.compare(...)`) over one reference list
+or several streams."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import ConfigError, DataError
+from ..scoring.results import ROUGE_KEYS, SEED
+from ..scoring.rouge import rouge_example_scores
+from .paired import (
+    ALPHA,
+    AR_CONFIDENCE_SAMPLES,
+    SACREBLEU_METRICS,
+    PairedResult,
+    _check_samples,
+    _sacrebleu_paired,
+    default_metrics,
+    metric_names,
+    rouge_baseline_interval,
+    rouge_paired_test,
+)
+
+
+def _check_seed(seed: int) -> None:
+    # sacrebleu's PairedTest treats seed 0 as "no seed" (fresh OS entropy per system): refuse it
+    # rather than give results that change from run to run.
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 1:
+        raise ConfigError(f"--seed must be an integer >= 1 (sacrebleu reads 0 as unseeded), got {seed!r}")
+
+
+def _rouge_matrix(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> list[dict[str, float]]:
+    """Per-example ROUGE; with several reference streams, the best F-measure per key over the
+    references (what rouge-score's ``score_multi`` reports)."""
+    per_stream = [rouge_example_scores(preds, stream) for stream in refs]
+    return [{key: max(s[i][key] for s in per_stream) for key in ROUGE_KEYS} for i in range(len(preds))]
+
+
+def _check_inputs(systems: Mapping[str, Sequence[str]], refs: Sequence[Sequence[str]]) -> int:
+    if len(systems) < 2:
+        raise ConfigError(f"--predictions needs at least 2 systems (the first is the baseline), got {len(systems)}")
+    if isinstance(refs, str) or not refs or isinstance(refs[0], str):
+        raise ConfigError("references must be a list of reference streams (a list of lists of strings)")
+    n = len(refs[0])
+    if n == 0:
+        raise DataError("the references hold no examples")
+    for k, stream in enumerate(refs[1:], start=2):
+        if len(stream) != n:
+            raise DataError(f"reference stream {k} has {len(stream)} lines but stream 1 has {n}")
+    for name, hyps in systems.items():
+        if len(hyps) != n:
+            raise DataError(f"system {name}: {len(hyps)} predictions but the references have {n} lines")
+    return n
+
+
+def compare_systems(
+    systems: Mapping[str, Sequence[str]],
+    refs: Sequence[Sequence[str]],
+    metrics: Sequence[str] = ("bleu",),
+    paired_test: str = "bs",
+    n_samples: int | None = None,
+    seed: int = SEED,
+    rouge_scores: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
+) -> dict[str, Any]:
+    """Score every system and test each against the first (the baseline).
+
+    ``systems``: name -> predictions, in example order, baseline first. ``refs``: reference
+    streams (``[refs]`` for one reference per example). ``rouge_scores`` optionally gives
+    per-example ROUGE already computed (name -> ``rouge_example_scores`` rows, e.g. a run's
+    ``metric_stats``), so they are not computed again.
+
+    Returns ``{"systems", "baseline", "metrics", "paired_test", "n_samples", "seed", "alpha",
+    "n_examples", "n_references", "signatures", "results"}``, where
+    ``results[system][metric]`` is ``{"score", "ci_low", "ci_high", "p_value", "significant"}``
+    (``p_value`` None and ``significant`` False for the baseline).
+    """
+    n = _check_inputs(systems, refs)
+    metrics = metric_names(metrics)
+    n_samples = _check_samples(paired_test, n_samples)
+    _check_seed(seed)
+    names = list(systems)
+    results: dict[str, dict[str, PairedResult]] = {name: {} for name in names}
+    signatures: dict[str, str] = {}
+    bleu_like = [m for m in metrics if m in SACREBLEU_METRICS]
+    if bleu_like:
+        sb_results, sb_sigs = _sacrebleu_paired(systems, refs, bleu_like, paired_test, n_samples, seed)
+        signatures.update(sb_sigs)
+        for name in names:
+            results[name].update(sb_results[name])
+    rouge_keys = [m for m in metrics if m in ROUGE_KEYS]
+    if rouge_keys:
+        per_example = {
+            name: list(rouge_scores[name]) if rouge_scores and name in rouge_scores else _rouge_matrix(systems[name], refs)
+            for name in names
+        }
+        for name, rows in per_example.items():
+            if len(rows) != n:
+                raise DataError(f"system {name}: {len(rows)} per-example ROUGE scores for {n} examples")
+        base = names[0]
+        for key in rouge_keys:
+            columns = {name: [row[key] for row in per_example[name]] for name in names}
+            results[base][key] = rouge_baseline_interval(columns[base], paired_test, n_samples, seed)
+            for name in names[1:]:
+                results[name][key] = rouge_paired_test(columns[base], columns[name], paired_test, n_samples, seed)
+            signatures[key] = _rouge_signature(len(refs), paired_test, n_samples, seed)
+    return {
+        "systems": names,
+        "baseline": names[0],
+        "metrics": list(metrics),
+        "paired_test": paired_test,
+        "n_samples": n_samples,
+        "seed": seed,
+        "alpha": ALPHA,
+        "n_examples": n,
+        "n_references": len(refs),
+        "signatures": {m: signatures[m] for m in metrics},
+        "results": {
+            name: {m: _result_dict(results[name][m], results[names[0]][m]) for m in metrics} for name in names
+        },
+    }
+
+
+def _result_dict(result: PairedResult, baseline: PairedResult) -> dict[str, Any]:
+    return {
+        "score": result.score,
+        "ci_low": result.ci_low,
+        "ci_high": result.ci_high,
+        "p_value": result.p_value,
+        "significant": _significant(result, baseline),
+    }
+
+
+def _significant(result: PairedResult, baseline: PairedResult) -> bool:
+    # sacrebleu counts only resampled differences strictly above the observed one, so a system
+    # that scores exactly the baseline's score (e.g. the same outputs) gets p = 1 / (n_samples + 1).
+    # The p-value is kept as sacrebleu's; a zero difference is just never called significant.
+    return result.p_value is not None and result.p_value < ALPHA and result.score != baseline.score
+
+
+def _rouge_signature(n_refs: int, paired_test: str, n_samples: int, seed: int) -> str:
+    from importlib import metadata
+
+    try:
+        version = metadata.version("rouge-score")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    parts = [f"nrefs:{n_refs}", f"{paired_test}:{n_samples}"]
+    if paired_test == "ar":
+        parts.append(f"bs:{AR_CONFIDENCE_SAMPLES}")
+    parts += [f"seed:{seed}", "stem:yes", "split:punkt", "mean-f", f"rouge-score:{version}"]
+    return "|".join(parts)
+
+
+def compare(
+    systems: Mapping[str, Sequence[str]],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    *,
+    task: str = "translation",
+    metrics: str | Sequence[str] | None = None,
+    paired_test: str = "bs",
+    n_samples: int | None = None,
+    seed: int = SEED,
+    rouge_scores: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
+) -> dict[str, Any]:
+    """`seq2seq_eval compare` over lists (the Python API's `seq2seq_eval.compare(...)`): every
+    system scored, each tested against the first (the baseline). ``systems``: name ->
+    predictions in example order, baseline first. ``references``: one text per example, or
+    reference streams as sacrebleu takes them. ``metrics``: default the task's. Returns what
+    ``compare --json`` prints, less "inputs" (see compare_systems)."""
+    default = default_metrics(task)  # checks the task even when metrics are given
+    if isinstance(references, str) or not isinstance(references, Sequence):
+        raise DataError(f"references: expected a list of texts or of reference streams, got {type(references).__name__}")
+    streams = [references] if all(isinstance(r, str) for r in references) else list(references)
+    names = metric_names(metrics) if metrics else default
+    comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores)
+    comparison["task"] = task
+    return comparison
