@@ -17,8 +17,8 @@ from typing import Any
 from seq2seq_eval.scoring import totals as metrics
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.inputs.examples import Example
-from seq2seq_eval.merge import RowTaker, merge_by_id
-from seq2seq_eval.report import output_lines, write_outputs
+from seq2seq_eval.outputs.merge import RowTaker, merge_by_id
+from seq2seq_eval.outputs.write import output_lines, write_outputs
 from seq2seq_eval.run.rankfiles import RankWriter, read_rank_output
 from seq2seq_eval.inputs.store import ExampleStore, write_store
 

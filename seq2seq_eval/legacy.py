@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .cli import build_parser, parse_generate_kwargs
+from .options import build_parser, parse_generate_kwargs
 from .config import CONFIG_FIELDS, EvalConfig
 from .errors import ConfigError
 from .atomic import write_atomic

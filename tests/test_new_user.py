@@ -24,7 +24,7 @@ from conftest import REPO, _env, assert_ok, make_corpus, metrics_of, single, tor
 from faults import wait_for_lines
 
 from seq2seq_eval.run.dist import DistEnv
-from seq2seq_eval.report import summary_table
+from seq2seq_eval.outputs.summary import summary_table
 from seq2seq_eval.run.journal import read_journals
 from seq2seq_eval.run.finish import resume_command
 

@@ -14,9 +14,9 @@ import pytest
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.inputs.examples import Example
 from seq2seq_eval.errors import RunStateError
-from seq2seq_eval.merge import RowTaker, merge_by_id
-from seq2seq_eval import report
-from seq2seq_eval.report import output_lines, write_outputs
+from seq2seq_eval.outputs.merge import RowTaker, merge_by_id
+from seq2seq_eval.outputs import write as output_writer
+from seq2seq_eval.outputs.write import output_lines, write_outputs
 from seq2seq_eval.run.rankfiles import RankWriter, read_rank_output
 from seq2seq_eval.inputs.store import ExampleStore, write_store
 
@@ -62,7 +62,7 @@ def _summary(_totals):
 
 @pytest.mark.parametrize("n, chunk", [(1, 20_000), (53, 20_000), (53, 7), (53, 1)])
 def test_pseudolabel_outputs_are_the_bytes_of_json_dumps(tmp_path, monkeypatch, n, chunk):
-    monkeypatch.setattr(report, "ROWS_PER_CHUNK", chunk)  # written in several chunks, or in one
+    monkeypatch.setattr(output_writer, "ROWS_PER_CHUNK", chunk)  # written in several chunks, or in one
     examples = _examples(n)
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path),
                      num_return_sequences=2, pseudo_target=True)

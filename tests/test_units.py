@@ -19,7 +19,7 @@ from seq2seq_eval.inputs.files import read_lines
 from seq2seq_eval.run.dist import DistEnv, choose_device, dist_env
 from seq2seq_eval.errors import ConfigError, DataError, EvalError, MergeError, SyncTimeoutError
 from seq2seq_eval.inputs.examples import Example
-from seq2seq_eval.merge import merge_by_id
+from seq2seq_eval.outputs.merge import merge_by_id
 from seq2seq_eval.inputs.store import ExampleStore, write_store
 from seq2seq_eval.atomic import write_atomic
 from seq2seq_eval.run.journal import Journal, journal_file, read_journals
@@ -540,7 +540,7 @@ def test_legacy_pseudolabel_records_are_json_dumps_with_indent_1():
     list (the legacy format), for every kind of value a record holds."""
     import random
 
-    from seq2seq_eval.report import _legacy_record
+    from seq2seq_eval.outputs.write import _legacy_record
 
     rng = random.Random(0)
 

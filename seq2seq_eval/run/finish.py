@@ -12,8 +12,9 @@ from typing import Any
 
 from ..scoring import totals as metric_fns
 from ..config import EvalConfig
-from ..merge import RowTaker, merge_by_id
-from ..report import lowest_scoring_line, now_iso, package_versions, summary_table, write_outputs
+from ..outputs.merge import RowTaker, merge_by_id
+from ..outputs.summary import lowest_scoring_line, now_iso, package_versions, summary_table
+from ..outputs.write import write_outputs
 from .dist import DistEnv
 from .journal import JournalIndex
 from .plan import assign_batches

@@ -25,7 +25,7 @@ from ..model.settings import (
     source_prefix,
     task_entry,
 )
-from ..report import data_files
+from ..outputs.locations import data_files
 from ..atomic import write_json_atomic
 from ..inputs.store import ROWS_PER_BATCH, ExampleStore, write_blocks
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to

@@ -11,7 +11,7 @@ from typing import Any
 from .. import engines
 from ..scoring import totals as metric_fns
 from ..config import EvalConfig
-from ..report import output_lines
+from ..outputs.write import output_lines
 from .dist import DistEnv
 from .journal import Journal, JournalIndex, journal_file
 from .oom import run_batch

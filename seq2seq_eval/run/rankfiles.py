@@ -36,7 +36,7 @@ RANK_SCHEMA = pa.schema([
     ("n_tokens", pa.int64()),
     ("metric_stats", pa.string()),  # JSON: {metric: statistics}, when scoring
     ("sentence_scores", pa.string()),  # JSON: {key: score}, when scoring
-    # The example's bytes in each per-example output file, serialized by this rank (report.output_lines)
+    # The example's bytes in each per-example output file, serialized by this rank (outputs.write.output_lines)
     ("out_gen", pa.binary()),
     ("out_legacy", pa.binary()),
     ("out_jsonl", pa.binary()),
@@ -71,7 +71,7 @@ class RankWriter:
 
     def add(self, positions: Sequence[int], records: Sequence[Mapping[str, Any]],
             lines: Mapping[str, Sequence[bytes]] | None = None) -> None:
-        """`lines`: the records' serialized output lines by column (report.output_lines); a
+        """`lines`: the records' serialized output lines by column (outputs.write.output_lines); a
         column left out is null."""
         self._positions.extend(positions)
         self._records.extend(records)

@@ -14,7 +14,7 @@ from typing import Any
 from .. import engines
 from ..config import EvalConfig
 from ..errors import EvalError, Interrupted, RunFailed, RunStateError
-from ..report import check_output_locations
+from ..outputs.locations import check_output_locations
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .prepare import Prepared, describe_plan, prepare

@@ -1,127 +1,28 @@
-"""What rank 0 writes into save_dir, and the summary table it prints."""
+"""The output files, streamed in data order: each example's lines are serialized by the rank that
+generated it (output_lines, stored in its rank file) and rank 0 concatenates them, adding up the
+metrics as it goes (write_outputs)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .config import EvalConfig
-from .inputs.examples import Example
-from .errors import OutputError, RunStateError
-from .scoring.totals import MetricTotals
-from .atomic import AtomicFile, dumps, write_atomic
-
-logger = logging.getLogger("seq2seq_eval")
-
-VERSIONED = ("torch", "transformers", "datasets", "sacrebleu", "rouge-score", "seq2seq_eval")
-
-
-def package_versions() -> dict[str, str]:
-    versions = {}
-    for name in VERSIONED:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    versions["python"] = platform.python_version()
-    return versions
-
-
-def _one_line(text: str) -> str:
-    # generations.txt is one example per line: a newline inside a prediction would shift every
-    # later line against the references of anyone who reads the file by position.
-    return " ".join(text.splitlines())
-
-
-# Every result file a run may leave in --save_dir, after its prefix. A run removes the ones of
-# its own prefix that it does not write itself, so a metric file of an earlier run (another task,
-# or scores where this run made pseudolabels) is never left beside new generations.
-RESULT_SUFFIXES = (
-    "_bleu.json", "_rouge.json", "_generations.txt", "_pseudolabels.jsonl", ".pseudo.target",
-    "_run_info.json", "_references.txt", "_examples.jsonl",
+from ..atomic import AtomicFile, dumps, write_atomic
+from ..config import EvalConfig
+from ..errors import OutputError, RunStateError
+from ..inputs.examples import Example
+from ..scoring.totals import MetricTotals
+from .locations import (
+    _one_line,
+    planned_outputs,
+    stale_outputs,
 )
 
-
-def planned_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Path]:
-    """The files this run writes into --save_dir, in the order written, the metric (or run
-    info) file last. With --debug, `n_refs` reference files (the number of reference sets)."""
-    save_dir, p = Path(cfg.save_dir), cfg.output_prefix
-    paths = [save_dir / f"{p}_generations.txt"]
-    if cfg.pseudolabels:
-        paths += [save_dir / "pseudolabel_results.json", save_dir / f"{p}_pseudolabels.jsonl"]
-        if cfg.pseudo_target:
-            paths.append(save_dir / f"{p}.pseudo.target")
-    if cfg.debug:
-        paths += [save_dir / (f"{p}_references.txt" if k == 0 else f"{p}_references.{k}.txt") for k in range(n_refs)]
-    if cfg.scored and not cfg.no_examples_file:
-        paths.append(save_dir / f"{p}_examples.jsonl")
-    paths.append(save_dir / (f"{p}_{cfg.metric_name}.json" if cfg.scored else f"{p}_run_info.json"))
-    return paths
-
-
-def stale_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Path]:
-    planned = set(planned_outputs(cfg, n_refs))
-    save_dir = Path(cfg.save_dir)
-    return [save_dir / f"{cfg.output_prefix}{s}" for s in RESULT_SUFFIXES
-            if (save_dir / f"{cfg.output_prefix}{s}").is_file() and save_dir / f"{cfg.output_prefix}{s}" not in planned]
-
-
-def data_files(cfg: EvalConfig) -> list[Path]:
-    """The local data files a run reads (a local dataset's files, the legacy layout's files of
-    --type_path, a .jsonl file, --input_path and --reference_path)."""
-    if cfg.input_path is not None:
-        return [Path(p).expanduser() for p in (cfg.input_path, cfg.reference_path) if p is not None and Path(p).is_file()]
-    path = Path(cfg.dataset if cfg.dataset is not None else cfg.data_dir).expanduser()
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        return []  # a hub dataset, or a missing path (reported when the data is read)
-    found = path.rglob("*") if cfg.dataset is not None else path.glob(f"{cfg.type_path}.*")
-    return sorted(f for f in found if f.is_file())
-
-
-def input_files(cfg: EvalConfig) -> list[Path]:
-    """The local files a run reads: its data files and the model folder's files."""
-    model = Path(cfg.model_name).expanduser()
-    return data_files(cfg) + (sorted(f for f in model.iterdir() if f.is_file()) if model.is_dir() else [])
-
-
-def _check_folder(flag: str, folder: Path) -> None:
-    if folder.exists() and not folder.is_dir():
-        raise OutputError(f"{flag} {folder}: is a file; expected a folder (created if missing)")
-    existing = folder
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise OutputError(f"{flag} {folder}: {existing} is a file; expected a folder (created if missing)")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
-        why = "on a read-only file system" if read_only else "not writable by this user"
-        raise OutputError(f"{flag} {folder}: {existing} is {why}; expected a folder the run can write")
-
-
-def check_output_locations(cfg: EvalConfig) -> None:
-    """Before any work (the dry run too): --save_dir and --tmp_dir must be usable folders, and
-    no output may replace a file the run reads (a --debug run once wrote its copy of the
-    references over the user's {type_path}.target)."""
-    _check_folder("--save_dir", Path(cfg.save_dir))
-    _check_folder("--tmp_dir", Path(cfg.tmp_dir))
-    inputs = {os.path.realpath(f) for f in input_files(cfg)}
-    tmp_dir = Path(cfg.tmp_dir)
-    for path in [*planned_outputs(cfg), tmp_dir / "manifest.json", tmp_dir / "run.lock"]:
-        if os.path.realpath(path) in inputs:
-            raise OutputError(
-                f"{path}: this run would write over one of its own input files; "
-                "expected --save_dir/--tmp_dir folders apart from the data and the model"
-            )
+logger = logging.getLogger("seq2seq_eval")
 
 
 ROWS_PER_CHUNK = 20_000
@@ -186,7 +87,7 @@ def _concatenated(part: Any, column: str) -> memoryview:
     array = part.column(column).combine_chunks()
     if array.null_count:
         raise RunStateError(f"rank files lack the serialized {column!r} of some examples; "
-                            "expected every row written with its output lines (report.output_lines)")
+                            "expected every row written with its output lines (outputs.write.output_lines)")
     if len(array) == 0:
         return memoryview(b"")
     _, offsets_buf, data = array.buffers()
@@ -283,48 +184,3 @@ def _example_line(e: Example, prediction: str, scores: Mapping[str, float] | Non
     row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": prediction}
     row.update(scores or {})
     return (_encode(row) + "\n").encode("utf-8")
-
-
-def lowest_scoring_line(store: Any, totals: MetricTotals, k: int = 5) -> str:
-    """The summary line naming the `k` worst examples by the first metric's sentence score,
-    worst first (for TER the highest: it is an error rate)."""
-    key, positions, values = totals.lowest(k)
-    worst = ", ".join(f"{i} ({v:.1f})" for i, v in zip(store.ids(positions), values))
-    return f"{'lowest ' + key + ' ids':<28}{worst}"
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
-
-
-def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, Any]]) -> str:
-    """A short human summary; the JSON file holds the full figures."""
-    width = 28
-    lines = []
-    shown = [k for k in ("bleu", "chrf", "chrf++", "ter", "rouge1", "rouge2", "rougeL", "rougeLsum") if k in metrics]
-    for key in shown:
-        ci = ""
-        if f"{key}_ci_low" in metrics:
-            ci = f"  (95% CI {metrics[f'{key}_ci_low']:.2f}-{metrics[f'{key}_ci_high']:.2f})"
-        lines.append(f"{key:<{width}}{metrics[key]:>12.4f}{ci}")
-    tp = metrics.get("throughput", {})
-    lines.append(f"{'n_obs':<{width}}{metrics.get('n_obs', 0):>12d}")
-    if tp.get("generated_examples") == 0:
-        # A resumed run whose batches were all journaled: nothing was timed, so no rates.
-        lines.append(f"{'newly generated':<{width}}{0:>12d}  (every batch came from the journal)")
-    for key, fmt in (("samples_per_second", ".2f"), ("generated_tokens_per_second", ".1f")):
-        if tp.get(key) is not None:
-            lines.append(f"{key:<{width}}{tp[key]:>12{fmt}}")
-    if tp.get("split_batches"):
-        # Said only when it happened: a split batch's outputs may differ in the last bits (run/oom.py).
-        lines.append(f"{'split_batches':<{width}}{tp['split_batches']:>12d}  (out of memory: split in halves and retried)")
-    if tp.get("moved_batches"):
-        lines.append(f"{'moved_batches':<{width}}{tp['moved_batches']:>12d}  (taken by a rank that ran out of work from a slower one)")
-    if per_rank:
-        lines.append(f"{'rank':>6}{'examples':>10}{'batches':>9}{'taken':>7}{'resumed':>9}{'tokens':>9}{'gen s':>9}")
-        for r in per_rank:
-            lines.append(
-                f"{r['rank']:>6}{r['examples']:>10}{r['batches']:>9}{r.get('stolen_batches', 0):>7}{r['resumed_batches']:>9}"
-                f"{r['generated_tokens']:>9}{r['generation_seconds']:>9.2f}"
-            )
-    return "\n".join(lines)

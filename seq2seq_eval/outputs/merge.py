@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .inputs.examples import ExampleId
-from .errors import MergeError
-from .run.rankfiles import RankOutput
+from ..inputs.examples import ExampleId
+from ..errors import MergeError
+from ..run.rankfiles import RankOutput
 
 
 def _preview(ids: Sequence[ExampleId], limit: int = 10, total: int | None = None) -> str:

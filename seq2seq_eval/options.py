@@ -1,0 +1,85 @@
+"""The command line's options, read from EvalConfig's fields and docstrings (defaults are never
+typed twice), and the `--key value` pairs that go to generate(). Below both the CLI and the
+legacy run_eval.py form, which share them."""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from collections.abc import Sequence
+from dataclasses import MISSING, fields
+
+from .config import BACKENDS, COMPUTE_TYPES, DEVICES, ENGINE_NAMES, EvalConfig, field_docs, parse_value
+from .errors import ConfigError
+
+_FLAGS = {"fp16", "bf16", "debug", "resume", "no_steal", "dry_run", "pseudo_target", "no_examples_file"}
+
+
+def _field_type(name: str) -> type:
+    hint = typing.get_type_hints(EvalConfig)[name]
+    for t in (int, float, str):
+        if hint is t or t in typing.get_args(hint):
+            return t
+    return str
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting: one line, from one place."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: with prefix matching, a misspelt "--num_beam 4" would be taken for a
+    # real option (or swallowed), instead of failing as an unknown generate option.
+    parser = Parser(
+        prog="seq2seq_eval",
+        description="Evaluate a Hugging Face seq2seq model with beam search, sharded over torchrun ranks. "
+        "Any other --key value is passed to model.generate(). "
+        "Subcommand: `seq2seq_eval score --task T [--metrics M] --predictions F --references F [F ...]`.",
+        allow_abbrev=False,
+    )
+    docs = field_docs()
+    for f in fields(EvalConfig):
+        if f.name == "generate_kwargs":
+            continue
+        names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
+        default = f.default if f.default is not MISSING else None
+        help_text = docs.get(f.name, "")
+        if f.name in _FLAGS:
+            parser.add_argument(*names, dest=f.name, action="store_true", help=help_text)
+            continue
+        if default not in (None, "") and "(default" not in help_text:
+            help_text += f" (default: {default})"
+        kwargs: dict = {"dest": f.name, "type": _field_type(f.name), "default": argparse.SUPPRESS, "help": help_text}
+        choices = {"device": DEVICES, "dist_backend": BACKENDS, "engine": ENGINE_NAMES,
+                   "compute_type": COMPUTE_TYPES}.get(f.name)
+        if choices:
+            kwargs["choices"] = choices
+        if f.name == "target_column":
+            kwargs["action"] = "append"  # several references: one column per --target_column
+        parser.add_argument(*names, **kwargs)
+    # torch.distributed.launch passes --local_rank; rank and local rank come from the environment.
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_generate_kwargs(rest: Sequence[str]) -> tuple[tuple[str, object], ...]:
+    """Leftover `--key value` / `--key=value` pairs, values parsed as int, float, bool or str."""
+    pairs = []
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        if not token.startswith("--") or len(token) == 2:
+            raise ConfigError(f"unexpected argument {token!r}; expected --key value pairs for model.generate()")
+        if "=" in token:
+            key, value = token[2:].split("=", 1)
+            i += 1
+        else:
+            if i + 1 >= len(rest) or rest[i + 1].startswith("--"):
+                raise ConfigError(f"{token} needs a value (generate options are --key value pairs)")
+            key, value = token[2:], rest[i + 1]
+            i += 2
+        pairs.append((key.replace("-", "_"), parse_value(value)))
+    return tuple(pairs)

@@ -1,0 +1,70 @@
+"""What a finished run prints and records about itself: the summary table, the lowest-scoring
+examples, package versions and the date for the provenance."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from importlib import metadata
+from typing import Any
+
+from ..scoring.totals import MetricTotals
+
+VERSIONED = ("torch", "transformers", "datasets", "sacrebleu", "rouge-score", "seq2seq_eval")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in VERSIONED:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    versions["python"] = platform.python_version()
+    return versions
+
+
+def lowest_scoring_line(store: Any, totals: MetricTotals, k: int = 5) -> str:
+    """The summary line naming the `k` worst examples by the first metric's sentence score,
+    worst first (for TER the highest: it is an error rate)."""
+    key, positions, values = totals.lowest(k)
+    worst = ", ".join(f"{i} ({v:.1f})" for i, v in zip(store.ids(positions), values))
+    return f"{'lowest ' + key + ' ids':<28}{worst}"
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+
+
+def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, Any]]) -> str:
+    """A short human summary; the JSON file holds the full figures."""
+    width = 28
+    lines = []
+    shown = [k for k in ("bleu", "chrf", "chrf++", "ter", "rouge1", "rouge2", "rougeL", "rougeLsum") if k in metrics]
+    for key in shown:
+        ci = ""
+        if f"{key}_ci_low" in metrics:
+            ci = f"  (95% CI {metrics[f'{key}_ci_low']:.2f}-{metrics[f'{key}_ci_high']:.2f})"
+        lines.append(f"{key:<{width}}{metrics[key]:>12.4f}{ci}")
+    tp = metrics.get("throughput", {})
+    lines.append(f"{'n_obs':<{width}}{metrics.get('n_obs', 0):>12d}")
+    if tp.get("generated_examples") == 0:
+        # A resumed run whose batches were all journaled: nothing was timed, so no rates.
+        lines.append(f"{'newly generated':<{width}}{0:>12d}  (every batch came from the journal)")
+    for key, fmt in (("samples_per_second", ".2f"), ("generated_tokens_per_second", ".1f")):
+        if tp.get(key) is not None:
+            lines.append(f"{key:<{width}}{tp[key]:>12{fmt}}")
+    if tp.get("split_batches"):
+        # Said only when it happened: a split batch's outputs may differ in the last bits (run/oom.py).
+        lines.append(f"{'split_batches':<{width}}{tp['split_batches']:>12d}  (out of memory: split in halves and retried)")
+    if tp.get("moved_batches"):
+        lines.append(f"{'moved_batches':<{width}}{tp['moved_batches']:>12d}  (taken by a rank that ran out of work from a slower one)")
+    if per_rank:
+        lines.append(f"{'rank':>6}{'examples':>10}{'batches':>9}{'taken':>7}{'resumed':>9}{'tokens':>9}{'gen s':>9}")
+        for r in per_rank:
+            lines.append(
+                f"{r['rank']:>6}{r['examples']:>10}{r['batches']:>9}{r.get('stolen_batches', 0):>7}{r['resumed_batches']:>9}"
+                f"{r['generated_tokens']:>9}{r['generation_seconds']:>9.2f}"
+            )
+    return "\n".join(lines)
