@@ -104,7 +104,7 @@ def evaluate(
     defaults to the model's). An object is used where it is, in its dtype, in eval mode and
     without gradients; its device, dtype, training mode, requires_grad flags, generation config
     and the torch random state (CPU and CUDA) are as they were afterwards. FSDP-sharded models are
-    refused: see the README.
+    refused: see docs/python-api.md.
 
     The data: the command line's options (data_dir, dataset and its columns, input_path and
     reference_path, type_path, n_obs), or in-memory `sources` with optional `references` (one

@@ -99,3 +99,18 @@ MOVED = [
 @pytest.mark.parametrize("heading, page", MOVED, ids=[h for h, _ in MOVED])
 def test_no_section_was_lost(heading, page):
     assert slug(heading) in anchors(REPO / page)
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {(REPO / t.partition("#")[0]).resolve() for t in links(REPO / "README.md") if t.startswith("docs/")}
+    assert sorted(p.name for p in (REPO / "docs").glob("*.md") if p.resolve() not in linked) == []
+
+
+def test_quickstart_commands_and_ci_agree():
+    """The README's two set-up commands are there as a newcomer copies them, and .ci/run runs
+    exactly the test command."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    test_command = 'pip install torch==2.13.0 -e ".[test,ctranslate2]" && python -m pytest -q'
+    assert "pip install torch==2.13.0 -e . && ./run_eval.sh" in readme and test_command in readme
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == test_command

@@ -128,7 +128,7 @@ def _join(env: DistEnv, timeout_s: float, poll_s: float = 0.05) -> Any:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
         raise ConfigError(f"rank {env.rank} of {env.world_size}: MASTER_ADDR and MASTER_PORT must be set "
-                          "(torchrun sets them; see the README for srun)")
+                          "(torchrun sets them; see docs/ecosystem.md for srun)")
     # Under torchrun the agent already serves the store; otherwise rank 0 serves it. Rank 0's
     # server does not wait for clients here: the check-in below does, and can say who is late.
     serve = env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
@@ -175,14 +175,14 @@ class ProcessGroup:
         import torch.distributed as tdist
 
         if env.launcher == "slurm":
-            # srun sets no rendezvous address; SLURM users pass MASTER_ADDR/MASTER_PORT (README recipe).
+            # srun sets no rendezvous address; SLURM users pass MASTER_ADDR/MASTER_PORT (docs/ecosystem.md).
             os.environ.setdefault("RANK", str(env.rank))
             os.environ.setdefault("WORLD_SIZE", str(env.world_size))
             os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
             if "MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ:
                 raise ConfigError(
                     "started by srun with SLURM_NTASKS>1 but MASTER_ADDR/MASTER_PORT are not set; "
-                    "export them (see the README's SLURM recipe) or launch through torchrun"
+                    "export them (see the SLURM recipe in docs/ecosystem.md) or launch through torchrun"
                 )
         timeout = datetime.timedelta(seconds=timeout_s)
         store = _join(env, timeout_s)
