@@ -1,4 +1,4 @@
-"""Tests for seq2seq_eval.metrics.
+"""Tests for seq2seq_eval.scoring (BLEU, ROUGE, the task metric).
 
 Tables of tiny hand-checkable cases first, then parity with the reference implementations
 (sacrebleu, rouge-score, nltk) on real text from ../shared/realdata, which is skipped when

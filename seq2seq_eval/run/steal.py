@@ -82,9 +82,12 @@ class Claims:
         return self.dir / str(index)
 
     def claim(self, index: int) -> bool:
-        """True when this rank got batch `index`; False when another rank had it first."""
+        """True when this rank got batch `index`; False when another rank had it first. The file
+        stays empty: creating it is the whole claim, and a full disk that still has an inode
+        left lets the run go on to journal what it can (the journal then says the disk is full)."""
+        path = self._path(index)
         try:
-            fd = os.open(self._path(index), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
             return False
         except FileNotFoundError:
@@ -93,12 +96,10 @@ class Claims:
             raise RunFailed(f"{self.dir}: the claims folder disappeared during the run; was {self.dir.parent} removed?") from None
         except OSError as e:
             reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-            raise RunFailed(f"{self._path(index)}: cannot claim batch {index} ({reason})") from e
-        try:
-            # Who took it, for a person reading the folder; nothing reads it back.
-            os.write(fd, f"{self.rank}\n".encode())
-        finally:
-            os.close(fd)
+            raise RunFailed(
+                f"{path}: cannot write ({reason}); the batches journaled before this one are kept: "
+                "make room, then rerun the same command with --resume"
+            ) from e
         return True
 
     def _left(self, r: int) -> tuple[float, int, int]:
