@@ -24,12 +24,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -39,36 +36,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 sys.path.insert(0, str(REPO / "tests"))
-from faults import find_worker, wait_for_lines  # noqa: E402  (finds a torchrun worker by its rank)
+from faults import Throttle, find_worker, stop_all, wait_for_lines  # noqa: E402  (tests' helpers: a worker by its rank, slowed)
 from throughput import child_env, fresh, machine  # noqa: E402
 
 JOBS = ("idle/steal", "idle/no_steal", "slow/steal", "slow/no_steal")
-
-
-class Throttle(threading.Thread):
-    """SIGSTOP and SIGCONT in turns: the process runs about half the time."""
-
-    def __init__(self, pid: int, period: float) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.period, self._done = pid, period, threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self._done.is_set():
-                os.kill(self.pid, signal.SIGSTOP)
-                self._done.wait(self.period)
-                os.kill(self.pid, signal.SIGCONT)
-                self._done.wait(self.period)
-        except ProcessLookupError:
-            pass  # the job ended
-
-    def finish(self) -> None:
-        self._done.set()
-        self.join()
-        try:
-            os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
 
 def run_job(job: str, a: argparse.Namespace, save: Path) -> dict[str, Any]:
@@ -93,11 +64,7 @@ def run_job(job: str, a: argparse.Namespace, save: Path) -> dict[str, Any]:
                 throttle.start()
             proc.wait()
         finally:
-            if throttle is not None:
-                throttle.finish()
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_all(proc, throttle)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"benchmark: {job} failed with exit code {proc.returncode}; see {log}")

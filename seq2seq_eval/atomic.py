@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import EvalError
+from .errors import EvalError, RunFailed
 
 
 def _fsync_dir(path: Path) -> None:
@@ -27,6 +27,14 @@ def _fsync_dir(path: Path) -> None:
 def write_error(path: Path, e: OSError) -> EvalError:
     reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
     return EvalError(f"{path}: cannot write ({reason}); the previous version, if any, is unchanged")
+
+
+def resumable_write_error(path: Path, e: OSError) -> RunFailed:
+    """A write during generation failed: the batches journaled so far are safe, so the message
+    says how to go on (the journal, the rank file and the claims all fail this way)."""
+    reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+    return RunFailed(f"{path}: cannot write ({reason}); the batches journaled before this one are kept: "
+                     "make room, then rerun the same command with --resume")
 
 
 def write_atomic(path: Path, data: bytes) -> None:

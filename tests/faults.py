@@ -1,9 +1,13 @@
-"""Helpers for fault tests: find a torchrun worker by rank and signal it."""
+"""Helpers for fault tests (and benchmarks/steal.py): find a torchrun worker by rank, signal it,
+slow it down from outside."""
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
+import subprocess
 from pathlib import Path
 
 
@@ -42,3 +46,41 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+class Throttle(threading.Thread):
+    """Stops and continues a process in turns (SIGSTOP, SIGCONT), so it runs about half the time:
+    a throttled GPU or a shared node, made from outside, with no hook in the tool."""
+
+    def __init__(self, pid: int, period: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.period, self._done = pid, period, threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self._done.is_set():
+                os.kill(self.pid, signal.SIGSTOP)
+                self._done.wait(self.period)
+                os.kill(self.pid, signal.SIGCONT)
+                self._done.wait(self.period)
+        except ProcessLookupError:
+            pass  # it ended
+
+    def finish(self) -> None:
+        """Stops the turns and leaves the process running."""
+        self._done.set()
+        self.join()
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def stop_all(proc: subprocess.Popen, throttle: Throttle | None = None) -> None:
+    """After a test or benchmark, whatever happened: the throttled process runs again, and the
+    launched process group (a torchrun agent and its workers) is gone."""
+    if throttle is not None:
+        throttle.finish()
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
-from faults import find_worker, wait_for_lines
+from faults import Throttle, find_worker, stop_all, wait_for_lines
 
 from seq2seq_eval.run.tmpdir import prepare_tmp_dir
 from seq2seq_eval.run.steal import Claims, claims_dir, pick_victim
@@ -118,32 +117,6 @@ def case(tiny_model, tmp_path_factory):
     return root, args, reference
 
 
-class Throttle(threading.Thread):
-    """Stops and continues a process in turns, so it runs about half the time."""
-
-    def __init__(self, pid: int, period: float = 0.1) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.period, self._done = pid, period, threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self._done.is_set():
-                os.kill(self.pid, signal.SIGSTOP)
-                self._done.wait(self.period)
-                os.kill(self.pid, signal.SIGCONT)
-                self._done.wait(self.period)
-        except ProcessLookupError:
-            pass
-
-    def finish(self) -> None:
-        self._done.set()
-        self.join()
-        try:
-            os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-
-
 def _same_outputs(save: Path, reference: Path) -> None:
     for name in ("test_generations.txt", "test_examples.jsonl"):
         assert (save / name).read_bytes() == (reference / name).read_bytes(), name
@@ -196,9 +169,7 @@ def test_fast_rank_on_another_node_takes_over_a_slow_ranks_work(case, tmp_path):
         if throttle is not None:
             throttle.finish()
         for proc, log in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_all(proc)
             log.close()
     _same_outputs(save, reference)
     tp = metrics_of(save)["throughput"]
@@ -239,11 +210,7 @@ def test_killed_slow_rank_then_resume_generates_each_batch_once(case, tmp_path):
         _, err = proc.communicate(timeout=120)
         assert proc.returncode != 0 and "--resume" in err, err[-3000:]
     finally:
-        if throttle is not None:
-            throttle.finish()
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_all(proc, throttle)
     before = _finished_lines(tmp)
     assert 0 < len(before) < N_BATCHES and set(before.values()) == {1}
     assert_ok(torchrun(2, args + ["--save_dir", str(save), "--resume", "--debug"], cwd=tmp_path))

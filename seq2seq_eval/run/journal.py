@@ -8,7 +8,6 @@ the batch in flight; a resumed run under any world size reuses every journaled b
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -17,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import RunFailed
+from ..atomic import resumable_write_error
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -63,11 +62,7 @@ class Journal:
             # (a reader would skip a torn line anyway; this keeps the file clean).
             with contextlib.suppress(OSError):
                 os.ftruncate(self._f.fileno(), start)
-            reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-            raise RunFailed(
-                f"{self.path}: cannot write ({reason}); the batches journaled before this one are kept: "
-                "make room, then rerun the same command with --resume"
-            ) from e
+            raise resumable_write_error(self.path, e) from e
 
     def close(self) -> None:
         # A full disk can also fail the final flush of an already failed journal.

@@ -8,7 +8,6 @@ tells rank 0 that rank k is done. Rank 0 polls for them (wait_for_rank_files) an
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import mmap
 import os
@@ -20,8 +19,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..atomic import write_error, dumps, write_atomic
-from ..errors import RunFailed, RunStateError, SyncTimeoutError
+from ..atomic import dumps, resumable_write_error, write_atomic, write_error
+from ..errors import RunStateError, SyncTimeoutError
 
 
 def rank_file(tmp_dir: Path, rank: int) -> Path:
@@ -102,11 +101,7 @@ class RankWriter:
         try:
             self._writer.write_batch(pa.record_batch(columns, schema=RANK_SCHEMA))
         except OSError as e:
-            reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-            raise RunFailed(
-                f"{self._partial}: cannot write ({reason}); the batches journaled before this one are kept: "
-                "make room, then rerun the same command with --resume"
-            ) from e
+            raise resumable_write_error(self._partial, e) from e
 
     def close(self, stats: Mapping[str, Any]) -> Path:
         if self._positions:

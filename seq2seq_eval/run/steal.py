@@ -20,12 +20,12 @@ again. The batches are the plan's whichever rank runs them, so outputs do not ch
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic import resumable_write_error
 from ..errors import RunFailed
 
 CLAIMS = "claims"
@@ -95,11 +95,7 @@ class Claims:
             # removed the temp dir under a live run.
             raise RunFailed(f"{self.dir}: the claims folder disappeared during the run; was {self.dir.parent} removed?") from None
         except OSError as e:
-            reason = "disk full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
-            raise RunFailed(
-                f"{path}: cannot write ({reason}); the batches journaled before this one are kept: "
-                "make room, then rerun the same command with --resume"
-            ) from e
+            raise resumable_write_error(path, e) from e
         return True
 
     def _left(self, r: int) -> tuple[float, int, int]:
