@@ -4,19 +4,24 @@
                                     [--max_tokens N] [--num_beams 4] [--rounds 3] [--out bench_out]
 
 Writes a seeded, length-varied translation test set (scripts/make_data.py --bench N), then runs
-four real multi-process jobs (torchrun, gloo, CPU, OMP_NUM_THREADS=1 per process) on the same
-model, data, process count and generation settings:
+up to eight real multi-process jobs (torchrun, gloo, CPU, OMP_NUM_THREADS=1 per process) on the
+same model, data, process count and generation settings:
 
   (a) tutorial   DistributedSampler(shuffle=False) in file order, fixed batches of --bs padded
                  per batch, predictions gathered with all_gather_object, BLEU on rank 0;
   (b) legacy     every k-th example per rank, sorted by length, batches of --bs, rank files
                  merged by rank 0 (Hugging Face's legacy run_distributed_eval.py);
   (c) s2s --bs   seq2seq_eval with --bs;
-  (d) s2s --max_tokens  seq2seq_eval with a padded-source-token budget per batch.
+  (d) s2s --max_tokens  seq2seq_eval with a padded-source-token budget per batch;
+  (e) s2s ct2 float32   seq2seq_eval --engine ctranslate2, no batch flag (its default budget);
+  (f) s2s ct2 int8      the same with --compute_type int8;
+  (g) bare ct2 loop     translate_batch over (e)'s planned batches, nothing of the tool around it;
+  (h) s2s defaults      seq2seq_eval with no batch flag (the HF engine's default budget).
 
-(a) and (b) are this script's worker mode (`torchrun ... throughput.py --worker tutorial ...`).
-The four run --rounds times, in turns; ratios are taken within a round, goals judged on the
-median over rounds (a shared machine's speed drifts by more than the margins at stake). Then it times rank 0's merge+combine+write path of seq2seq_eval on 100,000 synthetic records,
+(a), (b) and (g) are this script's worker mode (`torchrun ... throughput.py --worker tutorial ...`).
+They run --rounds times, in turns; ratios are taken within a round, goals judged on the
+median over rounds (a shared machine's speed drifts by more than the margins at stake). Then it
+times rank 0's merge+combine+write path of seq2seq_eval on 100,000 synthetic records,
 prints one table with the goals, and writes everything to {out}/results.json.
 benchmarks/README.md explains every column.
 """
