@@ -22,18 +22,29 @@ COLUMNS = ("method", "samples/s", "gen tok/s", "wall s", "src pad", "gen pad", "
 METHODS = ("(a) tutorial", "(b) legacy split", "(d) s2s --max_tokens", "(e) s2s ct2 float32", "(g) bare ct2 loop")
 
 
+def bench(script: str, args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """benchmarks/<script> run as a user runs it, checked to have exited cleanly."""
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(None))
+    assert_ok(proc)
+    return proc
+
+
+def header_in_order(lines: list[str], first: str, columns: tuple[str, ...]) -> str:
+    """The table's header line: it names every column, in order."""
+    header = next(line for line in lines if line.startswith(first))
+    positions = [header.find(c) for c in columns]
+    assert -1 not in positions and positions == sorted(positions), header
+    return header
+
+
 def test_benchmark_prints_every_column(tiny_model, tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--model", str(tiny_model), "--n", "30",
-         "--nproc", "2", "--bs", "4", "--num_beams", "2", "--tail_records", "200", "--rounds", "2", "--methods", "abdeg", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=_env(None),
-    )
-    assert_ok(proc)
+    proc = bench("throughput.py", ["--model", str(tiny_model), "--n", "30", "--nproc", "2", "--bs", "4", "--num_beams", "2",
+                                   "--tail_records", "200", "--rounds", "2", "--methods", "abdeg", "--out", str(out)],
+                 tmp_path, timeout=600)
     lines = proc.stdout.splitlines()
-    header = next(line for line in lines if line.startswith("method"))
-    positions = [header.find(c) for c in COLUMNS]
-    assert -1 not in positions and positions == sorted(positions), header
+    header_in_order(lines, "method", COLUMNS)
     for name in METHODS:
         rows = [line for line in lines if line.startswith(name)]
         assert len(rows) == 2 and all(len(row[len(name):].split()) == len(COLUMNS) - 1 for row in rows), rows
@@ -57,12 +68,7 @@ def test_benchmark_prints_every_column(tiny_model, tmp_path):
 
 
 def test_beam_cache_benchmark_compares_and_finds_identical_outputs(tiny_model, tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "beam_cache.py"), "--model", str(tiny_model), "--n", "12",
-         "--max_tokens", "64", "--rounds", "1"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(None),
-    )
-    assert_ok(proc)
+    proc = bench("beam_cache.py", ["--model", str(tiny_model), "--n", "12", "--max_tokens", "64", "--rounds", "1"], tmp_path)
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("12 examples, ") and "num_beams 2" in lines[0], proc.stdout
     assert sum("samples/s" in line for line in lines[1:3]) == 2, proc.stdout
@@ -72,12 +78,8 @@ def test_beam_cache_benchmark_compares_and_finds_identical_outputs(tiny_model, t
 def test_budget_benchmark_measures_every_budget_on_each_engine(tiny_model, tmp_path):
     pytest.importorskip("ctranslate2")
     out = tmp_path / "budget"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "budget.py"), "--model", str(tiny_model), "--n", "12",
-         "--bs", "4,8", "--max_tokens", "64", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(None),
-    )
-    assert_ok(proc)
+    proc = bench("budget.py", ["--model", str(tiny_model), "--n", "12", "--bs", "4,8", "--max_tokens", "64",
+                               "--out", str(out)], tmp_path)
     report = json.loads((out / "budget.json").read_text())
     for engine in ("hf", "ctranslate2"):
         rates = report["engines"][engine]["samples_per_second"]
@@ -105,15 +107,9 @@ def test_gpu_benchmark_runs_every_step_on_cpu_in_tiny_mode(tmp_path):
     """The GPU script's own paths (worker per configuration, the four methods in process, a
     half-precision dtype, the --max_tokens sweep, the profile, the table) on a tiny model."""
     out = tmp_path / "gpu"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--device", "cpu", "--tiny", "--skip_tests", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_env(None),
-    )
-    assert_ok(proc)
+    proc = bench("gpu.py", ["--device", "cpu", "--tiny", "--skip_tests", "--out", str(out)], tmp_path)
     lines = proc.stdout.splitlines()
-    header = next(line for line in lines if line.startswith("configuration"))
-    positions = [header.find(c) for c in GPU_COLUMNS]
-    assert -1 not in positions and positions == sorted(positions), header
+    header = header_in_order(lines, "configuration", GPU_COLUMNS)
     start = lines.index(header) + 2
     rows = lines[start:start + 4]
     assert [r[20:49].split(" --")[0].strip() for r in rows] == [
@@ -137,11 +133,7 @@ def test_gpu_benchmark_runs_every_step_on_cpu_in_tiny_mode(tmp_path):
 
 def test_gpu_benchmark_skips_steps_it_has_no_time_for(tmp_path):
     out = tmp_path / "gpu"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu.py"), "--device", "cpu", "--tiny", "--budget", "1", "--out", str(out)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=_env(None),
-    )
-    assert_ok(proc)
+    proc = bench("gpu.py", ["--device", "cpu", "--tiny", "--budget", "1", "--out", str(out)], tmp_path, timeout=120)
     assert "pytest -m gpu: skipped: no time left, no counts" in proc.stdout
     assert "marian-tiny bf16    (skipped: no time left)" in proc.stdout
     assert "MISS  pytest -m gpu: every GPU test passed, none skipped" in proc.stdout

@@ -18,36 +18,14 @@ import sacrebleu
 from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU
 
+from realdata import REALDATA, WMT17, json_round_trip as _json_round_trip, read_lines as _read_lines, require as _require
 from seq2seq_eval.scoring import rouge as rouge_module
 from seq2seq_eval.scoring.bleu import bleu_from_statistics, bleu_statistics, corpus_bleu
 from seq2seq_eval.scoring.results import ROUGE_KEYS, SEED, BleuResult, RougeResult
 from seq2seq_eval.scoring.rouge import corpus_rouge, prepare_for_rouge, rouge_example_scores, rouge_from_example_scores, split_sentences
 from seq2seq_eval.scoring.task import combine, example_statistics, metric_dict, score
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-REALDATA = SHARED / "realdata"
-WMT17 = REALDATA / "sacrebleu_wmt17_en_de"
 SIGNATURE = f"nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:{sacrebleu.__version__}"
-
-
-def _require(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"{path} not found: real test data lives in ../shared/realdata beside the checkout")
-    return path
-
-
-def _read_lines(path: Path) -> list[str]:
-    # split("\n"), not splitlines(): WMT text may hold U+2028 or U+0085, which splitlines
-    # would treat as line ends and so misalign hypotheses and references.
-    text = _require(path).read_text(encoding="utf-8")
-    if text.endswith("\n"):
-        text = text[:-1]
-    return text.split("\n")
-
-
-def _json_round_trip(obj):
-    """What a rank file does to per-example statistics on the way to rank 0."""
-    return json.loads(json.dumps(obj))
 
 
 def _statistics_in_three_chunks(task: str, preds: list[str], refs: list[str]) -> list:

@@ -17,6 +17,7 @@ import sacrebleu
 from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU, CHRF, TER
 
+from realdata import REALDATA, WMT17, json_round_trip as _json_round_trip, read_lines as _read_lines, require as _require
 from seq2seq_eval import cli
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.errors import ConfigError, DataError
@@ -26,25 +27,12 @@ from seq2seq_eval.scoring.rouge import prepare_for_rouge
 from seq2seq_eval.scoring.totals import combine_metrics, lowest_scoring, metric_statistics, sacrebleu_num_refs, score_metrics, sentence_scores
 from seq2seq_eval.scoring.sacre import reference_streams
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-REALDATA = SHARED / "realdata"
-WMT17 = REALDATA / "sacrebleu_wmt17_en_de"
 VERSION = sacrebleu.__version__
+
 
 # sacrebleu's metric for each name, with the settings we report.
 SACRE = {"bleu": BLEU, "chrf": CHRF, "chrf++": lambda: CHRF(word_order=2), "ter": TER}
 SENTENCE = {"bleu": lambda: BLEU(effective_order=True), "chrf": CHRF, "chrf++": lambda: CHRF(word_order=2), "ter": TER}
-
-
-def _require(path: Path) -> Path:
-    if not path.exists():
-        pytest.skip(f"{path} not found: real test data lives in ../shared/realdata beside the checkout")
-    return path
-
-
-def _read_lines(path: Path) -> list[str]:
-    text = _require(path).read_text(encoding="utf-8")
-    return (text[:-1] if text.endswith("\n") else text).split("\n")
 
 
 def _streams(refs) -> list[list]:
@@ -52,10 +40,6 @@ def _streams(refs) -> list[list]:
     tuples = [(r,) if isinstance(r, str) else tuple(r) for r in refs]
     width = max(len(t) for t in tuples)
     return [[t[k] if k < len(t) else None for t in tuples] for k in range(width)]
-
-
-def _json_round_trip(obj):
-    return json.loads(json.dumps(obj))
 
 
 def _in_chunks(names, preds, refs, cuts) -> list[dict]:
