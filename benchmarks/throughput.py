@@ -768,6 +768,48 @@ def goals(rounds: Sequence[dict[str, MethodResult]], micro: dict[str, Any] | Non
     return checked
 
 
+def round_order(keys: Sequence[str], i: int) -> list[str]:
+    """Round i's order: it turns by one method each round, so that no method always runs first or
+    right after the slow one while the machine's speed drifts."""
+    return list(keys[i % len(keys):]) + list(keys[:i % len(keys)])
+
+
+def print_rounds(rounds: Sequence[dict[str, MethodResult]], keys: Sequence[str],
+                 micro: dict[str, Any] | None) -> tuple[list[tuple[str, bool]], bool]:
+    """Prints each round's table and ratios, the medians over rounds and the goals; returns the
+    goals checked and whether every method generated with the same settings."""
+    generations = [r.generation for by in rounds for r in by.values()]
+    same_settings = all(g == generations[0] for g in generations)
+    for i, by in enumerate(rounds):
+        print(f"\nround {i + 1}" if len(rounds) > 1 else "")
+        print(format_table(list(by.values())))
+        print("samples/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups(by).items()))
+        same = {f"{x}={y}": identical_outputs(by, x, y) for x, y in (("e", "d"), ("f", "d"), ("e", "g"))}
+        same = {k: v for k, v in same.items() if v is not None}
+        if same:
+            n = next(iter(by.values())).n
+            print("identical generations: " + ", ".join(f"{k} {v}/{n}" for k, v in same.items()))
+        others = {r.key: r.extra.get("other_cores_busy") for r in by.values()}
+        if all(v is not None for v in others.values()):
+            print("other processes kept busy (cores, mean over each run): "
+                  + ", ".join(f"({k}) {v:.2f}" for k, v in others.items()))
+            if max(others.values()) > MAX_OTHER_LOAD:
+                print(f"NOTE: more than {MAX_OTHER_LOAD} core of other load during a run; its figures are disturbed")
+    print()
+    if len(rounds) > 1:
+        ratios = {k: median_over(rounds, lambda by, k=k: speedups(by)[k]) for k in speedups(rounds[0])}
+        rates = {k: median_over(rounds, lambda by, k=k: by[k].samples_per_second) for k in keys}
+        print(f"median of {len(rounds)} rounds: samples/s " + ", ".join(f"({k}) {v:.2f}" for k, v in rates.items())
+              + "; ratios " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    if not same_settings:
+        print("WARNING: the methods generated with different settings: "
+              + "; ".join(f"{r.name} {json.dumps(r.generation, sort_keys=True)}" for r in rounds[0].values()))
+    checked = goals(rounds, micro)
+    for text, ok in checked:
+        print(f"{'PASS' if ok else 'MISS'}  {text}")
+    return checked, same_settings
+
+
 def machine() -> dict[str, Any]:
     from importlib import metadata
 
@@ -801,9 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     keys = [k for k in METHODS if k in a.methods]
     rounds: list[dict[str, MethodResult]] = []
     for i in range(a.rounds):
-        # The order turns by one method each round, so that no method always runs first or
-        # right after the slow one while the machine's speed drifts.
-        order = keys[i % len(keys):] + keys[:i % len(keys)]
+        order = round_order(keys, i)
         where = root / f"round_{i + 1}"
         by: dict[str, MethodResult] = {}
         for key in order:
@@ -814,41 +854,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.tail_records:
         micro = micro_tail(root / "micro", a.tail_records)
         print(f"  rank 0's tail on {a.tail_records:,} synthetic records: done", flush=True)
-    generations = [r.generation for by in rounds for r in by.values()]
-    same_settings = all(g == generations[0] for g in generations)
-    for i, by in enumerate(rounds):
-        print(f"\nround {i + 1}" if a.rounds > 1 else "")
-        print(format_table(list(by.values())))
-        print("samples/s ratios: " + ", ".join(f"{k} {v:.2f}x" for k, v in speedups(by).items()))
-        same = {f"{x}={y}": identical_outputs(by, x, y) for x, y in (("e", "d"), ("f", "d"), ("e", "g"))}
-        same = {k: v for k, v in same.items() if v is not None}
-        if same:
-            n = next(iter(by.values())).n
-            print("identical generations: " + ", ".join(f"{k} {v}/{n}" for k, v in same.items()))
-        others = {r.key: r.extra.get("other_cores_busy") for r in by.values()}
-        if all(v is not None for v in others.values()):
-            print("other processes kept busy (cores, mean over each run): "
-                  + ", ".join(f"({k}) {v:.2f}" for k, v in others.items()))
-            if max(others.values()) > MAX_OTHER_LOAD:
-                print(f"NOTE: more than {MAX_OTHER_LOAD} core of other load during a run; its figures are disturbed")
-    print()
-    if a.rounds > 1:
-        ratios = {k: median_over(rounds, lambda by, k=k: speedups(by)[k]) for k in speedups(rounds[0])}
-        rates = {k: median_over(rounds, lambda by, k=k: by[k].samples_per_second) for k in keys}
-        print(f"median of {a.rounds} rounds: samples/s " + ", ".join(f"({k}) {v:.2f}" for k, v in rates.items())
-              + "; ratios " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
-    if not same_settings:
-        print("WARNING: the methods generated with different settings: "
-              + "; ".join(f"{r.name} {json.dumps(r.generation, sort_keys=True)}" for r in rounds[0].values()))
-    checked = goals(rounds, micro)
-    for text, ok in checked:
-        print(f"{'PASS' if ok else 'MISS'}  {text}")
+    checked, same_settings = print_rounds(rounds, keys, micro)
     report = {
         "settings": {"n": a.n, "nproc": a.nproc, "bs": a.bs, "max_tokens": max_tokens, "num_beams": a.num_beams,
                      "rounds": a.rounds, "model": a.model, "generation": rounds[0][keys[0]].generation,
                      "same_generation_settings": same_settings},
         "machine": {**machine(), "loadavg_before": load_before},
-        "rounds": [{"order": keys[i % len(keys):] + keys[:i % len(keys)],
+        "rounds": [{"order": round_order(keys, i),
                     "methods": {k: r.summary() for k, r in by.items()},
                     "samples_per_second_ratios": speedups(by)} for i, by in enumerate(rounds)],
         "micro_tail": micro,

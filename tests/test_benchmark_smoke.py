@@ -38,26 +38,41 @@ def header_in_order(lines: list[str], first: str, columns: tuple[str, ...]) -> s
     return header
 
 
+def load_benchmark(script: str):
+    """benchmarks/<script> as a module, for its pure functions."""
+    import importlib.util
+
+    name = Path(script).stem + "_bench"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / script)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_benchmark_prints_every_column(tiny_model, tmp_path):
+    """One round of real jobs; what several rounds add (turns, medians) is the report's, tested
+    below on figures made up for it."""
     out = tmp_path / "bench"
     proc = bench("throughput.py", ["--model", str(tiny_model), "--n", "30", "--nproc", "2", "--bs", "4", "--num_beams", "2",
-                                   "--tail_records", "200", "--rounds", "2", "--methods", "abdeg", "--out", str(out)],
+                                   "--tail_records", "200", "--rounds", "1", "--methods", "abdeg", "--out", str(out)],
                  tmp_path, timeout=600)
     lines = proc.stdout.splitlines()
     header_in_order(lines, "method", COLUMNS)
     for name in METHODS:
         rows = [line for line in lines if line.startswith(name)]
-        assert len(rows) == 2 and all(len(row[len(name):].split()) == len(COLUMNS) - 1 for row in rows), rows
-    assert sum(line.startswith("samples/s ratios: d/a ") and "e/best HF" in line and "e/g" in line for line in lines) == 2
-    assert sum(line.startswith("identical generations: e=d ") for line in lines) == 2
-    assert ["round 1", "round 2"] == [line for line in lines if line.startswith("round ")]
-    assert any(line.startswith("median of 2 rounds: samples/s (a) ") for line in lines)
+        assert len(rows) == 1 and all(len(row[len(name):].split()) == len(COLUMNS) - 1 for row in rows), rows
+    assert sum(line.startswith("samples/s ratios: d/a ") and "e/best HF" in line and "e/g" in line for line in lines) == 1
+    assert sum(line.startswith("identical generations: e=d ") for line in lines) == 1
+    assert not [line for line in lines if line.startswith(("round ", "median of"))]
     verdicts = [line for line in lines if line.startswith(("PASS ", "MISS "))]
     assert len(verdicts) == 8, proc.stdout
     assert not any(line.startswith("WARNING") for line in lines), proc.stdout
 
     report = json.loads((out / "results.json").read_text())
-    assert [r["order"] for r in report["rounds"]] == [["a", "b", "d", "e", "g"], ["b", "d", "e", "g", "a"]]
+    assert [r["order"] for r in report["rounds"]] == [["a", "b", "d", "e", "g"]]
     for r in report["rounds"]:
         assert sorted(r["methods"]) == ["a", "b", "d", "e", "g"]
         assert all(m["n"] == 30 for m in r["methods"].values())
@@ -65,6 +80,47 @@ def test_benchmark_prints_every_column(tiny_model, tmp_path):
         assert all(m["generated_tokens"] > 0 for m in r["methods"].values())
     assert report["settings"]["same_generation_settings"]
     assert report["micro_tail"]["records"] == 200
+
+
+def test_rounds_turn_and_the_report_takes_medians(tmp_path, capsys):
+    """Several rounds, on made-up figures: each round's table and ratios, the order turning by one
+    method a round, the medians over rounds, and the goals judged on them."""
+    bench_module = load_benchmark("throughput.py")
+    assert [bench_module.round_order(list("abdeg"), i) for i in (0, 1, 5)] == [
+        list("abdeg"), list("bdega"), list("abdeg")]
+
+    texts = {"a": "x y z", "b": "x y z", "d": "x y z", "e": "x y w", "g": "x y w"}
+
+    def result(key: str, round_: int, seconds: float):
+        save = tmp_path / f"r{round_}" / key
+        save.mkdir(parents=True)
+        (save / "test_generations.txt").write_text(texts[key].replace(" ", "\n") + "\n")
+        per_rank = [{"generation_seconds": seconds, "source_tokens": 90, "padded_source_tokens": 100,
+                     "peak_memory_bytes": 2**20, "batches": 2}] * 2
+        return bench_module.MethodResult(key=key, name=bench_module.METHODS[key], n=3, wall_seconds=2 * seconds,
+                                         per_rank=per_rank, bleu=50.0, tail_seconds=0.01, generated_tokens=30,
+                                         padded_generated_tokens=40, generation={"num_beams": 2},
+                                         extra={"save": str(save), "other_cores_busy": 0.0})
+
+    # samples/s = 3 / seconds; (d) against (a): 4x in round 1, 2x in round 2, median 3x.
+    seconds = [{"a": 1.0, "b": 0.5, "d": 0.25, "e": 0.1, "g": 0.1}, {"a": 1.0, "b": 0.5, "d": 0.5, "e": 0.2, "g": 0.2}]
+    rounds = [{k: result(k, i, s) for k, s in by.items()} for i, by in enumerate(seconds)]
+    checked, same = bench_module.print_rounds(rounds, list("abdeg"), None)
+    lines = capsys.readouterr().out.splitlines()
+    assert same
+    assert [line for line in lines if line.startswith("round ")] == ["round 1", "round 2"]
+    assert [line for line in lines if line.startswith("samples/s ratios: ")][1].startswith(
+        "samples/s ratios: d/a 2.00x, d/b 1.00x")
+    assert [line for line in lines if line.startswith("identical generations: ")] == [
+        "identical generations: e=d 2/3, e=g 3/3"] * 2
+    median = next(line for line in lines if line.startswith("median of 2 rounds: "))
+    assert median.startswith("median of 2 rounds: samples/s (a) 3.00, (b) 6.00, (d) 9.00, (e) 22.50, (g) 22.50; ratios ")
+    assert "d/a 3.00x" in median
+    first = checked[0]
+    assert first[0].startswith("(d) samples/s >= 1.5x (a) and >= 1.2x (b)") and "3.00x, 1.50x (median of 2 rounds)" in first[0]
+    assert first[1]  # 3x (a) and 1.5x (b), BLEU equal
+    bare = next(text for text, _ in checked if text.startswith("(e) samples/s within 5% of the bare loop"))
+    assert "1.000x (median of 2 rounds)" in bare
 
 
 def test_beam_cache_benchmark_compares_and_finds_identical_outputs(tiny_model, tmp_path):
@@ -92,12 +148,7 @@ def test_budget_benchmark_measures_every_budget_on_each_engine(tiny_model, tmp_p
 
 
 def _gpu_bench():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu.py")
 
 
 GPU_COLUMNS = ("configuration", "method", "samples/s", "gen tok/s", "peak MB", "BLEU", "same as a", "x (a)", "x (b)")

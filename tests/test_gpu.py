@@ -109,13 +109,13 @@ spare_slot_appends = builders.spare_slot_appends  # the fixture, under its name
 
 
 def _generate_on_cuda(model, gc, cache: bool, seed: int = 0):
-    from seq2seq_eval.engines.beam_cache import beam_cache
+    from seq2seq_eval.engines.beam_cache import beam_cache, cache_kwarg
 
     ids, mask = builders._batch(model)
     torch.manual_seed(seed)
-    extra = {"past_key_values": beam_cache(model, gc)} if cache else {}
+    extra = {cache_kwarg(model): beam_cache(model, gc)} if cache else {}
     if cache:
-        assert extra["past_key_values"] is not None
+        assert extra[cache_kwarg(model)] is not None
     with torch.inference_mode():
         return model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), generation_config=gc, **extra)
 

@@ -81,6 +81,18 @@ def _classes() -> tuple[type, type]:
     return SpareSlotLayer, BeamSearchCache
 
 
+def cache_kwarg(model: Any) -> str:
+    """The name generate() takes a ready cache under: transformers 5.24 renamed `past_key_values`
+    to `cache` (the old name warns on every call and goes in 6.0), and a model's forward() takes
+    the name its generate() reads."""
+    import inspect
+
+    try:
+        return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "past_key_values"
+
+
 def beam_cache(model: Any, gc: Any) -> Any:
     """A fresh cache for one generate() call with generation config `gc`, or None to leave
     generate() its own: not beam search, no cache, a cache implementation asked for, a decoder-only

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError, first_line
 from .base import BatchOutput
-from .beam_cache import beam_cache
+from .beam_cache import beam_cache, cache_kwarg
 
 
 def generated_lengths(sequences: Any, eos_token_id: int | list[int] | None, pad_id: int) -> Any:
@@ -81,6 +81,7 @@ class HFEngine:
             pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self.pad_id = int(pad)
         self.n_return = int(generation_config.num_return_sequences or 1)
+        self._cache_kwarg = cache_kwarg(model)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}
@@ -98,7 +99,7 @@ class HFEngine:
         # rank runs the batch, keeping outputs independent of the world size.
         torch.manual_seed(self.seed + batch_index)
         cache = beam_cache(self.model, self.gc)
-        extra = {} if cache is None else {"past_key_values": cache}
+        extra = {} if cache is None else {self._cache_kwarg: cache}
         try:
             with torch.inference_mode(), self._once.on(logging.getLogger("transformers")):
                 out = self.model.generate(
