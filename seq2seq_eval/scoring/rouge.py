@@ -7,12 +7,9 @@ import functools
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
-import punkt.data.english as punkt_english
-from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
-from rouge_score import rouge_scorer
 
 from .results import (
     ROUGE_KEYS,
@@ -20,6 +17,13 @@ from .results import (
     RougeResult,
     check_references,
 )
+
+if TYPE_CHECKING:
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
+    from rouge_score.rouge_scorer import RougeScorer
+
+# rouge-score and nltk are imported where they are used: they take about 0.3 s to import, which
+# every rank of every translation run would otherwise pay for a metric it never computes.
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,6 +38,9 @@ def _sentence_tokenizer() -> PunktSentenceTokenizer:
     algorithm stays nltk's own: the ``punkt`` package's tokenizer differs in edge cases.
     Built on first use and cached, because the ortho-context table has ~15k entries.
     """
+    import punkt.data.english as punkt_english
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
     params = PunktParameters()
     params.abbrev_types = set(punkt_english.ABBREV_TYPES)
     params.collocations = set(punkt_english.COLLOCATIONS)
@@ -59,10 +66,12 @@ def prepare_for_rouge(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _rouge_scorer() -> rouge_scorer.RougeScorer:
+def _rouge_scorer() -> RougeScorer:
     # Built once: the scorer is stateless, and building it per call would add up over
     # thousands of examples.
-    return rouge_scorer.RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
+    from rouge_score.rouge_scorer import RougeScorer
+
+    return RougeScorer(list(ROUGE_KEYS), use_stemmer=True)
 
 
 def rouge_example_scores(
