@@ -82,9 +82,9 @@ def _classes() -> tuple[type, type]:
 
 
 def cache_kwarg(model: Any) -> str:
-    """The name generate() takes a ready cache under: transformers 5.24 renamed `past_key_values`
-    to `cache` (the old name warns on every call and goes in 6.0), and a model's forward() takes
-    the name its generate() reads."""
+    """The name generate() takes a ready cache under: later transformers 5 releases (5.24 here)
+    renamed `past_key_values` to `cache` (the old name warns on every call and goes in 6.0), and
+    a model's forward() takes the name its generate() reads."""
     import inspect
 
     try:
