@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError, first_line
 from .base import BatchOutput
+from . import shrink
 from .beam_cache import beam_cache, cache_kwarg
 
 
@@ -82,6 +83,7 @@ class HFEngine:
         self.pad_id = int(pad)
         self.n_return = int(generation_config.num_return_sequences or 1)
         self._cache_kwarg = cache_kwarg(model)
+        self.shrink = shrink.usable(model, self.gc, device)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}
@@ -100,6 +102,8 @@ class HFEngine:
         torch.manual_seed(self.seed + batch_index)
         cache = beam_cache(self.model, self.gc)
         extra = {} if cache is None else {self._cache_kwarg: cache}
+        if cache is not None and self.shrink:
+            extra["custom_generate"] = shrink.shrinking_beam_search
         try:
             with torch.inference_mode(), self._once.on(logging.getLogger("transformers")):
                 out = self.model.generate(

@@ -1,0 +1,177 @@
+"""Beam search with final examples leaving the batch (engines/shrink.py) gives generate()'s own
+sequences and scores bit for bit, and really shrinks the batch; where its reasoning does not hold
+it is not used."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from seq2seq_eval.config import EMBEDDED_MODEL, EvalConfig
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture
+def drops(monkeypatch):
+    """Records each shrink: (rows before, rows kept)."""
+    from seq2seq_eval.engines import shrink
+
+    seen: list[tuple[int, int]] = []
+    select = shrink._select_rows
+
+    def recording(model_kwargs, cache_key, rows, n_rows):
+        seen.append((n_rows, len(rows)))
+        return select(model_kwargs, cache_key, rows, n_rows)
+
+    monkeypatch.setattr(shrink, "_select_rows", recording)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from seq2seq_eval.inputs.files import read_lines
+    from seq2seq_eval.model import settings as model_settings
+
+    cfg = EvalConfig(model_name=str(EMBEDDED_MODEL))
+    tokenizer = model_settings.load_tokenizer(cfg)
+    model_config, base = model_settings.load_model_config(cfg)
+    model = model_settings.load_model(cfg, torch.device("cpu"))
+    sources = {}
+    for task, prefix in (("translation", "translate: "), ("summarization", "summarize: ")):
+        lines = read_lines(Path(__file__).parents[1] / "data_samples" / task / "test.source")[:96]
+        # Longest first, as the plan cuts batches: a batch of similar lengths, outputs of different ones.
+        ids, _ = model_settings.encode_sources(tokenizer, lines, prefix, 128)
+        sources[task] = sorted(ids, key=len, reverse=True)
+    return model, tokenizer, model_config, base, sources
+
+
+@pytest.mark.parametrize("task", ["translation", "summarization"])
+@pytest.mark.parametrize("options", [
+    {},
+    {"num_return_sequences": 3},
+    {"early_stopping": False, "length_penalty": 2.0},
+    {"early_stopping": False, "length_penalty": 0.5, "num_beams": 5},
+    {"no_repeat_ngram_size": 3, "min_length": 6, "repetition_penalty": 1.2},
+])
+def test_shrinking_gives_generates_results_on_the_embedded_model(embedded, task, options, drops):
+    from seq2seq_eval.engines.hf import HFEngine
+    from seq2seq_eval.model import settings as model_settings
+
+    model, tokenizer, model_config, base, sources = embedded
+    cfg = EvalConfig(model_name=str(EMBEDDED_MODEL), task=task, generate_kwargs=tuple(options.items()))
+    gc = model_settings.generation_config_for(model_config, copy.deepcopy(base), tokenizer, cfg)
+    engine = HFEngine(model, tokenizer, gc, torch.device("cpu"))
+    assert engine.shrink
+    batches = [sources[task][:48], sources[task][48:]]
+    ours = [engine.generate(b, i) for i, b in enumerate(batches)]
+    assert drops and all(kept < rows for rows, kept in drops)
+    assert min(kept for _, kept in drops) >= 32  # shrink.MIN_ROWS
+    engine.shrink = False
+    theirs = [engine.generate(b, i) for i, b in enumerate(batches)]
+    assert ours == theirs  # texts, scores (num_return_sequences > 1) and token counts
+
+
+def _t5_that_stops():
+    """A tiny random T5 whose EOS logit is raised, so that its hypotheses end at different steps."""
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=97, d_model=32, d_ff=64, d_kv=8, num_heads=4, num_layers=2,
+                                pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    head = model.get_output_embeddings()
+    bias = torch.zeros(head.weight.shape[0])
+    bias[cfg.eos_token_id] = 3.0
+    head.bias = torch.nn.Parameter(bias)
+    return model
+
+
+def _generate(model, gc, shrinking: bool):
+    from seq2seq_eval.engines import shrink
+    from seq2seq_eval.engines.beam_cache import beam_cache, cache_kwarg
+
+    g = torch.Generator().manual_seed(1)
+    n, width = 24, 14
+    ids = torch.full((n, width), model.config.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for row in range(n):
+        length = 3 + (row * 5) % 11
+        ids[row, : length - 1] = torch.randint(3, 90, (length - 1,), generator=g)
+        ids[row, length - 1] = model.config.eos_token_id
+        mask[row, :length] = 1
+    extra = {cache_kwarg(model): beam_cache(model, gc)}
+    if shrinking:
+        extra["custom_generate"] = shrink.shrinking_beam_search
+    with torch.inference_mode():
+        return model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, **extra)
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"num_return_sequences": 3},
+    {"repetition_penalty": 1.3},
+    {"length_penalty": 0.6, "no_repeat_ngram_size": 2, "early_stopping": True, "min_length": 8},
+])
+def test_shrinking_gives_generates_sequences_and_scores_bit_for_bit(options, drops):
+    model = _t5_that_stops()
+    gc = transformers.GenerationConfig.from_model_config(model.config)
+    gc.update(num_beams=4, max_length=20, return_dict_in_generate=True, output_scores=True, **options)
+    ours, theirs = _generate(model, gc, True), _generate(model, gc, False)
+    assert drops
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert torch.equal(ours.sequences_scores, theirs.sequences_scores)
+
+
+def test_a_wrong_row_selection_would_be_caught(monkeypatch):
+    """The comparison is sensitive: keeping the wrong encoder rows after a shrink changes outputs."""
+    from seq2seq_eval.engines import shrink
+
+    model = _t5_that_stops()
+    gc = transformers.GenerationConfig.from_model_config(model.config)
+    gc.update(num_beams=4, max_length=20, return_dict_in_generate=True, output_scores=True)
+    theirs = _generate(model, gc, False)
+    select = shrink._select_rows
+    monkeypatch.setattr(shrink, "_select_rows",
+                        lambda kw, key, rows, n: select(kw, key, torch.flip(rows, [0]), n))
+    assert not torch.equal(_generate(model, gc, True).sequences, theirs.sequences)
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("do_sample", True), ("num_beams", 1), ("early_stopping", "never"), ("output_attentions", True),
+    ("encoder_repetition_penalty", 1.5), ("encoder_no_repeat_ngram_size", 2),
+])
+def test_not_used_where_its_reasoning_does_not_hold(setting, value):
+    from seq2seq_eval.engines import shrink
+
+    model = _t5_that_stops()
+    gc = transformers.GenerationConfig.from_model_config(model.config)
+    gc.num_beams = 4
+    assert shrink.usable(model, gc, torch.device("cpu"))
+    assert not shrink.usable(model, gc, torch.device("cuda"))
+    setattr(gc, setting, value)
+    assert not shrink.usable(model, gc, torch.device("cpu"))
+
+
+def test_a_processor_with_state_of_its_own_keeps_generates_loop(drops):
+    """A logits processor outside the row-wise list (a user's own) runs in generate()'s own loop."""
+
+    class EvenOnly(transformers.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return scores
+
+    model = _t5_that_stops()
+    gc = transformers.GenerationConfig.from_model_config(model.config)
+    gc.update(num_beams=4, max_length=20, return_dict_in_generate=True, output_scores=True)
+    from seq2seq_eval.engines import shrink
+    from seq2seq_eval.engines.beam_cache import beam_cache, cache_kwarg
+
+    ids = torch.randint(3, 90, (24, 9), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, generation_config=gc, logits_processor=[EvenOnly()],
+                             custom_generate=shrink.shrinking_beam_search,
+                             **{cache_kwarg(model): beam_cache(model, gc)})
+        plain = model.generate(input_ids=ids, generation_config=gc, logits_processor=[EvenOnly()])
+    assert not drops
+    assert torch.equal(out.sequences, plain.sequences)
