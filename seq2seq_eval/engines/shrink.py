@@ -8,9 +8,11 @@ are such rows (the benchmarks' "gen pad" column).
 `shrinking_beam_search` is handed to `model.generate()` as its decoding method
 (`custom_generate`): generate() still prepares everything (encoder pass, logits processors,
 stopping criteria, the cache), and each step calls generate()'s own beam-search steps, in its
-order, on the same tensors. The one addition: once an example's result can no longer change, it
-is stored and its rows leave the batch. The cache reorder that generate() makes at every step
-selects only the surviving rows, so leaving costs no extra copy of the self-attention cache.
+order, on the same tensors. Two things differ. Once an example's result can no longer change, it
+is stored and its rows leave the batch; the cache reorder that generate() makes at every step
+selects only the surviving rows, so leaving costs no extra copy of the self-attention cache. And
+hypotheses are held WIDEN tokens longer than needed instead of at max_length, so each step's
+gathers copy less.
 
 Why the results stay generate()'s: an example leaves only when all its `num_beams` finished
 slots hold real scores and no candidate can enter them any more (early stopping, or the
@@ -19,11 +21,12 @@ that example, so its finished beams never change. The other rows see the same ar
 fewer rows beside them; matrix products on CPU give the same bits per row for any number of
 rows above a small-row kernel threshold (8 rows here), so the batch never shrinks below
 `MIN_ROWS`. On GPUs the kernels chosen depend on the row count, so there it is not used at all.
-tests/test_generate.py holds sequences and scores bit for bit against generate().
+tests/test_shrink.py holds sequences and scores bit for bit against generate().
 
 Anything outside that reasoning (sampling, a logits processor that keeps per-example state,
-outputs of scores/attentions/hidden states, synced GPUs, generate()'s own cache, a transformers
-without these steps) keeps generate()'s own loop: `usable()` says so before the call.
+outputs of attentions/hidden states/logits, synced GPUs, generate()'s own cache, a transformers
+without these steps) keeps generate()'s own loop: `usable()` says so before the call. What comes
+back is what the engine reads: the sequences and their scores, not the per-step scores.
 """
 
 from __future__ import annotations
@@ -202,9 +205,10 @@ def shrinking_beam_search(model: Any, input_ids: Any, logits_processor: Any, sto
     out = out_sequences[:, :, : decoder_prompt_len + int(out_lengths.max())].reshape(batch_size * n_return, -1)
     if not gc.return_dict_in_generate:
         return out
+    # What the engine reads: the sequences and, for several candidates, their scores (per-step
+    # scores, beam indices and the cache are not kept).
     return GenerateBeamEncoderDecoderOutput(
-        sequences=out, sequences_scores=out_scores.reshape(-1) if gc.output_scores else None,
-        cache=model_kwargs[cache_key])
+        sequences=out, sequences_scores=out_scores.reshape(-1) if gc.output_scores else None)
 
 
 def _widen(t: Any, grow: int, fill: int) -> Any:
@@ -221,9 +225,11 @@ def _select_rows(model_kwargs: dict[str, Any], cache_key: str, rows: Any, n_rows
     for key, value in list(model_kwargs.items()):
         if key == cache_key:
             continue
-        if hasattr(value, "shape") and value.dim() > 0 and value.shape[0] == n_rows:
+        # Per-row inputs are masks and states (2-D and up); a 1-D tensor such as cache_position is
+        # per position, whatever its length.
+        if hasattr(value, "shape") and value.dim() >= 2 and value.shape[0] == n_rows:
             model_kwargs[key] = value.index_select(0, rows)
         elif key == "encoder_outputs":
             for name, tensor in list(value.items()):
-                if hasattr(tensor, "shape") and tensor.shape[0] == n_rows:
+                if hasattr(tensor, "shape") and tensor.dim() >= 2 and tensor.shape[0] == n_rows:
                     value[name] = tensor.index_select(0, rows)
