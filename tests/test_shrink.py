@@ -150,6 +150,8 @@ def test_not_used_where_its_reasoning_does_not_hold(setting, value):
     gc.num_beams = 4
     assert shrink.usable(model, gc, torch.device("cpu"))
     assert not shrink.usable(model, gc, torch.device("cuda"))
+    assert not shrink.usable(model.to(torch.bfloat16), gc, torch.device("cpu"))
+    model.to(torch.float32)
     setattr(gc, setting, value)
     assert not shrink.usable(model, gc, torch.device("cpu"))
 

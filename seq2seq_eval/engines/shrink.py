@@ -20,7 +20,8 @@ early-stop heuristic already satisfied); generate() then adds -1e9 to every late
 that example, so its finished beams never change. The other rows see the same arithmetic with
 fewer rows beside them; matrix products on CPU give the same bits per row for any number of
 rows above a small-row kernel threshold (8 rows here), so the batch never shrinks below
-`MIN_ROWS`. On GPUs the kernels chosen depend on the row count, so there it is not used at all.
+`MIN_ROWS`. On GPUs the kernels chosen depend on the row count, and half-precision kernels were
+not checked: it is used on CPU in float32 only.
 tests/test_shrink.py holds sequences and scores bit for bit against generate().
 
 Anything outside that reasoning (sampling, a logits processor that keeps per-example state,
@@ -53,7 +54,10 @@ _STEPS = ("_prefill", "_get_top_k_continuations", "_get_running_beams_for_next_i
 def usable(model: Any, gc: Any, device: Any) -> bool:
     """Whether a generate() call with generation config `gc` may use `shrinking_beam_search`
     (the beam cache must be in use too: the caller checks that)."""
-    if getattr(device, "type", str(device)) != "cpu":
+    import torch
+
+    # The row-count argument was checked for float32 CPU kernels only (bf16/fp16 use others).
+    if getattr(device, "type", str(device)) != "cpu" or getattr(model, "dtype", None) != torch.float32:
         return False
     if int(gc.num_beams or 1) <= 1 or gc.do_sample or int(getattr(gc, "num_beam_groups", 1) or 1) > 1:
         return False
