@@ -177,3 +177,22 @@ def test_a_processor_with_state_of_its_own_keeps_generates_loop(drops):
         plain = model.generate(input_ids=ids, generation_config=gc, logits_processor=[EvenOnly()])
     assert not drops
     assert torch.equal(out.sequences, plain.sequences)
+
+
+def test_a_machine_whose_kernels_depend_on_the_row_count_keeps_generates_loop(monkeypatch):
+    """The row-count argument is checked on the model's own layers before the shortcut is used."""
+    from seq2seq_eval.engines import shrink
+
+    model = _t5_that_stops()
+    gc = transformers.GenerationConfig.from_model_config(model.config)
+    gc.num_beams = 4
+    assert shrink.rows_independent(model) and shrink.usable(model, gc, torch.device("cpu"))
+    linear = torch.nn.functional.linear
+
+    def by_row_count(x, weight, bias=None):
+        out = linear(x, weight, bias)
+        return out + out.shape[0] * 1e-6 if x.dim() == 2 else out  # a kernel whose bits follow the row count
+
+    monkeypatch.setattr(torch.nn.functional, "linear", by_row_count)
+    assert not shrink.rows_independent(model)
+    assert not shrink.usable(model, gc, torch.device("cpu"))

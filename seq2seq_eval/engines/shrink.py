@@ -20,7 +20,7 @@ early-stop heuristic already satisfied); generate() then adds -1e9 to every late
 that example, so its finished beams never change. The other rows see the same arithmetic with
 fewer rows beside them; matrix products on CPU give the same bits per row for any number of
 rows above a small-row kernel threshold (8 rows here), so the batch never shrinks below
-`MIN_ROWS`. On GPUs the kernels chosen depend on the row count, and half-precision kernels were
+`MIN_ROWS`, and `rows_independent` checks this on the model's own layers first. On GPUs the kernels chosen depend on the row count, and half-precision kernels were
 not checked: it is used on CPU in float32 only.
 tests/test_shrink.py holds sequences and scores bit for bit against generate().
 
@@ -36,6 +36,7 @@ from typing import Any
 
 MIN_ROWS = 32  # decoder rows (examples x beams) under which the batch is not shrunk further
 WIDEN = 32  # hypothesis tokens added at a time
+CHECK_ROWS = 256  # rows of the row-count check (64 examples at 4 beams)
 
 # Processors that look at each row alone (its own tokens, its own scores): removing other rows
 # cannot change what they do to a row.
@@ -70,7 +71,32 @@ def usable(model: Any, gc: Any, device: Any) -> bool:
     if (gc.encoder_no_repeat_ngram_size or gc.encoder_repetition_penalty not in (None, 1.0)
             or gc.sequence_bias or gc.prefill_chunk_size is not None):
         return False
-    return all(hasattr(model, step) for step in _STEPS)
+    return all(hasattr(model, step) for step in _STEPS) and rows_independent(model)
+
+
+def rows_independent(model: Any) -> bool:
+    """Whether this machine's kernels give each row of the model's linear layers the same bits at
+    every row count the shrinking search can use (MIN_ROWS and up): checked once per model, on its
+    own layers (one of each weight shape, with or without bias) and random inputs, in the thread
+    setting generation runs with. A CPU whose kernels do not is left with generate()'s own loop."""
+    import torch
+
+    seen: set[tuple[Any, ...]] = set()
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for module in model.modules():
+            if not isinstance(module, torch.nn.Linear):
+                continue
+            key = (tuple(module.weight.shape), module.bias is not None)
+            if key in seen:
+                continue
+            seen.add(key)
+            x = torch.randn(CHECK_ROWS, module.in_features, generator=g, dtype=module.weight.dtype)
+            full = module(x)
+            for m in (MIN_ROWS, MIN_ROWS + 1, 2 * MIN_ROWS - 1, 3 * MIN_ROWS + 5, CHECK_ROWS // 2 + 1, CHECK_ROWS - 1):
+                if not torch.equal(module(x[:m]), full[:m]):
+                    return False
+    return True
 
 
 def _row_wise(logits_processor: Any) -> bool:
