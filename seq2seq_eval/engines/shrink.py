@@ -71,7 +71,18 @@ def usable(model: Any, gc: Any, device: Any) -> bool:
     if (gc.encoder_no_repeat_ngram_size or gc.encoder_repetition_penalty not in (None, 1.0)
             or gc.sequence_bias or gc.prefill_chunk_size is not None):
         return False
-    return all(hasattr(model, step) for step in _STEPS) and rows_independent(model)
+    if not all(hasattr(model, step) for step in _STEPS) or not _takes_decoding_method(model):
+        return False
+    return rows_independent(model)
+
+
+def _takes_decoding_method(model: Any) -> bool:
+    import inspect
+
+    try:
+        return "custom_generate" in inspect.signature(model.generate).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def rows_independent(model: Any) -> bool:
