@@ -156,27 +156,32 @@ def test_not_used_where_its_reasoning_does_not_hold(setting, value):
     assert not shrink.usable(model, gc, torch.device("cpu"))
 
 
-def test_a_processor_with_state_of_its_own_keeps_generates_loop(drops):
-    """A logits processor outside the row-wise list (a user's own) runs in generate()'s own loop."""
+def test_a_processor_outside_the_row_wise_list_keeps_generates_loop(drops):
+    """A logits processor the search does not know (a user's own) runs in generate()'s own loop;
+    the same call without it does shrink, so the absence of drops is the fallback's doing."""
+    from seq2seq_eval.engines import shrink
+    from seq2seq_eval.engines.beam_cache import beam_cache, cache_kwarg
 
-    class EvenOnly(transformers.LogitsProcessor):
+    class UsersOwn(transformers.LogitsProcessor):
         def __call__(self, input_ids, scores):
             return scores
 
     model = _t5_that_stops()
     gc = transformers.GenerationConfig.from_model_config(model.config)
     gc.update(num_beams=4, max_length=20, return_dict_in_generate=True, output_scores=True)
-    from seq2seq_eval.engines import shrink
-    from seq2seq_eval.engines.beam_cache import beam_cache, cache_kwarg
-
     ids = torch.randint(3, 90, (24, 9), generator=torch.Generator().manual_seed(2))
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, generation_config=gc, logits_processor=[EvenOnly()],
-                             custom_generate=shrink.shrinking_beam_search,
-                             **{cache_kwarg(model): beam_cache(model, gc)})
-        plain = model.generate(input_ids=ids, generation_config=gc, logits_processor=[EvenOnly()])
+
+    def generate(**extra):
+        with torch.inference_mode():
+            return model.generate(input_ids=ids, generation_config=gc, **extra)
+
+    shrinking = {"custom_generate": shrink.shrinking_beam_search}
+    generate(**shrinking, **{cache_kwarg(model): beam_cache(model, gc)})
+    assert drops
+    drops.clear()
+    out = generate(logits_processor=[UsersOwn()], **shrinking, **{cache_kwarg(model): beam_cache(model, gc)})
     assert not drops
-    assert torch.equal(out.sequences, plain.sequences)
+    assert torch.equal(out.sequences, generate(logits_processor=[UsersOwn()]).sequences)
 
 
 def test_a_machine_whose_kernels_depend_on_the_row_count_keeps_generates_loop(monkeypatch):

@@ -83,7 +83,8 @@ class HFEngine:
         self.pad_id = int(pad)
         self.n_return = int(generation_config.num_return_sequences or 1)
         self._cache_kwarg = cache_kwarg(model)
-        self.shrink = shrink.usable(model, self.gc, device)
+        # The shortcut rides on the beam cache; its row-count check runs only where both apply.
+        self.shrink = beam_cache(model, self.gc) is not None and shrink.usable(model, self.gc, device)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name}
