@@ -15,15 +15,17 @@ timeout in its own process group, so a hung step costs its timeout and the table
            process (a gloo group of one), batches of --bs;
        (d) seq2seq_eval --max_tokens (--bs x the mean source length: as many batches as (a) and (b));
        (d0) the same with generate()'s own cache instead of seq2seq_eval's beam cache: a diagnostic;
-       (e16), (e8) (d) on the CTranslate2 engine, --compute_type float16 and int8_float16, in the fp32
+       (e32), (e16), (e8) (d) on the CTranslate2 engine, --compute_type float32 (what `--engine
+           ctranslate2` alone gives a model converted from fp32), float16 and int8_float16, in the fp32
            configurations, when the ctranslate2 package is importable (its wheel in .whl/);
      --rounds times in turns (the order rotates); goals on the median over rounds, ratios taken within
      a round. Configurations: the embedded model in fp32; a randomly initialised Marian at
      Helsinki-NLP/opus-mt-en-de's published size (6+6 layers, d_model 512, 8 heads, ffn 2048, with the
      embedded tokenizer) in fp32, fp16 and bf16 with --max_new_tokens 64.
   3. The --max_tokens sweep: seq2seq_eval's samples/s and peak memory at several budgets (median of
-     --rounds), embedded model and opus-size Marian in fp32. The best measured budget for the Marian is
-     printed as the suggested GPU default (the embedded model is too small to stand for real models).
+     --rounds), embedded model and opus-size Marian in fp32, on the HF engine (d) and, for the Marian,
+     on the CTranslate2 engine too ((e32), (e16)). The best measured budget for the Marian is printed
+     as each engine's suggested GPU default (the embedded model is too small to stand for real models).
   4. A profile (torch.profiler) of seq2seq_eval's largest planned batch on the Marian in fp32 and bf16,
      with its beam cache and with generate()'s own, written to {out}/profile_*.txt.
 
@@ -74,8 +76,6 @@ METHOD_NAMES = {
     "b": "(b) legacy split",
     "d": "(d) s2s --max_tokens",
     "d0": "(d0) d, generate()'s cache",
-    "e16": "(e16) d, ct2 float16",
-    "e8": "(e8) d, ct2 int8_float16",
 }
 DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 MIN_STEP_S = 20  # a step with less time left than this is skipped, not started
@@ -156,7 +156,17 @@ def fresh_memory(device: str) -> None:
 
 
 # --compute_type of the CTranslate2 methods; on a CPU (the script's own check) the nearest CPU types.
-CT2_COMPUTE = {"cuda": {"e16": "float16", "e8": "int8_float16"}, "cpu": {"e16": "float32", "e8": "int8"}}
+CT2_COMPUTE = {"cuda": {"e32": "float32", "e16": "float16", "e8": "int8_float16"},
+               "cpu": {"e32": "float32", "e16": "float32", "e8": "int8"}}
+
+
+def method_name(key: str, device: str) -> str:
+    """The row label: the CTranslate2 methods name the compute type they run at on this device."""
+    return METHOD_NAMES.get(key) or f"({key}) d, ct2 {CT2_COMPUTE[device][key]}"
+
+
+# The engine a sweep's method runs on, for the suggested defaults.
+ENGINE_OF = {"d": "hf", "e32": "ctranslate2", "e16": "ctranslate2", "e8": "ctranslate2"}
 
 
 def s2s_config(spec: dict[str, Any], model: Path, data_dir: Path, save: Path, max_tokens: int,
@@ -204,7 +214,7 @@ def run_method(key: str, spec: dict[str, Any], model: Path, data_dir: Path, wher
             runner.run(cfg, DistEnv())
         result = tp.collect_seq2seq_eval("d", str(model), save, Path(f"{save}_tmp"), time.perf_counter() - t0, None,
                                          max_tokens)
-        result.key, result.name = key, METHOD_NAMES[key]
+        result.key, result.name = key, method_name(key, spec["device"])
     preds = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
     return result, preds
 
@@ -306,7 +316,7 @@ def worker_main(spec_path: Path) -> int:
         preds: dict[str, list[str]] = {}
         for key in order:
             by[key], preds[key] = run_method(key, spec, model, data_dir, out / f"round_{i + 1}", max_tokens)
-            print(f"  {spec['name']} round {i + 1}/{spec['rounds']} {METHOD_NAMES[key]}: "
+            print(f"  {spec['name']} round {i + 1}/{spec['rounds']} {method_name(key, spec['device'])}: "
                   f"{by[key].samples_per_second:.1f} samples/s", flush=True)
         summaries = {}
         for key in methods:
@@ -317,16 +327,18 @@ def worker_main(spec_path: Path) -> int:
         result["rounds"].append({"order": order, "methods": summaries})
         save()
     sweep_dir = Path(spec["sweep_data_dir"]) if spec.get("sweep_data_dir") else data_dir
-    for value in spec.get("sweep", []):
-        runs = []
-        for i in range(spec["rounds"]):
-            r, _ = run_method("d", spec, model, sweep_dir, out / "sweep", value)
-            runs.append({"samples_per_second": r.samples_per_second, "peak_memory_mb": max(r.peak_mb),
-                         "batches": sum(x["batches"] for x in r.per_rank), "n": r.n})
-        result["sweep"][str(value)] = runs
-        print(f"  {spec['name']} --max_tokens {value}: "
-              f"{statistics.median(x['samples_per_second'] for x in runs):.1f} samples/s", flush=True)
-        save()
+    for key in spec.get("sweep_methods", ["d"]) if spec.get("sweep") else []:
+        result["sweep"][key] = {}
+        for value in spec["sweep"]:
+            runs = []
+            for i in range(spec["rounds"]):
+                r, _ = run_method(key, spec, model, sweep_dir, out / "sweep", value)
+                runs.append({"samples_per_second": r.samples_per_second, "peak_memory_mb": max(r.peak_mb),
+                             "batches": sum(x["batches"] for x in r.per_rank), "n": r.n})
+            result["sweep"][key][str(value)] = runs
+            print(f"  {spec['name']} {method_name(key, spec['device'])} --max_tokens {value}: "
+                  f"{statistics.median(x['samples_per_second'] for x in runs):.1f} samples/s", flush=True)
+            save()
     if spec.get("profile"):
         result["profile"] = profile_batch(spec, model, data_dir, max_tokens, out)
         save()
@@ -419,10 +431,14 @@ def plan_configs(a: argparse.Namespace, out: Path, data: Path) -> list[dict[str,
     common = {"device": a.device, "bs": a.bs, "num_beams": a.num_beams, "rounds": a.rounds,
               "methods": ["a", "b", "d", "d0"], "models_dir": str(out / "models")}
     # The CTranslate2 engine beside the fp32 runs, where the package is there (its wheel in .whl/).
-    ct2 = ["e16", "e8"] if importlib.util.find_spec("ctranslate2") else []
+    have_ct2 = importlib.util.find_spec("ctranslate2") is not None
+    ct2 = (["e32", "e16", "e8"] if a.device == "cuda" else ["e16", "e8"]) if have_ct2 else []
+    # The Marian's sweep also on CTranslate2, at the compute type `--engine ctranslate2` gives by
+    # default (float32 for a model saved in fp32) and at float16, to choose that engine's default.
+    marian_sweep = ["d"] + (["e32", "e16"] if have_ct2 else [])
     configs = [{**common, "methods": common["methods"] + ct2, "name": f"{embedded} fp32", "model": embedded, "dtype": "float32",
                 "data_dir": str(write_subset(data, out / "data" / f"n{a.n_embedded}", a.n_embedded)),
-                "sweep": a.sweep_embedded, "sweep_data_dir": str(write_subset(data, out / "data" / f"n{a.n_sweep_embedded}",
+                "sweep": a.sweep_embedded, "sweep_methods": ["d"], "sweep_data_dir": str(write_subset(data, out / "data" / f"n{a.n_sweep_embedded}",
                                                                               a.n_sweep_embedded)),
                 "max_new_tokens": a.max_new_tokens_embedded, "cap": a.config_timeout}]
     for dtype in dtypes:
@@ -431,14 +447,21 @@ def plan_configs(a: argparse.Namespace, out: Path, data: Path) -> list[dict[str,
             **common, "methods": common["methods"] + (ct2 if fp32 else []),
             "name": f"{marian} {DTYPE_SHORT[dtype]}", "model": marian, "dtype": dtype,
             "data_dir": str(write_subset(data, out / "data" / f"n{a.n_marian}", a.n_marian)),
-            "max_new_tokens": a.max_new_tokens, "sweep": a.sweep if fp32 else [],
+            "max_new_tokens": a.max_new_tokens, "sweep": a.sweep if fp32 else [], "sweep_methods": marian_sweep,
             "sweep_data_dir": str(write_subset(data, out / "data" / f"n{a.n_sweep}", a.n_sweep)) if fp32 else None,
             "profile": dtype in ("float32", "bfloat16") and not a.no_profile, "cap": a.config_timeout,
         })
     if a.tiny:
         # One configuration that goes through every path (a half-precision dtype, the sweep, the
         # profile), so that the check stays short.
-        configs = [{**configs[-1], "sweep": a.sweep, "sweep_data_dir": configs[1]["sweep_data_dir"], "profile": True}]
+        configs = [{**configs[-1], "sweep": a.sweep, "sweep_data_dir": configs[1]["sweep_data_dir"], "profile": True,
+                    "methods": common["methods"] + ct2, "sweep_methods": ["d"] + ct2[:1]}]
+    if a.configs:
+        unknown = set(a.configs) - {c["name"] for c in configs}
+        if unknown:
+            raise SystemExit(f"gpu.py: --configs {', '.join(sorted(unknown))}: no such configuration; expected some of "
+                             f"{', '.join(repr(c['name']) for c in configs)}")
+        configs = [c for c in configs if c["name"] in a.configs]
     for c in configs:
         c["out"] = str(out / "configs" / re.sub(r"[^A-Za-z0-9]+", "_", c["name"]))
     return configs
@@ -519,17 +542,19 @@ def render(tests: dict[str, Any] | None, results: list[dict[str, Any]], a: argpa
     for r in results:
         spec, rounds = r["spec"], r.get("rounds", [])
         status = r.get("status", "")
-        entry = {"name": spec["name"], "status": status, "rounds_done": len(rounds), "max_tokens": r.get("max_tokens"),
+        entry = {"name": spec["name"], "device": spec["device"], "status": status, "rounds_done": len(rounds), "max_tokens": r.get("max_tokens"),
                  "methods": {}, "sweep": {}, "profile": r.get("profile")}
         if not rounds:
             lines.append(row([spec["name"], f"({status or 'no result'})"] + [""] * 7, THROUGHPUT_COLUMNS))
         for j, key in enumerate(spec["methods"]):
             if not rounds:
                 break
-            label = METHOD_NAMES[key] + (f" {r['max_tokens']}" if key == "d" else f" --bs {spec['bs']}" if key in ("a", "b") else "")
+            label = method_name(key, spec["device"]) + (f" {r['max_tokens']}" if key == "d" else f" --bs {spec['bs']}" if key in ("a", "b") else "")
             m = {f: median_of(rounds, key, f) for f in ("samples_per_second", "generated_tokens_per_second", "bleu",
                                                           "identical_to_a")}
-            peak = statistics.median(max(x["methods"][key]["peak_memory_mb_per_rank"]) for x in rounds)
+            # CTranslate2 allocates GPU memory outside torch's allocator, which is what is counted.
+            peak = (None if key in CT2_COMPUTE["cuda"] and spec["device"] == "cuda" else
+                    statistics.median(max(x["methods"][key]["peak_memory_mb_per_rank"]) for x in rounds))
             m["peak_memory_mb"] = peak
             m["vs_a"] = ratio(rounds, key, "a") if key != "a" else None
             m["vs_b"] = ratio(rounds, key, "b") if key not in ("a", "b") else None
@@ -547,28 +572,37 @@ def render(tests: dict[str, Any] | None, results: list[dict[str, Any]], a: argpa
             verdicts.append((f"{spec['name']}: (d) >= {tp.SPEEDUP_VS_TUTORIAL}x (a) and >= {tp.SPEEDUP_VS_LEGACY}x (b), "
                              f"BLEU within {tp.BLEU_TOLERANCE} of (a): {fmt(d_a, '.2f')}x, {fmt(d_b, '.2f')}x, "
                              f"|BLEU gap| <= {gap:.2f} ({len(rounds)} round(s))", ok))
-        for value, runs in r.get("sweep", {}).items():
-            entry["sweep"][value] = {
+        for key, values in r.get("sweep", {}).items():
+            entry["sweep"][key] = {value: {
                 "samples_per_second": statistics.median(x["samples_per_second"] for x in runs),
                 "peak_memory_mb": max(x["peak_memory_mb"] for x in runs), "batches": runs[0]["batches"],
                 "rounds": len(runs), "n": runs[0]["n"],
-            }
+            } for value, runs in values.items()}
         summary["configs"].append(entry)
     # The sweep, one line per configuration that has one.
-    swept = [e for e in summary["configs"] if e["sweep"]]
-    suggestion = None
+    swept = [e for e in summary["configs"] if any(e["sweep"].values())]
+    suggestions: dict[str, dict[str, Any]] = {}
     if swept:
         lines += ["", "seq2seq_eval samples/s (peak MB) as --max_tokens varies, median of rounds"]
         for e in swept:
-            cells = [f"{v}: {s['samples_per_second']:.1f} ({s['peak_memory_mb']:.0f} MB, {s['batches']} batches)"
-                     for v, s in e["sweep"].items()]
-            best = max(e["sweep"], key=lambda v: e["sweep"][v]["samples_per_second"])
-            e["best_max_tokens"] = int(best)
-            lines.append(f"{e['name']:<20}" + "; ".join(cells) + f"  -> best {best}")
+            e["best_max_tokens"] = {}
+            for key, points in e["sweep"].items():
+                if not points:
+                    continue
+                ct2_on_gpu = key in CT2_COMPUTE["cuda"] and e["device"] == "cuda"
+                cells = [f"{v}: {s['samples_per_second']:.1f} ("
+                         + ("" if ct2_on_gpu else f"{s['peak_memory_mb']:.0f} MB, ") + f"{s['batches']} batches)"
+                         for v, s in points.items()]
+                best = max(points, key=lambda v: points[v]["samples_per_second"])
+                e["best_max_tokens"][key] = int(best)
+                lines.append(f"{e['name']:<20}{key:<5}" + "; ".join(cells) + f"  -> best {best}")
+        # Each engine's default from the Marian (the embedded model is too small to stand for real
+        # models), at the settings that engine's user gets without flags: its first swept method.
         marian = [e for e in swept if e["name"].startswith("marian")]
         chosen = (marian or swept)[0]
-        suggestion = chosen["best_max_tokens"]
-        summary["suggested_max_tokens"] = {"value": suggestion, "from": chosen["name"]}
+        for key, best in chosen["best_max_tokens"].items():
+            suggestions.setdefault(ENGINE_OF[key], {"value": best, "from": f"{chosen['name']} {method_name(key, chosen['device'])}"})
+        summary["suggested_max_tokens"] = suggestions
     profiles = [e for e in summary["configs"] if e.get("profile")]
     if profiles:
         lines += ["", "one planned batch (the costliest), seq2seq_eval's beam cache vs generate()'s own"]
@@ -581,9 +615,9 @@ def render(tests: dict[str, Any] | None, results: list[dict[str, Any]], a: argpa
     lines.append("")
     for text, ok in verdicts:
         lines.append(f"{'PASS' if ok else 'MISS'}  {text}")
-    if suggestion is not None:
-        lines.append(f"suggested GPU default: --max_tokens {suggestion} (best measured samples/s, "
-                     f"{summary['suggested_max_tokens']['from']})")
+    for engine, s in suggestions.items():
+        lines.append(f"suggested GPU default, --engine {engine}: --max_tokens {s['value']} (best measured samples/s, "
+                     f"{s['from']})")
     summary["goals"] = [{"goal": t, "pass": ok} for t, ok in verdicts]
     return "\n".join(lines), summary
 
@@ -646,6 +680,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max_new_tokens", type=int, default=64, help="for the Marian configurations")
     p.add_argument("--max_new_tokens_embedded", type=int, default=None,
                    help="for the embedded model (default: its own max_length 120; it stops at EOS)")
+    p.add_argument("--configs", type=lambda text: [x.strip() for x in text.split(",") if x.strip()], default=None,
+                   help="only these configurations, by name, comma-separated (e.g. 'embedded fp32,marian-opus fp32')")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.tiny:

@@ -22,11 +22,13 @@ COLUMNS = ("method", "samples/s", "gen tok/s", "wall s", "src pad", "gen pad", "
 METHODS = ("(a) tutorial", "(b) legacy split", "(d) s2s --max_tokens", "(e) s2s ct2 float32", "(g) bare ct2 loop")
 
 
-def bench(script: str, args: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """benchmarks/<script> run as a user runs it, checked to have exited cleanly."""
+def bench(script: str, args: list[str], cwd: Path, timeout: int = 300, check: bool = True
+          ) -> subprocess.CompletedProcess:
+    """benchmarks/<script> run as a user runs it, checked to have exited cleanly (unless not `check`)."""
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],
                           cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(None))
-    assert_ok(proc)
+    if check:
+        assert_ok(proc)
     return proc
 
 
@@ -155,31 +157,49 @@ GPU_COLUMNS = ("configuration", "method", "samples/s", "gen tok/s", "peak MB", "
 
 
 def test_gpu_benchmark_runs_every_step_on_cpu_in_tiny_mode(tmp_path):
-    """The GPU script's own paths (worker per configuration, the four methods in process, a
-    half-precision dtype, the --max_tokens sweep, the profile, the table) on a tiny model."""
+    """The GPU script's own paths (worker per configuration, the methods in process, the CTranslate2
+    rows, a half-precision dtype, the --max_tokens sweep on both engines, the profile, the table) on
+    a tiny model."""
+    import importlib.util
+
+    ct2 = importlib.util.find_spec("ctranslate2") is not None
     out = tmp_path / "gpu"
     proc = bench("gpu.py", ["--device", "cpu", "--tiny", "--skip_tests", "--out", str(out)], tmp_path)
     lines = proc.stdout.splitlines()
     header = header_in_order(lines, "configuration", GPU_COLUMNS)
     start = lines.index(header) + 2
-    rows = lines[start:start + 4]
-    assert [r[20:49].split(" --")[0].strip() for r in rows] == [
-        "(a) tutorial", "(b) legacy split", "(d) s2s", "(d0) d, generate()'s cache"], rows
+    methods = ["(a) tutorial", "(b) legacy split", "(d) s2s", "(d0) d, generate()'s cache"]
+    methods += ["(e16) d, ct2 float32", "(e8) d, ct2 int8"] if ct2 else []
+    rows = lines[start:start + len(methods)]
+    assert [r[20:49].split(" --")[0].strip() for r in rows] == methods, rows
     assert all(len(r[49:].split()) == len(GPU_COLUMNS) - 2 for r in rows), rows
     assert rows[0].startswith("marian-tiny bf16")
-    assert any(line.startswith("marian-tiny bf16    32: ") and "-> best" in line for line in lines), proc.stdout
+    sweeps = [line for line in lines if line.startswith("marian-tiny bf16    ") and "-> best" in line]
+    assert [line[20:25].strip() for line in sweeps] == (["d", "e16"] if ct2 else ["d"]), proc.stdout
+    assert all(line[25:].startswith("32: ") for line in sweeps), sweeps
     assert any(line.startswith("marian-tiny bf16    5 rows x ") for line in lines), proc.stdout
     assert sum(line.startswith(("PASS ", "MISS ")) for line in lines) == 1, proc.stdout
-    assert lines[-3].startswith("suggested GPU default: --max_tokens "), proc.stdout
+    suggested = [line for line in lines if line.startswith("suggested GPU default, --engine ")]
+    assert [line.split()[4].rstrip(":") for line in suggested] == (["hf", "ctranslate2"] if ct2 else ["hf"]), proc.stdout
 
     summary = json.loads((out / "summary.json").read_text())
     config = summary["configs"][0]
-    assert config["status"] == "ok" and config["rounds_done"] == 1 and sorted(config["methods"]) == ["a", "b", "d", "d0"]
-    # Equal outputs: the tiny model's predictions do not depend on the batching.
-    assert all(m["identical_to_a"] == 1.0 for m in config["methods"].values())
-    assert sorted(config["sweep"], key=int) == ["32", "96"]
-    assert summary["suggested_max_tokens"]["value"] in (32, 96)
+    keys = ["a", "b", "d", "d0"] + (["e16", "e8"] if ct2 else [])
+    assert config["status"] == "ok" and config["rounds_done"] == 1 and sorted(config["methods"]) == sorted(keys)
+    # Equal outputs: the tiny model's predictions do not depend on the batching (CTranslate2 runs
+    # float32 and int8 here, against bf16).
+    assert all(config["methods"][k]["identical_to_a"] == 1.0 for k in ("a", "b", "d", "d0"))
+    assert all(sorted(points, key=int) == ["32", "96"] for points in config["sweep"].values())
+    assert sorted(config["sweep"]) == (["d", "e16"] if ct2 else ["d"])
+    assert summary["suggested_max_tokens"]["hf"]["value"] in (32, 96)
     assert len(config["profile"]["files"]) == 2 and all(Path(f).exists() for f in config["profile"]["files"])
+
+
+def test_gpu_benchmark_runs_only_the_configurations_named(tmp_path):
+    proc = bench("gpu.py", ["--device", "cpu", "--tiny", "--skip_tests", "--budget", "1", "--configs", "nope",
+                            "--out", str(tmp_path / "gpu")], tmp_path, check=False)
+    assert proc.returncode == 1 and "gpu.py: --configs nope: no such configuration; expected some of " \
+        "'marian-tiny bf16'" in proc.stderr
 
 
 def test_gpu_benchmark_skips_steps_it_has_no_time_for(tmp_path):

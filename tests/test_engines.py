@@ -351,3 +351,25 @@ def test_without_the_package_one_line_names_the_extra(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "seq2seq_eval: error: --engine ctranslate2 needs the ctranslate2 package, which is not installed; "
         'install it with: pip install -e ".[ctranslate2]" (or pip install ctranslate2)']
+
+
+class _NoCublas:
+    """A translator whose first matrix product fails as CTranslate2 4.x does on a machine that has
+    only CUDA 13's cuBLAS (seen on the lent H100 machine): the library is opened at first use."""
+
+    def translate_batch(self, *args, **kwargs):
+        raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+
+def test_a_missing_cuda_library_is_one_line_at_load_not_a_traceback_in_a_batch(cache, tokenizer):
+    import torch
+
+    from seq2seq_eval.errors import ModelError
+
+    engine, _ = _engine("ctranslate2")
+    ct2.check_cuda_libraries(engine.translator, tokenizer, "4.8.5", torch.device("cpu"))  # a working one passes
+    with pytest.raises(ModelError) as e:
+        ct2.check_cuda_libraries(_NoCublas(), tokenizer, "4.8.5", torch.device("cuda", 0))
+    assert str(e.value).startswith("CTranslate2 4.8.5 cannot run on cuda:0: Library libcublas.so.12 is not found "
+                                   "or cannot be loaded; CTranslate2's CUDA build needs that library")
+    assert "\n" not in str(e.value) and "LD_LIBRARY_PATH" in str(e.value)

@@ -99,6 +99,54 @@ def test_half_precision_keeps_bleu_on_the_embedded_model(cuda_fp32, tmp_path, dt
     assert abs(half - full) <= 0.5, (dtype, half, full)
 
 
+# ---------------------------------------------------------------- the CTranslate2 engine on CUDA
+
+
+@pytest.fixture(scope="module")
+def ct2_env(tmp_path_factory) -> dict[str, str]:
+    """The GPU, and a conversion cache of this module's own (converted once, by the first run)."""
+    pytest.importorskip("ctranslate2", reason='the ctranslate2 extra is not installed (pip install -e ".[ctranslate2]")')
+    return {**GPU, "SEQ2SEQ_EVAL_CACHE": str(tmp_path_factory.mktemp("ct2_cache"))}
+
+
+@pytest.fixture(scope="module")
+def ct2_fp32(ct2_env, tmp_path_factory) -> Path:
+    save = tmp_path_factory.mktemp("ct2_fp32") / "out"
+    assert_ok(single([*EMBEDDED, "--device", "cuda", "--engine", "ctranslate2", "--compute_type", "float32",
+                      "--save_dir", str(save)], cwd=save.parent, env=ct2_env, fresh=True))
+    return save
+
+
+def test_ctranslate2_on_cuda_agrees_with_the_hf_engine(cuda_fp32, ct2_fp32):
+    """The #22 agreement bar on the GPU: >= 95% identical generations, BLEU within 0.3."""
+    m = metrics_of(ct2_fp32)
+    assert m["provenance"]["engine"]["name"] == "ctranslate2" and m["provenance"]["engine"]["compute_type"] == "float32"
+    assert m["throughput"]["per_rank"][0]["device"] == "cuda:0"
+    ours, theirs = generations(ct2_fp32), generations(cuda_fp32)
+    assert len(ours) == len(theirs) and sum(a == b for a, b in zip(ours, theirs)) >= 0.95 * len(theirs)
+    assert abs(m["bleu"] - metrics_of(cuda_fp32)["bleu"]) <= 0.3
+
+
+@pytest.mark.parametrize("compute_type", ["float16", "int8_float16"])
+def test_ctranslate2_half_and_int8_keep_bleu(ct2_env, ct2_fp32, tmp_path, compute_type):
+    save = tmp_path / "out"
+    assert_ok(single([*EMBEDDED, "--device", "cuda", "--engine", "ctranslate2", "--compute_type", compute_type,
+                      "--save_dir", str(save)], cwd=tmp_path, env=ct2_env, fresh=True))
+    m = metrics_of(save)
+    assert m["provenance"]["engine"]["compute_type"] == compute_type
+    assert abs(m["bleu"] - metrics_of(ct2_fp32)["bleu"]) <= 0.5, (compute_type, m["bleu"])
+
+
+def test_ctranslate2_two_ranks_share_one_gpu_through_gloo(ct2_env, ct2_fp32, tmp_path):
+    save = tmp_path / "out"
+    proc = torchrun(2, [*EMBEDDED, "--device", "cuda", "--dist_backend", "gloo", "--engine", "ctranslate2",
+                        "--compute_type", "float32", "--save_dir", str(save)], cwd=tmp_path, env=ct2_env)
+    assert_ok(proc)
+    m = metrics_of(save)
+    assert [r["device"] for r in m["throughput"]["per_rank"]] == ["cuda:0", "cuda:0"]
+    assert generations(save) == generations(ct2_fp32) and m["bleu"] == metrics_of(ct2_fp32)["bleu"]
+
+
 # ---------------------------------------------------------------- the beam cache on CUDA
 
 # The CPU version's builders: tiny random models whose beam searches move beams around.

@@ -145,6 +145,20 @@ def cpu_threads(local_world_size: int) -> int:
     return max(1, cores // max(1, local_world_size))
 
 
+def check_cuda_libraries(translator: Any, tokenizer: Any, version: str, device: Any) -> None:
+    """One decoding step on the GPU at load time. CTranslate2 opens cuBLAS only at its first
+    matrix product, so a machine without the cuBLAS its wheel was built against (4.x wheels load
+    CUDA 12's libcublas.so.12) would otherwise fail inside the first batch, with a traceback."""
+    token = tokenizer.eos_token or tokenizer.convert_ids_to_tokens(0)
+    try:
+        translator.translate_batch([[token]], beam_size=1, max_decoding_length=1)
+    except RuntimeError as e:
+        hint = ("; CTranslate2's CUDA build needs that library: install it (pip install nvidia-cublas-cu12 for "
+                "libcublas.so.12) and put its folder on LD_LIBRARY_PATH, or use --device cpu"
+                if "cannot be loaded" in str(e) else "")
+        raise ModelError(f"CTranslate2 {version} cannot run on {device}: {first_line(e)}{hint}") from e
+
+
 class CT2Engine:
     name = "ctranslate2"
 
@@ -176,6 +190,8 @@ class CT2Engine:
         except (ValueError, RuntimeError) as e:
             raise ModelError(f"{path}: CTranslate2 cannot load this model with --compute_type {cfg.compute_type} "
                              f"on {device.type} ({first_line(e)})") from e
+        if device.type == "cuda":
+            check_cuda_libraries(translator, tokenizer, ct2.__version__, device)
         logger.info("CTranslate2 %s on %s, compute type %s, %s", ct2.__version__, device, translator.compute_type,
                     f"{kwargs.get('intra_threads')} thread(s)" if device.type == "cpu" else f"device {device.index or 0}")
         return cls(translator, tokenizer, translate_options(generation_config, tokenizer), cfg.compute_type,
