@@ -106,7 +106,7 @@ class EvalConfig:
     metrics: str = ""
     """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge (default: bleu for translation, rouge for summarization)."""
     bs: int | None = None
-    """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), 16384 on GPU)."""
+    """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --engine ctranslate2))."""
     max_tokens: int | None = None
     """Fill batches up to this many padded source tokens instead of a fixed --bs (the default on every device; see --bs)."""
     max_source_length: int | None = None

@@ -204,8 +204,8 @@ def test_padding_efficiency_hand_checked(lengths, mode, expected):
 @pytest.mark.parametrize("bs, max_tokens, device, engine, expected", [
     (None, None, "cpu", "hf", (None, 1024)),  # the measured best per engine and device
     (None, None, "cpu", "ctranslate2", (None, 2048)),
-    (None, None, "cuda", "hf", (None, 16384)),
-    (None, None, "cuda", "ctranslate2", (None, 16384)),
+    (None, None, "cuda", "hf", (None, 32768)),
+    (None, None, "cuda", "ctranslate2", (None, 65536)),
     (None, None, "mps", "hf", (None, 1024)),  # an unlisted device takes the CPU's
     (8, None, "cpu", "ctranslate2", (8, None)),  # a flag given wins
     (None, 300, "cuda", "hf", (None, 300)),
