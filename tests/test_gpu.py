@@ -249,7 +249,8 @@ def _run_limited(cfg: EvalConfig, limit: int):
     """runner.run with this process's CUDA allocator capped at `limit` bytes."""
     from seq2seq_eval.run import runner
 
-    device = torch.device("cuda")
+    # With its index: set_per_process_memory_fraction refuses a bare torch.device("cuda").
+    device = torch.device("cuda", torch.cuda.current_device())
     total = torch.cuda.get_device_properties(device).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
     try:
