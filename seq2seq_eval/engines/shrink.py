@@ -71,9 +71,60 @@ def usable(model: Any, gc: Any, device: Any) -> bool:
     if (gc.encoder_no_repeat_ngram_size or gc.encoder_repetition_penalty not in (None, 1.0)
             or gc.sequence_bias or gc.prefill_chunk_size is not None):
         return False
-    if not all(hasattr(model, step) for step in _STEPS) or not _takes_decoding_method(model):
+    if not _steps_take_our_arguments(model) or not _takes_decoding_method(model):
         return False
     return rows_independent(model)
+
+
+# The keyword arguments shrinking_beam_search passes to generate()'s beam-search steps, and the
+# ones a transformers version may also require (5.17's _get_top_k_continuations takes vocab_size;
+# 5.24's does not).
+_STEP_ARGUMENTS = {
+    "_prefill": {"input_ids", "generation_config", "model_kwargs", "is_first_iteration"},
+    "_get_top_k_continuations": {"accumulated_log_probs", "running_sequences", "running_beam_indices", "cur_len",
+                                 "decoder_prompt_len", "do_sample", "beams_to_keep", "num_beams", "batch_size",
+                                 "vocab_size"},
+    "_get_running_beams_for_next_iteration": {"topk_log_probs", "topk_running_sequences", "topk_running_beam_indices",
+                                              "next_token_hits_stopping_criteria", "num_beams"},
+    "_update_finished_beams": {"sequences", "topk_running_sequences", "beam_scores", "topk_log_probs", "beam_indices",
+                               "topk_running_beam_indices", "is_early_stop_heuristic_unsatisfied", "is_sent_finished",
+                               "next_token_hits_stopping_criteria", "top_num_beam_mask", "num_beams", "cur_len",
+                               "decoder_prompt_len", "length_penalty", "early_stopping"},
+    "_check_early_stop_heuristic": {"is_early_stop_heuristic_unsatisfied", "running_beam_scores", "beam_scores",
+                                    "is_sent_finished", "cur_len", "max_length", "decoder_prompt_len", "early_stopping",
+                                    "length_penalty"},
+    "_beam_search_has_unfinished_sequences": {"is_early_stop_heuristic_unsatisfied", "is_sent_finished",
+                                              "next_token_hits_stopping_criteria", "early_stopping"},
+}
+
+
+def _required(fn: Any) -> set[str] | None:
+    """The parameters `fn` cannot do without (None: no signature to read)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return {p.name for p in params if p.default is inspect.Parameter.empty and p.name != "self"
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
+
+
+def _steps_take_our_arguments(model: Any) -> bool:
+    """generate()'s beam-search steps are private and change between transformers releases: use
+    them only where each step exists and requires nothing this module does not pass; anywhere
+    else generate() keeps its own loop."""
+    if not all(hasattr(model, step) for step in _STEPS):
+        return False
+    for step, ours in _STEP_ARGUMENTS.items():
+        required = _required(getattr(type(model), step))
+        if required is None or not required <= ours:
+            return False
+    return True
+
+
+def _takes_vocab_size(model: Any) -> bool:
+    return "vocab_size" in (_required(type(model)._get_top_k_continuations) or set())
 
 
 def _takes_decoding_method(model: Any) -> bool:
@@ -165,6 +216,8 @@ def shrinking_beam_search(model: Any, input_ids: Any, logits_processor: Any, sto
         out_scores[rows] = beam_scores[which, :n_return]
         out_lengths[rows] = (beam_indices[which, :n_return] + 1).bool().sum(dim=-1).max(dim=-1).values.long()
 
+    # generate() of transformers 5.17 passes the vocabulary size; later versions read it off the scores.
+    vocab_size = _takes_vocab_size(model)
     model_outputs = model._prefill(input_ids, gc, model_kwargs, is_first_iteration=not gc.is_assistant)
     flat_running_sequences = input_ids
     prefill_consumed = False
@@ -186,12 +239,13 @@ def shrinking_beam_search(model: Any, input_ids: Any, logits_processor: Any, sto
         del model_outputs
         log_probs = logits_processor(flat_running_sequences, torch.nn.functional.log_softmax(logits, dim=-1))
         log_probs = model._unflatten_beam_dim(log_probs, n, num_beams) + running_beam_scores[:, :, None]
+        vocab = {"vocab_size": log_probs.shape[-1]} if vocab_size else {}
         log_probs = torch.reshape(log_probs, (n, -1))
 
         topk_log_probs, topk_running_sequences, topk_running_beam_indices = model._get_top_k_continuations(
             accumulated_log_probs=log_probs, running_sequences=running_sequences,
             running_beam_indices=running_beam_indices, cur_len=cur_len, decoder_prompt_len=decoder_prompt_len,
-            do_sample=False, beams_to_keep=beams_to_keep, num_beams=num_beams, batch_size=n)
+            do_sample=False, beams_to_keep=beams_to_keep, num_beams=num_beams, batch_size=n, **vocab)
         hits = stopping_criteria(model._flatten_beam_dim(topk_running_sequences[:, :, : cur_len + 1]), None)
         hits = model._unflatten_beam_dim(hits, n, beams_to_keep)
         running_sequences, running_beam_scores, running_beam_indices = model._get_running_beams_for_next_iteration(
