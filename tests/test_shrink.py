@@ -201,3 +201,40 @@ def test_a_machine_whose_kernels_depend_on_the_row_count_keeps_generates_loop(mo
     monkeypatch.setattr(torch.nn.functional, "linear", by_row_count)
     assert not shrink.rows_independent(model)
     assert not shrink.usable(model, gc, torch.device("cpu"))
+
+
+def test_a_transformers_whose_beam_steps_want_other_arguments_keeps_generates_loop(drops):
+    """generate()'s beam-search steps are private: a release whose step requires an argument this
+    search does not pass is not driven by it (5.17's extra vocab_size is one it knows)."""
+    from seq2seq_eval.engines import shrink
+
+    model = _t5_that_stops()
+    gc = transformers.GenerationConfig.from_model_config(model.config)
+    gc.num_beams = 4
+    gc.return_dict_in_generate = gc.output_scores = True
+    assert shrink.usable(model, gc, torch.device("cpu"))
+    base = type(model)
+
+    def wants_vocab(self, accumulated_log_probs, running_sequences, running_beam_indices, cur_len,
+                    decoder_prompt_len, do_sample, beams_to_keep, num_beams, vocab_size, batch_size):
+        assert vocab_size == accumulated_log_probs.shape[-1] // num_beams
+        return base._get_top_k_continuations(self, accumulated_log_probs, running_sequences, running_beam_indices,
+                                             cur_len, decoder_prompt_len, do_sample, beams_to_keep, num_beams,
+                                             vocab_size=vocab_size, batch_size=batch_size)  # later releases: **kwargs
+
+    def wants_more(self, accumulated_log_probs, running_sequences, running_beam_indices, cur_len,
+                   decoder_prompt_len, do_sample, beams_to_keep, num_beams, batch_size, something_new):
+        raise AssertionError("not to be called")
+
+    as_517 = type("As517", (base,), {"_get_top_k_continuations": wants_vocab})
+    model.__class__ = as_517
+    assert shrink.usable(model, gc, torch.device("cpu"))
+    with torch.inference_mode():
+        ours = _generate(model, gc, shrinking=True)
+    assert drops  # this search ran (generate()'s own loop never drops rows)
+    model.__class__ = base
+    theirs = _generate(model, gc, shrinking=False)
+    assert torch.equal(ours.sequences, theirs.sequences) and torch.equal(ours.sequences_scores, theirs.sequences_scores)
+
+    model.__class__ = type("Newer", (base,), {"_get_top_k_continuations": wants_more})
+    assert not shrink.usable(model, gc, torch.device("cpu"))
