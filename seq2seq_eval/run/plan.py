@@ -84,7 +84,7 @@ DEFAULT_MAX_TOKENS = {"hf": {"cpu": 1024, "cuda": 32768}, "ctranslate2": {"cpu":
 measured best (benchmarks/budget.py on CPU for both engines: the HF engine peaks at 1024 on the
 embedded model and is within 3% of its best there at opus-mt size; CTranslate2 peaks at 2048 on
 both, 10% ahead of 1024 at opus-mt size; on an H100, benchmarks/gpu.py's curve at opus-mt size:
-the HF engine peaks at 32768, CTranslate2 at 65536, both in float32 and float16). Unlisted devices
+the HF engine in fp32 peaks at 32768, CTranslate2 at 65536 in float32 and in float16). Unlisted devices
 take the CPU's. A budget too large for a GPU's memory costs a split (run/oom.py), not the run."""
 
 
