@@ -424,6 +424,14 @@ def write_subset(src: Path, dst: Path, n: int) -> Path:
     return dst
 
 
+def config_names(a: argparse.Namespace) -> list[str]:
+    """The configurations plan_configs makes for these arguments, by name (what --configs picks from)."""
+    if a.tiny:
+        return ["marian-tiny bf16"]
+    return ["embedded fp32"] + [f"marian-opus {DTYPE_SHORT[d]}" for d in ("float32", "float16", "bfloat16")
+                                if not (a.device == "cpu" and d == "float16")]
+
+
 def plan_configs(a: argparse.Namespace, out: Path, data: Path) -> list[dict[str, Any]]:
     """The configurations, most important first (a step that runs out of budget is the last)."""
     marian = "marian-tiny" if a.tiny else "marian-opus"
@@ -460,10 +468,6 @@ def plan_configs(a: argparse.Namespace, out: Path, data: Path) -> list[dict[str,
         configs = [{**configs[-1], "sweep": a.sweep, "sweep_data_dir": configs[1]["sweep_data_dir"], "profile": True,
                     "methods": common["methods"] + ct2, "sweep_methods": ["d"] + ct2[:1]}]
     if a.configs:
-        unknown = set(a.configs) - {c["name"] for c in configs}
-        if unknown:
-            raise SystemExit(f"gpu.py: --configs {', '.join(sorted(unknown))}: no such configuration; expected some of "
-                             f"{', '.join(repr(c['name']) for c in configs)}")
         configs = [c for c in configs if c["name"] in a.configs]
     for c in configs:
         c["out"] = str(out / "configs" / re.sub(r"[^A-Za-z0-9]+", "_", c["name"]))
@@ -636,6 +640,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = parse_args(argv)
     if a.worker:
         return worker_main(Path(a.worker))
+    unknown = sorted(set(a.configs or ()) - set(config_names(a)))
+    if unknown:  # before the tests step: a typo must not cost a lent machine's minutes
+        print(f"gpu.py: --configs {', '.join(unknown)}: no such configuration; expected some of "
+              f"{', '.join(repr(n) for n in config_names(a))}", file=sys.stderr)
+        return 2
     budget = Budget(a.budget)
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

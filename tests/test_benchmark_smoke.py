@@ -195,11 +195,22 @@ def test_gpu_benchmark_runs_every_step_on_cpu_in_tiny_mode(tmp_path):
     assert len(config["profile"]["files"]) == 2 and all(Path(f).exists() for f in config["profile"]["files"])
 
 
-def test_gpu_benchmark_runs_only_the_configurations_named(tmp_path):
-    proc = bench("gpu.py", ["--device", "cpu", "--tiny", "--skip_tests", "--budget", "1", "--configs", "nope",
-                            "--out", str(tmp_path / "gpu")], tmp_path, check=False)
-    assert proc.returncode == 1 and "gpu.py: --configs nope: no such configuration; expected some of " \
-        "'marian-tiny bf16'" in proc.stderr
+def test_gpu_benchmark_configs_picks_by_name_and_refuses_unknown_names_first(tmp_path):
+    proc = bench("gpu.py", ["--device", "cpu", "--tiny", "--configs", "nope", "--out", str(tmp_path / "gpu")], tmp_path,
+                 check=False)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "gpu.py: --configs nope: no such configuration; expected some of 'marian-tiny bf16'")
+    assert not (tmp_path / "gpu").exists()  # refused before any step
+    gpu = _gpu_bench()
+    assert gpu.config_names(gpu.parse_args(["--device", "cuda"])) == [
+        "embedded fp32", "marian-opus fp32", "marian-opus fp16", "marian-opus bf16"]
+    small = ["--device", "cpu", "--n_embedded", "8", "--n_marian", "8", "--n_sweep", "8", "--n_sweep_embedded", "8"]
+    data = REPO / "data_samples" / "translation"
+    every = gpu.plan_configs(gpu.parse_args(small), tmp_path / "all", data)
+    assert [c["name"] for c in every] == gpu.config_names(gpu.parse_args(small))
+    picked = gpu.plan_configs(gpu.parse_args([*small, "--configs", "marian-opus fp32,embedded fp32"]), tmp_path / "some",
+                              data)
+    assert [c["name"] for c in picked] == ["embedded fp32", "marian-opus fp32"]
 
 
 def test_gpu_benchmark_skips_steps_it_has_no_time_for(tmp_path):
