@@ -67,10 +67,18 @@ def test_killed_rank_loses_only_its_batch_in_flight_and_resume_completes(slow_ca
     save = tmp_path / "out"
     tag = uuid.uuid4().hex
     proc = launch(2, args + ["--save_dir", str(save)], tmp_path, tag)
-    pid = find_worker(tag, victim)
+    pid, survivor = find_worker(tag, victim), find_worker(tag, 1 - victim)
     journal = Path(f"{save}_tmp") / f"journal_rank_{victim}.jsonl"
-    wait_for_lines(journal, 3)
-    os.kill(pid, signal.SIGKILL)
+    wait_for_lines(Path(f"{save}_tmp") / f"journal_rank_{1 - victim}.jsonl", 3)
+    # The survivor waits, stopped, for the kill: with work stealing, a survivor that runs far ahead
+    # (the victim started late on a loaded machine) can finish every batch left and exit before
+    # the kill, and then no rank is left to report it (seen once in a full CI run).
+    os.kill(survivor, signal.SIGSTOP)
+    try:
+        wait_for_lines(journal, 3)
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        os.kill(survivor, signal.SIGCONT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode != 0
     # The survivor names the missing rank, how much is missing and how to resume.
