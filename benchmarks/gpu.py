@@ -157,12 +157,18 @@ def fresh_memory(device: str) -> None:
 
 # --compute_type of the CTranslate2 methods; on a CPU (the script's own check) the nearest CPU types.
 CT2_COMPUTE = {"cuda": {"e32": "float32", "e16": "float16", "e8": "int8_float16"},
-               "cpu": {"e32": "float32", "e16": "float32", "e8": "int8"}}
+               "cpu": {"e16": "float32", "e8": "int8"}}
 
 
 def method_name(key: str, device: str) -> str:
     """The row label: the CTranslate2 methods name the compute type they run at on this device."""
     return METHOD_NAMES.get(key) or f"({key}) d, ct2 {CT2_COMPUTE[device][key]}"
+
+
+def peak_counted(key: str, device: str) -> bool:
+    """Whether the peak memory figure means anything: on a GPU it is torch's allocator's, and
+    CTranslate2 allocates outside it."""
+    return not (device == "cuda" and key in CT2_COMPUTE["cuda"])
 
 
 # The engine a sweep's method runs on, for the suggested defaults.
@@ -559,9 +565,8 @@ def render(tests: dict[str, Any] | None, results: list[dict[str, Any]], a: argpa
             label = method_name(key, spec["device"]) + (f" {r['max_tokens']}" if key == "d" else f" --bs {spec['bs']}" if key in ("a", "b") else "")
             m = {f: median_of(rounds, key, f) for f in ("samples_per_second", "generated_tokens_per_second", "bleu",
                                                           "identical_to_a")}
-            # CTranslate2 allocates GPU memory outside torch's allocator, which is what is counted.
-            peak = (None if key in CT2_COMPUTE["cuda"] and spec["device"] == "cuda" else
-                    statistics.median(max(x["methods"][key]["peak_memory_mb_per_rank"]) for x in rounds))
+            peak = (statistics.median(max(x["methods"][key]["peak_memory_mb_per_rank"]) for x in rounds)
+                    if peak_counted(key, spec["device"]) else None)
             m["peak_memory_mb"] = peak
             m["vs_a"] = ratio(rounds, key, "a") if key != "a" else None
             m["vs_b"] = ratio(rounds, key, "b") if key not in ("a", "b") else None
@@ -600,9 +605,9 @@ def render(tests: dict[str, Any] | None, results: list[dict[str, Any]], a: argpa
             for key, points in e["sweep"].items():
                 if not points:
                     continue
-                ct2_on_gpu = key in CT2_COMPUTE["cuda"] and e["device"] == "cuda"
                 cells = [f"{v}: {s['samples_per_second']:.1f} ("
-                         + ("" if ct2_on_gpu else f"{s['peak_memory_mb']:.0f} MB, ") + f"{s['batches']} batches)"
+                         + (f"{s['peak_memory_mb']:.0f} MB, " if peak_counted(key, e["device"]) else "")
+                         + f"{s['batches']} batches)"
                          for v, s in points.items()]
                 best = max(points, key=lambda v: points[v]["samples_per_second"])
                 e["best_max_tokens"][key] = int(best)

@@ -26,7 +26,7 @@ tests/test_shrink.py holds sequences and scores bit for bit against generate().
 
 Anything outside that reasoning (sampling, a logits processor that keeps per-example state,
 outputs of attentions/hidden states/logits, synced GPUs, generate()'s own cache, a transformers
-without these steps) keeps generate()'s own loop: `usable()` says so before the call. What comes
+whose steps are missing or require other arguments) keeps generate()'s own loop: `usable()` says so before the call. What comes
 back is what the engine reads: the sequences and their scores, not the per-step scores.
 """
 
@@ -46,10 +46,9 @@ _ROW_WISE_PROCESSORS = frozenset({
     "SuppressTokensLogitsProcessor", "SuppressTokensAtBeginLogitsProcessor", "NoBadWordsLogitsProcessor",
     "InfNanRemoveLogitsProcessor", "ExponentialDecayLengthPenalty",
 })
-_STEPS = ("_prefill", "_get_top_k_continuations", "_get_running_beams_for_next_iteration",
-          "_update_finished_beams", "_check_early_stop_heuristic", "_beam_search_has_unfinished_sequences",
-          "_update_model_kwargs_for_generation", "prepare_inputs_for_generation", "_flatten_beam_dim",
-          "_unflatten_beam_dim")
+# Steps used besides those of _STEP_ARGUMENTS (below): long-standing, only their presence is checked.
+_OTHER_STEPS = ("_update_model_kwargs_for_generation", "prepare_inputs_for_generation", "_flatten_beam_dim",
+                "_unflatten_beam_dim")
 
 
 def usable(model: Any, gc: Any, device: Any) -> bool:
@@ -98,13 +97,22 @@ _STEP_ARGUMENTS = {
 }
 
 
+def _parameters(fn: Any) -> list[Any] | None:
+    """`fn`'s parameters (None: no signature to read)."""
+    import inspect
+
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
 def _required(fn: Any) -> set[str] | None:
     """The parameters `fn` cannot do without (None: no signature to read)."""
     import inspect
 
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
+    params = _parameters(fn)
+    if params is None:
         return None
     return {p.name for p in params if p.default is inspect.Parameter.empty and p.name != "self"
             and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)}
@@ -114,7 +122,7 @@ def _steps_take_our_arguments(model: Any) -> bool:
     """generate()'s beam-search steps are private and change between transformers releases: use
     them only where each step exists and requires nothing this module does not pass; anywhere
     else generate() keeps its own loop."""
-    if not all(hasattr(model, step) for step in _STEPS):
+    if not all(hasattr(model, step) for step in (*_STEP_ARGUMENTS, *_OTHER_STEPS)):
         return False
     for step, ours in _STEP_ARGUMENTS.items():
         required = _required(getattr(type(model), step))
@@ -128,12 +136,7 @@ def _takes_vocab_size(model: Any) -> bool:
 
 
 def _takes_decoding_method(model: Any) -> bool:
-    import inspect
-
-    try:
-        return "custom_generate" in inspect.signature(model.generate).parameters
-    except (TypeError, ValueError):
-        return False
+    return any(p.name == "custom_generate" for p in _parameters(model.generate) or ())
 
 
 def rows_independent(model: Any) -> bool:
@@ -217,7 +220,7 @@ def shrinking_beam_search(model: Any, input_ids: Any, logits_processor: Any, sto
         out_lengths[rows] = (beam_indices[which, :n_return] + 1).bool().sum(dim=-1).max(dim=-1).values.long()
 
     # generate() of transformers 5.17 passes the vocabulary size; later versions read it off the scores.
-    vocab_size = _takes_vocab_size(model)
+    takes_vocab_size = _takes_vocab_size(model)
     model_outputs = model._prefill(input_ids, gc, model_kwargs, is_first_iteration=not gc.is_assistant)
     flat_running_sequences = input_ids
     prefill_consumed = False
@@ -239,7 +242,7 @@ def shrinking_beam_search(model: Any, input_ids: Any, logits_processor: Any, sto
         del model_outputs
         log_probs = logits_processor(flat_running_sequences, torch.nn.functional.log_softmax(logits, dim=-1))
         log_probs = model._unflatten_beam_dim(log_probs, n, num_beams) + running_beam_scores[:, :, None]
-        vocab = {"vocab_size": log_probs.shape[-1]} if vocab_size else {}
+        vocab = {"vocab_size": log_probs.shape[-1]} if takes_vocab_size else {}
         log_probs = torch.reshape(log_probs, (n, -1))
 
         topk_log_probs, topk_running_sequences, topk_running_beam_indices = model._get_top_k_continuations(
