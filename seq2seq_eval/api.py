@@ -279,10 +279,15 @@ def _write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any) -> N
                 raise DataError(f"references[{i}]: empty reference; expected non-empty text (or a list of them)")
             lines.append(json.dumps({"id": ex_id, "source": s, "target": target[0] if len(target) == 1 else target}, ensure_ascii=False) + "\n")
         path, data = Path(cfg.data_dir), "".join(lines).encode("utf-8")
+    from .outputs.record import OutputRecord
+
     if path.is_file() and path.read_bytes() == data:
-        return
+        return  # nothing to write (and the examples cache keeps its key)
     path.parent.mkdir(parents=True, exist_ok=True)
+    record = OutputRecord(path.parent)
+    record.check_writable([path], {path: "the examples evaluate() was given"})
     write_atomic(path, data)
+    record.update(written=[path])
 
 
 def _unwrap(model: Any) -> Any:

@@ -245,6 +245,9 @@ class EvalConfig:
             object.__setattr__(self, "data_dir", str(EMBEDDED_DATA[self.task_family]))
         if not self.tmp_dir:
             object.__setattr__(self, "tmp_dir", f"{self.save_dir.rstrip('/')}_tmp")
+        check_output_name("--type_path", self.type_path)
+        if self.dataset is not None and self.split:
+            check_output_name("--split", self.split)
 
     @property
     def gen_kwargs(self) -> dict[str, Any]:
@@ -296,6 +299,16 @@ def _target_columns(value: Any) -> str | tuple[str, ...] | None:
     if not value:
         return None
     return value[0] if len(value) == 1 else tuple(value)
+
+
+def check_output_name(flag: str, name: str) -> None:
+    """Output files are named after --type_path (or a dataset's --split): it must be a plain name,
+    so that every output stays inside --save_dir."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ConfigError(
+            f"{flag} {name!r}: output files are named after it, so it must be a plain name without a "
+            "path separator (such as test); put folders in --data_dir and --save_dir"
+        )
 
 
 def _check_min(flag: str, value: Any, minimum: int) -> None:

@@ -13,9 +13,10 @@ there too.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
-import shutil
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,6 +26,8 @@ from .options import build_parser, parse_generate_kwargs
 from .config import CONFIG_FIELDS, EvalConfig
 from .errors import ConfigError
 from .atomic import write_atomic
+from .outputs.locations import Role
+from .outputs.record import OutputRecord
 
 SUBCOMMANDS = ("score", "compare")
 """First words that name a subcommand; any other first word that is not an option is MODEL."""
@@ -33,7 +36,7 @@ LEGACY_ONLY = ("--score_path", "--score-path", "--dump-args", "--dump_args", "--
 """Options only the legacy form has (the project's form writes its own files into --save_dir)."""
 
 # The summary's entries that are not scores; SCORE_PATH carries run_eval.py's own instead.
-_RUN_KEYS = ("n_obs", "seconds_per_sample", "n_gpus", "throughput", "provenance")
+_RUN_KEYS = ("n_obs", "seconds_per_sample", "seconds_per_generated_sample", "n_gpus", "throughput", "provenance")
 
 
 def is_legacy_command(argv: Sequence[str]) -> bool:
@@ -53,6 +56,20 @@ class LegacyOutputs:
     keep_save_dir: bool
     """--save_dir was given: keep the project's own outputs there."""
 
+    def writes(self) -> tuple[Role, ...]:
+        """SAVE_PATH and SCORE_PATH, for the run's check before any work (outputs/locations.py)."""
+        named = [Role(self.save_path, "SAVE_PATH (the generations)")]
+        if self.score_path is not None:
+            named.append(Role(self.score_path, "--score_path (the scores)"))
+        return tuple(named)
+
+    def folders(self) -> tuple[tuple[str, Path], ...]:
+        """The folders SAVE_PATH and SCORE_PATH go into, tried before any work as the run's are."""
+        named = [("SAVE_PATH", self.save_path.parent)]
+        if self.score_path is not None:
+            named.append(("--score_path", self.score_path.parent))
+        return tuple(named)
+
     def finish(self, cfg: EvalConfig, outcome: Any) -> Any:
         """On rank 0 after a completed run: write SAVE_PATH (and SCORE_PATH) from the run's outputs."""
         save_dir = Path(cfg.save_dir)
@@ -71,7 +88,12 @@ class LegacyOutputs:
         if self.keep_save_dir:
             written = list(outcome.written) + written
         else:
-            shutil.rmtree(save_dir, ignore_errors=True)
+            # The run's own outputs only: the folder is removed if nothing else is left in it.
+            for path in outcome.written:
+                path.unlink(missing_ok=True)
+            OutputRecord(save_dir).update(removed=outcome.written)
+            with contextlib.suppress(OSError):
+                os.rmdir(save_dir)
         return replace(outcome, written=written, table=table)
 
 

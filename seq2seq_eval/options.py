@@ -37,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="seq2seq_eval",
         description="Evaluate a Hugging Face seq2seq model with beam search, sharded over torchrun ranks. "
         "Any other --key value is passed to model.generate(). "
-        "Subcommand: `seq2seq_eval score --task T [--metrics M] --predictions F --references F [F ...]`.",
+        "Subcommands: `seq2seq_eval score --task T [--metrics M] --predictions F --references F [F ...]` "
+        "(scores of existing files) and `seq2seq_eval compare --predictions A B [...]` (paired significance "
+        "tests; `seq2seq_eval compare --help`). "
+        "The legacy run_eval.py form: `seq2seq_eval MODEL INPUT_PATH SAVE_PATH [--reference_path R] [--score_path S]`.",
         allow_abbrev=False,
     )
     docs = field_docs()

@@ -57,6 +57,7 @@ def load_benchmark(script: str):
 def test_benchmark_prints_every_column(tiny_model, tmp_path):
     """One round of real jobs; what several rounds add (turns, medians) is the report's, tested
     below on figures made up for it."""
+    pytest.importorskip("ctranslate2")  # methods e and g run the CTranslate2 engine
     out = tmp_path / "bench"
     proc = bench("throughput.py", ["--model", str(tiny_model), "--n", "30", "--nproc", "2", "--bs", "4", "--num_beams", "2",
                                    "--tail_records", "200", "--rounds", "1", "--methods", "abdeg", "--out", str(out)],

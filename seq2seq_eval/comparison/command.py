@@ -142,10 +142,29 @@ def _check_lengths(named: Mapping[str, _System], refs: Sequence[Sequence[str]], 
         raise DataError(f"{source_name}: {len(sources)} lines but {ref_names[0]} has {n}")
 
 
+def _check_report_path(args: argparse.Namespace) -> None:
+    """Before anything is read: --report must not replace a file the comparison reads (a run
+    folder's files included), and its folder must take it."""
+    from ..outputs.locations import Role, check_paths
+
+    reads = []
+    for arg in args.predictions:
+        path = Path(arg)
+        files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+        reads += [Role(f, f"--predictions {arg}" + (f" file {f.name}" if path.is_dir() else "")) for f in files]
+    reads += [Role(Path(r), f"--references {r}") for r in args.references or []]
+    if args.sources:
+        reads.append(Role(Path(args.sources), f"--sources {args.sources}"))
+    report = Path(args.report)
+    check_paths([Role(report, "--report")], reads, [("--report", report.parent)])
+
+
 def compare_main(argv: Sequence[str]) -> str:
     """``seq2seq_eval compare ...``: returns the text to print (the table, or JSON); writes
     the --report page. Raises ConfigError/DataError, which the CLI prints as one line."""
     args = build_parser().parse_args(list(argv))
+    if args.report:
+        _check_report_path(args)
     systems = [_load_system(p) for p in args.predictions]
     runs = [s.run for s in systems if s.run is not None]
     names = _system_names(systems, args.names)
@@ -186,6 +205,7 @@ def compare_main(argv: Sequence[str]) -> str:
         from .html import render_report
 
         details = report_details(comparison, predictions, refs, sources, ids, rouge_rows)
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(Path(args.report), render_report(comparison, details).encode("utf-8"))
         if not args.json:
             out += f"\nreport: {args.report}"

@@ -46,12 +46,35 @@ def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Blo
                 f"--data_dir {path}: a .source/.target file; expected the folder that holds "
                 f"{cfg.type_path}.source and {cfg.type_path}.target (or a .jsonl file)"
             )
+        if path.suffix != ".jsonl" and not _starts_as_json(path):
+            # Otherwise read as JSON Lines and reported as "line 1: malformed JSON".
+            raise DataError(
+                f"--data_dir {path}: a file whose first line is not a JSON object; expected the folder that "
+                f"holds {cfg.type_path}.source and {cfg.type_path}.target, or a JSON Lines file (.jsonl) "
+                "with one object per line (for one source per line, use --input_path)"
+            )
         blocks = blocks_of(iter_jsonl(path, need_targets), rows)
     else:
         blocks = iter_legacy(path, cfg.type_path, need_targets, rows)
     if cfg.n_obs is not None:
         blocks = _first(blocks, cfg.n_obs)
     return blocks, str(path)
+
+
+def _starts_as_json(path: Path) -> bool:
+    """Whether the first non-blank line of `path` parses as a JSON object."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if line.strip():
+                    return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+    except OSError:
+        return True  # unreadable: iter_jsonl says why
+    return True  # an empty file: iter_jsonl says so
 
 
 def _first(blocks: Iterator[Block], n: int) -> Iterator[Block]:

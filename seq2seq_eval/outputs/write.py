@@ -21,6 +21,7 @@ from .locations import (
     planned_outputs,
     stale_outputs,
 )
+from .record import OutputRecord
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -116,11 +117,13 @@ def write_outputs(
     except OSError as e:
         raise OutputError(f"--save_dir {save_dir}: cannot create the folder ({e.strerror})") from e
     n_refs = store.max_references if cfg.debug else 1
+    planned = planned_outputs(cfg, n_refs)
+    # Checked before any work too; again here, as the user may have put a file there since.
+    OutputRecord(save_dir).check_writable(planned)
     removed = stale_outputs(cfg, n_refs)
     for path in removed:
         path.unlink()
         logger.info("removed %s: an earlier run's result, not written by this run", path)
-    planned = planned_outputs(cfg, n_refs)
     files = {path: AtomicFile(path) for path in planned[:-1]}
     names = iter(planned)
     gen = files[next(names)]
@@ -170,6 +173,9 @@ def write_outputs(
     if tail_since is not None and "throughput" in summary:
         summary["throughput"]["time_breakdown"]["tail"] = time.perf_counter() - tail_since
     write_atomic(planned[-1], dumps(summary))
+    # Last: a crash before this line leaves outputs the record does not list, which the next
+    # run then refuses to write over (one line naming them) rather than taking them for its own.
+    OutputRecord(save_dir).update(written=planned, removed=removed)
     return planned, summary, totals
 
 

@@ -20,7 +20,7 @@ from .journal import JournalIndex
 from .plan import assign_batches
 from .prepare import Prepared
 from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
-from .tmpdir import cleanup_tmp_dir
+from .tmpdir import cleanup_tmp_dir, mark_done
 
 
 @dataclass
@@ -75,7 +75,10 @@ def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: A
     streams = [[(r,) if isinstance(r, str) else r for r in refs]]
     streams = [[t[j] if j < len(t) else None for t in streams[0]] for j in range(k)]
     baseline = f"{Path(cfg.compare_to).name or cfg.compare_to} (--compare_to)"
-    return compare_systems({baseline: earlier.predictions, "this run": preds}, streams, metrics=cfg.metric_names)
+    comparison = compare_systems({baseline: earlier.predictions, "this run": preds}, streams, metrics=cfg.metric_names)
+    # The keys `compare --json` prints, in its order: task and inputs after the results.
+    comparison.update(task=cfg.task, inputs={baseline: str(cfg.compare_to), "this run": str(cfg.save_dir)})
+    return comparison
 
 
 def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
@@ -174,6 +177,7 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
     written, summary, totals = write_outputs(cfg, prep.store, RowTaker(outputs), order, summarize, tail_since=t_merge)
     # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
     table = outputs = None
+    mark_done(tmp_dir)  # the other ranks may go now (runner._wait_for_main)
     if not cfg.debug:
         cleanup_tmp_dir(tmp_dir)
     text = summary_table(summary, per_rank)

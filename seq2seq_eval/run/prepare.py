@@ -16,6 +16,7 @@ from .. import engines
 from ..config import EvalConfig
 from ..inputs.read import iter_examples
 from ..errors import DataError
+from ..model.generate_check import check_generate_settings
 from ..model.settings import (
     generation_config_for,
     load_model_config,
@@ -142,6 +143,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
         logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
     engines.check(cfg, model_config, gc, tokenizer)
+    check_generate_settings(gc, model_config)
     prefix = source_prefix(model_config, cfg)
     max_source_length = source_limit(model_config, tokenizer, cfg)
     identity = _model_identity(model_config, cfg.model_name) if model is None else _in_memory_identity(model)

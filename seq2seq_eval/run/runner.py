@@ -4,7 +4,6 @@ rank 0 also wait, merge by id, score and report."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import tempfile
 import time
@@ -14,12 +13,25 @@ from typing import Any
 from .. import engines
 from ..config import EvalConfig
 from ..errors import EvalError, Interrupted, RunFailed, RunStateError
-from ..outputs.locations import check_output_locations
+from ..outputs.locations import Role, check_output_locations, output_folders, run_inputs, try_folder
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .prepare import Prepared, describe_plan, prepare
 from .rank import generate_rank
-from .tmpdir import STOPPED, RunLock, check_tmp_dir, prepare_tmp_dir, refuse_earlier_run
+from .tmpdir import (
+    STOPPED,
+    RunLock,
+    check_tmp_dir,
+    claim_tmp_dir,
+    cleanup_tmp_dir,
+    finished_journals,
+    main_rank_state,
+    prepare_tmp_dir,
+    refuse_earlier_run,
+)
+
+MAIN_POLL_S = 0.5
+"""How often a rank that has finished generating looks whether rank 0 is still there."""
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -45,20 +57,29 @@ class _Signals:
 
 
 def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGroup | None = None,
-        model: Any = None, tokenizer: Any = None) -> Outcome:
+        model: Any = None, tokenizer: Any = None, also_writes: tuple[Role, ...] = (),
+        also_folders: tuple[tuple[str, Path], ...] = ()) -> Outcome:
     """One rank's run. The command line passes the config alone; api.evaluate also passes the
     job's group (`process_group`, kept open: the caller closes it) and may pass a model and its
-    tokenizer already in memory, which run where they are, as they are."""
+    tokenizer already in memory, which run where they are, as they are. `also_writes` and
+    `also_folders`: files (and their folders) the caller writes from the outputs afterwards
+    (the legacy form's SAVE_PATH), checked with the run's own before any work."""
     env = env or dist_env()
     t_start = time.perf_counter()
-    check_output_locations(cfg)
+    check_output_locations(cfg, also_writes)
+    tmp_dir = Path(cfg.tmp_dir)
     if cfg.dry_run:
         # A dry run is one process that never joins a group: it validates and prints the plan,
-        # converting and tokenizing into a throwaway folder (the run's temp dir stays untouched).
+        # converting and tokenizing into a throwaway folder (the run's temp dir stays untouched),
+        # and makes every check the run makes before its first batch.
+        for flag, folder in output_folders(cfg, also_folders):
+            try_folder(flag, folder)
+        claim_tmp_dir(tmp_dir, run_inputs(cfg), create=False)
         device, _ = resolve_device(cfg, env)
         with tempfile.TemporaryDirectory(prefix="seq2seq_eval_dry_run_") as cache:
             prep = prepare(cfg, env, None, Path(cache), device.type)
-            check_tmp_dir(Path(cfg.tmp_dir), prep.manifest, cfg.resume)
+            check_output_locations(cfg, also_writes, n_refs=prep.store.max_references)
+            check_tmp_dir(tmp_dir, prep.manifest, cfg.resume)
             earlier_run(cfg, prep)
             return Outcome(plan_text=describe_plan(prep, env.world_size))
     if model is not None:
@@ -71,12 +92,13 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             torch.cuda.set_device(device)
     pg = process_group if process_group is not None else ProcessGroup(env, backend, cfg.sync_timeout)
     lock: RunLock | None = None
-    tmp_dir = Path(cfg.tmp_dir)
     prep: Prepared | None = None
     try:
         with _Signals():
-            lock = _claim_tmp_dir(cfg, env, pg, tmp_dir)
+            lock = _claim_tmp_dir(cfg, env, pg, tmp_dir, also_folders)
             prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type, model, tokenizer)
+            n_refs = prep.store.max_references
+            _agree(env, pg, lambda: check_output_locations(cfg, also_writes, n_refs=n_refs))
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             earlier: list[Any] = []  # --compare_to's run, checked before any generation
             _agree(env, pg, lambda: earlier.append(earlier_run(cfg, prep)))
@@ -89,18 +111,23 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             stats = generate_rank(cfg, env, prep, engine, device, tmp_dir,
                                    {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings})
             if not env.is_main:
+                if process_group is None:  # evaluate() waits for rank 0's result instead
+                    _wait_for_main(cfg, env, prep, tmp_dir)
                 return Outcome()
             return finish(cfg, env, prep, tmp_dir, stats, t_start, earlier[0] if earlier else None)
-    except Interrupted as e:
-        if prep is None:
+    except BaseException as e:
+        if env.is_main and lock is not None:
+            # Before the lock goes: a rank that finds the lock free and this file absent knows
+            # rank 0 died; with it, rank 0 reports for itself.
+            _write_marker(tmp_dir / STOPPED)
+            if not isinstance(e, Interrupted) and not finished_journals(tmp_dir):
+                # Nothing to resume: what this run made would only be in the next one's way.
+                cleanup_tmp_dir(tmp_dir)
+        if not isinstance(e, Interrupted) or prep is None:
             raise
         if env.is_main:
-            if lock is not None:
-                # Before the lock goes: a rank that finds the lock free and this file absent
-                # knows rank 0 died; with it, rank 0 was interrupted too and reports itself.
-                _write_marker(tmp_dir / STOPPED)
             raise Interrupted(f"{e}; {missing_summary(cfg, env, prep, tmp_dir)}") from e
-        if _main_rank_is_gone(tmp_dir):
+        if main_rank_state(tmp_dir) == "gone":
             # Rank 0 died (its flock went with it) and cannot report; the first surviving rank to
             # take the lock says what is missing, the others stay quiet.
             raise RunFailed(f"rank 0 is gone; {missing_summary(cfg, env, prep, tmp_dir)}") from e
@@ -119,12 +146,19 @@ def _write_marker(path: Path) -> None:
         pass  # only a hint for the other ranks' messages
 
 
-def _main_rank_is_gone(tmp_dir: Path) -> bool:
-    try:
-        RunLock(tmp_dir).acquire()  # kept until this process exits
-    except EvalError:
-        return False
-    return not (tmp_dir / STOPPED).exists()
+def _wait_for_main(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path) -> None:
+    """A rank other than 0 that has finished generating stays until rank 0 has written the
+    outputs: should rank 0 die after every other rank is done, one of them still says what is
+    missing and how to resume. No deadline: rank 0 is alive while it holds the run lock."""
+    while True:
+        state = main_rank_state(tmp_dir)
+        if state == "done":
+            return
+        if state == "gone":
+            raise RunFailed(f"rank 0 is gone; {missing_summary(cfg, env, prep, tmp_dir)}")
+        if state == "stopped":
+            raise Interrupted("rank 0 stopped the run")  # rank 0 (or another survivor) reports it
+        time.sleep(MAIN_POLL_S)
 
 
 def _agree(env: DistEnv, pg: ProcessGroup, check: Any) -> None:
@@ -142,16 +176,18 @@ def _agree(env: DistEnv, pg: ProcessGroup, check: Any) -> None:
         raise RunStateError(verdict)
 
 
-def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Path) -> RunLock | None:
-    """Rank 0 creates and locks the temp dir before anything is written there (the examples
-    cache comes next), and refuses an earlier run's files unless resuming."""
+def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Path,
+                   also_folders: tuple[tuple[str, Path], ...]) -> RunLock | None:
+    """Rank 0 tries the output folders, then creates and locks the temp dir before anything is
+    written there (the examples cache comes next), and refuses an earlier run's files unless
+    resuming."""
     holder: list[RunLock] = []
 
     def claim() -> None:
+        for flag, folder in output_folders(cfg, also_folders):
+            try_folder(flag, folder)
         try:
-            tmp_dir.mkdir(parents=True, exist_ok=True)
-            if not os.access(tmp_dir, os.W_OK):
-                raise PermissionError(13, "Permission denied")
+            claim_tmp_dir(tmp_dir, run_inputs(cfg))
         except OSError as e:
             raise RunStateError(f"--tmp_dir {tmp_dir}: not writable ({e.strerror})") from e
         lock = RunLock(tmp_dir)

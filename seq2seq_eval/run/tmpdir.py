@@ -1,8 +1,13 @@
-"""The temp dir: manifest, run lock, per-rank batch journals, and the final rank files.
+"""The temp dir: the tool's own folder for manifest, run lock, per-rank batch journals, and the
+final rank files. The tool works only in a folder it made or one that was empty (marked as its
+own by MARKER), removes only the files it names there (OWN), and leaves nothing behind after a
+successful run.
 
 Layout of {tmp_dir}:
+    .seq2seq_eval_tmp       the marker: this folder is the tool's (and which folders it created)
     manifest.json           what run these files belong to (model, data, settings, batch plan)
     run.lock                flock'ed by rank 0 while a run is live
+    rank0.stopped / .done   rank 0 was interrupted / has written the outputs (for the other ranks)
     journal_rank_<k>.jsonl  one line per batch rank k finished, appended and fsynced as it finishes
                             (and, for a batch split after running out of memory, one line per
                             split and per finished sub-batch: see JournaledBatch); a batch taken
@@ -11,6 +16,7 @@ Layout of {tmp_dir}:
     rank_<k>_output.arrow   rank k's records, one Arrow record batch per planned batch, renamed into place when done
     rank_<k>_output.json    rank k's stats, written atomically last: its presence means rank k is done
     cache/                  the examples as Arrow and the tokenized sources (see store.py, tokens.py)
+and, beside any of them, `.<name>.<pid>.tmp` while it is being written.
 """
 
 from __future__ import annotations
@@ -19,18 +25,107 @@ import contextlib
 import fcntl
 import json
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..atomic import write_json_atomic
-from ..errors import RunStateError
+from ..errors import OutputError, RunStateError
+from ..outputs.locations import Role
 from .journal import journal_files
 from .steal import CLAIMS, claims_dir
 
 MANIFEST = "manifest.json"
 LOCK = "run.lock"
 STOPPED = "rank0.stopped"  # rank 0 was interrupted and reports for itself (see runner)
+DONE = "rank0.done"  # rank 0 wrote the outputs: the other ranks may exit (see runner)
+MARKER = ".seq2seq_eval_tmp"
+OWN = re.compile(
+    r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl"
+    r"|rank_\d+_output\.(arrow|arrow\.partial|json)|claims/\d+"
+    r"|cache/examples\.(arrow|json)|cache/tokens_\d+_\d+\.(ids\.bin|lens\.npy|json))"
+)
+"""Every file the tool makes in its temp dir, by path relative to it: what cleanup removes."""
+_OWN_FOLDERS = ("cache", CLAIMS)
+_WRITING = re.compile(r"\.(.+)\.\d+\.tmp")  # atomic.write_atomic's and the caches' names while writing
+
+
+def is_own(relative: str) -> bool:
+    """Whether a path inside a temp dir (relative to it) is one the tool makes there."""
+    folder, _, name = relative.rpartition("/")
+    writing = _WRITING.fullmatch(name)
+    if writing:
+        relative = f"{folder}/{writing.group(1)}" if folder else writing.group(1)
+    return OWN.fullmatch(relative) is not None
+
+
+def _entries(tmp_dir: Path) -> list[str]:
+    """Everything in the temp dir, as paths relative to it (folders with a trailing slash when empty)."""
+    found = []
+    for root, dirs, files in os.walk(tmp_dir):
+        rel = os.path.relpath(root, tmp_dir)
+        prefix = "" if rel == "." else rel + "/"
+        found += [prefix + f for f in files]
+        if not dirs and not files and prefix:
+            found.append(prefix)
+    return sorted(found)
+
+
+def _is_our_manifest(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"model", "data", "plan", "generation"} <= set(data)
+
+
+def _marked(tmp_dir: Path) -> bool:
+    try:
+        return json.loads((tmp_dir / MARKER).read_text(encoding="utf-8")).get("tool") == "seq2seq_eval"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def claim_tmp_dir(tmp_dir: Path, inputs: Sequence[Role] = (), create: bool = True) -> None:
+    """Make `tmp_dir` the tool's own, or refuse it, before anything is written there. Taken: a
+    missing folder (created, with its missing parents), an empty one, one marked as the tool's,
+    or one holding only the tool's own files (a temp dir of a release before the marker). Any
+    other file is the user's: the folder is refused rather than shared, since cleanup would
+    leave it half emptied. `create=False` (the dry run) checks without writing."""
+    made: list[str] = []
+    if not tmp_dir.exists():
+        if not create:
+            return
+        for parent in [*reversed(tmp_dir.absolute().parents), tmp_dir.absolute()]:
+            if not parent.exists():
+                os.mkdir(parent)
+                made.append(str(parent))
+    elif not tmp_dir.is_dir():
+        raise OutputError(f"--tmp_dir {tmp_dir}: is a file; expected a folder (created if missing)")
+    elif not _marked(tmp_dir):
+        entries = _entries(tmp_dir)
+        foreign = [e for e in entries if not (is_own(e) or e.rstrip("/") in _OWN_FOLDERS)]
+        if (tmp_dir / MANIFEST).exists() and not _is_our_manifest(tmp_dir / MANIFEST):
+            foreign.insert(0, f"{MANIFEST} (not a seq2seq_eval manifest)")
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise RunStateError(
+                f"--tmp_dir {tmp_dir}: holds files seq2seq_eval did not make ({shown}); expected a missing or "
+                "empty folder, or one a run of this tool made: give another --tmp_dir"
+            )
+        if entries:
+            made.append(str(tmp_dir.absolute()))  # every file in it is the tool's: so was the folder
+    for r in inputs:
+        try:
+            rel = Path(os.path.realpath(r.path)).relative_to(os.path.realpath(tmp_dir))
+        except ValueError:
+            continue
+        if is_own(rel.as_posix()):
+            raise OutputError(f"{r.path}: {r.what} is a file of the temp dir, which the run removes; "
+                              "expected inputs outside --tmp_dir")
+    if create and not _marked(tmp_dir):
+        write_json_atomic(tmp_dir / MARKER, {"tool": "seq2seq_eval", "made": made})
 
 
 def compare_manifests(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -77,14 +172,58 @@ class RunLock:
             self._fd = None
 
 
+_HELD: list[int] = []  # the lock of a rank 0 that is gone, kept by the survivor that reports it
+
+
+def main_rank_state(tmp_dir: Path) -> str:
+    """What a rank other than 0 knows of rank 0 from the temp dir: "running" (it holds the run
+    lock), "done" (it wrote the outputs), "stopped" (it, or a survivor, reports the end of the
+    run) or "gone" (it died without a word: this process then holds its lock and marks the run
+    stopped, so that exactly one survivor reports it)."""
+    if (tmp_dir / DONE).exists():
+        return "done"
+    try:
+        fd = os.open(tmp_dir / LOCK, os.O_RDWR)  # never O_CREAT: a temp dir cleaned up stays gone
+    except FileNotFoundError:
+        return "done"  # removed by rank 0 after the outputs were written
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return "running"
+    if (tmp_dir / DONE).exists() or (tmp_dir / STOPPED).exists():
+        os.close(fd)
+        return "done" if (tmp_dir / DONE).exists() else "stopped"
+    _HELD.append(fd)  # until this process exits
+    with contextlib.suppress(OSError):
+        (tmp_dir / STOPPED).write_bytes(b"")
+    return "gone"
+
+
+def mark_done(tmp_dir: Path) -> None:
+    """Rank 0 has written the outputs (before cleanup, which removes this file with the rest)."""
+    (tmp_dir / DONE).write_bytes(b"")
+
+
+def finished_journals(tmp_dir: Path) -> list[Path]:
+    """Journals that hold at least part of a line: an earlier run finished (or was writing) a batch."""
+    found = []
+    for path in journal_files(tmp_dir):
+        with contextlib.suppress(OSError):
+            if path.stat().st_size:
+                found.append(path)
+    return found
+
+
 def refuse_earlier_run(tmp_dir: Path, resume: bool) -> None:
-    """Before anything is written into the temp dir: without --resume, an earlier run's files
-    are an error (check_tmp_dir compares the manifests once this run's is known)."""
-    journals = journal_files(tmp_dir)
-    if not (tmp_dir / MANIFEST).exists():
-        if journals:
-            raise RunStateError(f"{tmp_dir} holds journals but no manifest; remove {tmp_dir} to start over")
+    """Before anything is written into the temp dir: without --resume, an earlier run's work is
+    an error (check_tmp_dir compares the manifests once this run's is known). A run that stopped
+    before journaling any batch left nothing to resume or to lose: the next run starts over."""
+    journals = finished_journals(tmp_dir)
+    if not journals:
         return
+    if not (tmp_dir / MANIFEST).exists():
+        raise RunStateError(f"{tmp_dir} holds journals but no manifest; remove {tmp_dir} to start over")
     if not resume:
         raise RunStateError(
             f"{tmp_dir} holds an earlier run's files ({len(journals)} journal(s)); "
@@ -95,12 +234,12 @@ def refuse_earlier_run(tmp_dir: Path, resume: bool) -> None:
 def check_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> bool:
     """Whether the temp dir already belongs to this run (read-only; raises if it may not be used).
 
-    Without --resume a temp dir holding an earlier run's files is an error, so two unrelated runs
-    can never be merged; with --resume its manifest must match this run's exactly.
+    Without --resume a temp dir holding an earlier run's finished batches is an error, so two
+    unrelated runs can never be merged; with --resume its manifest must match this run's exactly.
     """
     path = tmp_dir / MANIFEST
     refuse_earlier_run(tmp_dir, resume)
-    if not path.exists():
+    if not path.exists() or not finished_journals(tmp_dir):
         return False
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
@@ -124,26 +263,38 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
     journals = journal_files(tmp_dir)
     # Rank files are re-derived from the journals at the end of every run; an old one left by a
     # run with another world size must never be merged into this one.
-    for stale in [*tmp_dir.glob("rank_*_output.*"), tmp_dir / STOPPED]:
-        stale.unlink(missing_ok=True)
+    for stale in [*tmp_dir.glob("rank_*_output.*"), tmp_dir / STOPPED, tmp_dir / DONE]:
+        if is_own(stale.name):
+            stale.unlink(missing_ok=True)
     # Claims belong to one attempt: a batch claimed by a rank that died before journaling it
     # must be free to run again; a journaled one is reused by whoever claims it.
     claims = claims_dir(tmp_dir)
     if claims.is_dir():
         for stale in claims.iterdir():
-            stale.unlink(missing_ok=True)
+            if is_own(f"{CLAIMS}/{stale.name}"):
+                stale.unlink(missing_ok=True)
     claims.mkdir(exist_ok=True)
     return len(journals)
 
 
 def cleanup_tmp_dir(tmp_dir: Path) -> None:
-    """Remove the files a run made in its temp dir, then the folder if nothing else is left.
-    Never rmtree: --tmp_dir may name a folder that holds the user's own files."""
-    for pattern in (MANIFEST, LOCK, STOPPED, "journal_rank_*.jsonl", "rank_*_output.*", ".*.tmp", "cache/*", "cache/.*",
-                    f"{CLAIMS}/*"):
-        for path in tmp_dir.glob(pattern):
+    """Remove the files the tool made in its temp dir (OWN), then the folders it made, if
+    nothing else is left in them. A folder without the marker is not the tool's: left alone."""
+    if not _marked(tmp_dir):
+        return
+    try:
+        made = json.loads((tmp_dir / MARKER).read_text(encoding="utf-8")).get("made") or []
+    except (OSError, ValueError, AttributeError):
+        made = []
+    for rel in _entries(tmp_dir):
+        if is_own(rel) and rel != MARKER:
             with contextlib.suppress(OSError):
-                path.unlink()
-    for folder in (tmp_dir / "cache", claims_dir(tmp_dir), tmp_dir):
+                (tmp_dir / rel).unlink()
+    for folder in _OWN_FOLDERS:
         with contextlib.suppress(OSError):
-            folder.rmdir()
+            (tmp_dir / folder).rmdir()
+    with contextlib.suppress(OSError):
+        (tmp_dir / MARKER).unlink()
+    for folder in sorted(made, key=len, reverse=True):  # the deepest first
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)
