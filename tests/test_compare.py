@@ -653,6 +653,9 @@ def test_main_run_compares_to_an_earlier_run(tiny_model, data23, tmp_path, capsy
     direct = json.loads(capsys.readouterr().out)
     for metric in ("bleu", "chrf"):
         assert comparison["results"]["this run"][metric] == direct["results"]["b"][metric]
+    # The keys are compare --json's, in its order (docs/compare.md says so).
+    assert list(comparison) == list(direct)
+    assert comparison["inputs"] == {"a (--compare_to)": str(tmp_path / "a"), "this run": str(tmp_path / "b")}
     assert "p-value" in run.stdout and "this run" in run.stdout
     other = tmp_path / "other"  # the first 22 examples only
     other.mkdir()
@@ -663,3 +666,20 @@ def test_main_run_compares_to_an_earlier_run(tiny_model, data23, tmp_path, capsy
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert [line for line in refused.stderr.splitlines() if line.strip()][-1].startswith("seq2seq_eval: error: ")
     assert not (tmp_path / "c_tmp").exists() or not list((tmp_path / "c_tmp").glob("journal_rank_*.jsonl"))
+
+
+def test_a_dataset_run_folder_is_compared_without_debug_or_references(tiny_model, tmp_path, capsys):
+    """Its own examples file carries the ids, sources and references (docs/compare.md)."""
+    from conftest import assert_ok, make_corpus, single
+
+    src, tgt = make_corpus(7, seed=33)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": f"x{i}", "source": s, "target": t}) + "\n"
+                            for i, (s, t) in enumerate(zip(src, tgt))))
+    for name, beams in (("a", "2"), ("b", "1")):
+        assert_ok(single(["--model_name", str(tiny_model), "--dataset", str(data), "--split", "test",
+                          "--num_beams", beams, "--save_dir", str(tmp_path / name)], cwd=tmp_path))
+        assert not (tmp_path / name / "test_references.txt").exists()
+    assert main(["compare", "--predictions", str(tmp_path / "a"), str(tmp_path / "b"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["n_examples"] == 7 and out["systems"] == ["a", "b"]

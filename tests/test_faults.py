@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -93,6 +94,38 @@ def test_killed_rank_loses_only_its_batch_in_flight_and_resume_completes(slow_ca
     same_result(save, reference)
     per_rank = metrics_of(save)["throughput"]["per_rank"]
     assert sum(r["resumed_batches"] for r in per_rank) >= kept
+
+
+def test_rank_0_dying_after_every_other_rank_is_done_is_reported(slow_case, tmp_path):
+    """Rank 1 has finished its share and every batch it could take; rank 0 then dies. Rank 1 has
+    not exited (it waits for rank 0's outputs), so it says what is missing and how to resume."""
+    root, args, reference = slow_case
+    save = tmp_path / "out"
+    tag = uuid.uuid4().hex
+    proc = launch(2, args + ["--save_dir", str(save)], tmp_path, tag)
+    rank0 = find_worker(tag, 0)
+    tmp = Path(f"{save}_tmp")
+    wait_for_lines(tmp / "journal_rank_0.jsonl", 2)
+    os.kill(rank0, signal.SIGSTOP)  # mid-batch: the batch it claimed stays unfinished
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp / "rank_1_output.json").exists():  # rank 1 is done generating
+            assert time.monotonic() < deadline and proc.poll() is None, "rank 1 never finished"
+            time.sleep(0.05)
+        time.sleep(1)  # rank 1 would have exited by now, before the change
+        assert proc.poll() is None
+        os.kill(rank0, signal.SIGKILL)
+    finally:
+        if alive(rank0):
+            os.kill(rank0, signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    lines = [line for line in err.splitlines() if line.startswith("seq2seq_eval: error:")]
+    assert len(lines) == 1 and lines[0].startswith("seq2seq_eval: error: [rank 1] rank 0 is gone; rank(s) 0 did not "
+                                                   "finish"), err
+    assert "examples still to generate" in lines[0] and "--resume" in lines[0]
+    assert_ok(single(args + ["--save_dir", str(save), "--resume"], cwd=tmp_path))
+    same_result(save, reference)
 
 
 def test_restarted_workers_resume_by_themselves(slow_case, tmp_path):

@@ -159,6 +159,7 @@ def test_readme_example_under_torchrun_equals_the_projects_form(tmp_path):
     assert len(generations) == 100
     scores = json.loads((legacy_dir / "enro_bleu.json").read_text())
     assert list(scores)[-3:] == ["n_obs", "runtime", "seconds_per_sample"]
+    assert "seconds_per_generated_sample" not in scores  # run_eval.py's keys, no others
     assert scores["n_obs"] == 100 and isinstance(scores["runtime"], int)
     assert scores["seconds_per_sample"] == round(scores["runtime"] / 100, 4)
     assert scores["bleu"] == _bleu(generations, references)

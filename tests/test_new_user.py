@@ -117,7 +117,7 @@ def test_read_only_save_dir_fails_in_the_dry_run(tiny_model, data, tmp_path):
                            "--tmp_dir", str(tmp_path / "t"), *extra], cwd=tmp_path)
             lines = _lines(proc.stderr)
             assert proc.returncode == 2 and len(lines) == 1, proc.stderr
-            assert lines[0] == f"{PREFIX}--save_dir {ro / 'out'}: {ro} is on a read-only file system; " \
+            assert lines[0] == f"{PREFIX}--save_dir {ro / 'out'}: cannot create {ro / 'out'} (a read-only file system); " \
                                "expected a folder the run can write"
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=False)
@@ -319,7 +319,7 @@ def test_outputs_follow_the_split_and_stale_results_go(tiny_model, tmp_path):
     base = ["--model_name", str(tiny_model), "--dataset", str(path), "--split", "validation", "--save_dir", str(save)]
     assert_ok(single(base, cwd=tmp_path))
     written = ["validation_generations.txt", "validation_examples.jsonl", "validation_bleu.json"]
-    assert sorted(p.name for p in save.iterdir()) == sorted(written)
+    assert sorted(p.name for p in save.iterdir()) == sorted([*written, ".seq2seq_eval_outputs.json"])
     assert metrics_of(save, "validation_bleu.json")["provenance"]["outputs"] == written
     # a pseudolabel run into the same folder: the earlier metric file must not stay beside it
     assert_ok(single(base + ["--num_return_sequences", "2"], cwd=tmp_path))

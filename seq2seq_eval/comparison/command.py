@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, OutputError
 from ..inputs.files import read_lines
 from ..scoring.results import ROUGE_KEYS, SEED
 from .details import report_details
@@ -157,6 +157,20 @@ def _check_report_path(args: argparse.Namespace) -> None:
         reads.append(Role(Path(args.sources), f"--sources {args.sources}"))
     report = Path(args.report)
     check_paths([Role(report, "--report")], reads, [("--report", report.parent)])
+    if report.exists() and not _is_report(report):
+        raise OutputError(f"--report {report}: exists and is not a report this tool wrote; "
+                          "expected a new file or an earlier report to replace")
+
+
+def _is_report(path: Path) -> bool:
+    from .html import GENERATOR
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError:
+        return False
+    return f'<meta name="generator" content="{GENERATOR}">'.encode() in head
 
 
 def compare_main(argv: Sequence[str]) -> str:

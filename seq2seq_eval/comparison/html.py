@@ -162,6 +162,10 @@ def _example(ex: Mapping[str, Any], base: str, name: str, metric: str) -> str:
     return f'<div class="ex">{head}<div class="grid">{"".join(cells)}</div></div>'
 
 
+GENERATOR = "seq2seq_eval compare"
+"""Marks a report as the tool's: `compare --report` writes over an existing file only if it has it."""
+
+
 def render_report(comparison: Mapping[str, Any], details: Mapping[str, Any]) -> str:
     """The whole page, as a string."""
     names = list(comparison["systems"])
@@ -216,7 +220,8 @@ def render_report(comparison: Mapping[str, Any], details: Mapping[str, Any]) -> 
     body.append(f'<section id="signatures"><h2>Signatures</h2><dl class="sig">{sigs}</dl></section>')
     title = f"Comparison: {', '.join(names)}"
     return (
-        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta name="generator" content="{GENERATOR}">'
+        f'<title>{escape(title)}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>\n'
         f"<body>\n{chr(10).join(body)}\n</body></html>\n"
     )

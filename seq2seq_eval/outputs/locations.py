@@ -146,6 +146,7 @@ def try_folder(flag: str, folder: Path) -> None:
     permission bits say)."""
     full = Path(os.path.abspath(folder.expanduser()))
     made: list[Path] = []
+    doing = f"write in {full}"
     try:
         for parent in [*reversed(full.parents), full]:
             if parent.is_dir():
@@ -153,14 +154,16 @@ def try_folder(flag: str, folder: Path) -> None:
             if parent.exists() or parent.is_symlink():
                 where = "is a file" if parent == full else f"{parent} is a file"
                 raise OutputError(f"{flag} {folder}: {where}; expected a folder (created if missing)")
+            doing = f"create {parent}"
             os.mkdir(parent)
             made.append(parent)
+        doing = f"write in {full}"
         probe = full / f".seq2seq_eval_probe.{os.getpid()}"
         os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         os.unlink(probe)
     except OSError as e:
         why = "a read-only file system" if e.errno == errno.EROFS else (e.strerror or str(e))
-        raise OutputError(f"{flag} {folder}: cannot write there ({why}); expected a folder the run can write") from e
+        raise OutputError(f"{flag} {folder}: cannot {doing} ({why}); expected a folder the run can write") from e
     finally:
         for path in reversed(made):
             with contextlib.suppress(OSError):

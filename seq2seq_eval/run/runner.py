@@ -120,8 +120,10 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             # Before the lock goes: a rank that finds the lock free and this file absent knows
             # rank 0 died; with it, rank 0 reports for itself.
             _write_marker(tmp_dir / STOPPED)
-            if not isinstance(e, Interrupted) and not finished_journals(tmp_dir):
-                # Nothing to resume: what this run made would only be in the next one's way.
+            if env.world_size == 1 and not isinstance(e, Interrupted) and not finished_journals(tmp_dir):
+                # Nothing to resume: what this run made is removed (with several ranks, another
+                # may still be writing there; the next run then starts over in it, see
+                # tmpdir.refuse_earlier_run).
                 cleanup_tmp_dir(tmp_dir)
         if not isinstance(e, Interrupted) or prep is None:
             raise
