@@ -76,7 +76,7 @@ def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: A
     streams = [[t[j] if j < len(t) else None for t in streams[0]] for j in range(k)]
     baseline = f"{Path(cfg.compare_to).name or cfg.compare_to} (--compare_to)"
     comparison = compare_systems({baseline: earlier.predictions, "this run": preds}, streams, metrics=cfg.metric_names)
-    # The keys `compare --json` prints, in its order: task and inputs after the results.
+    # The keys `compare --json` prints: task and inputs beside the results.
     comparison.update(task=cfg.task, inputs={baseline: str(cfg.compare_to), "this run": str(cfg.save_dir)})
     return comparison
 
