@@ -179,7 +179,7 @@ class CT2Engine:
         from ..model.converted import is_converted_folder
 
         path = (Path(os.path.expanduser(cfg.model_name)) if is_converted_folder(cfg.model_name)
-                else converted_model(cfg.model_name, model_config, cfg.sync_timeout))
+                else converted_model(cfg.model_name, cfg.sync_timeout))
         kwargs: dict[str, Any] = {"compute_type": cfg.compute_type, "inter_threads": 1}
         if device.type == "cuda":
             kwargs.update(device="cuda", device_index=device.index or 0)
