@@ -131,6 +131,8 @@ def _converter_class() -> type:
             return model
 
         def load_tokenizer(self, tokenizer_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
+            if self._revision:  # the vocabulary of the same snapshot as the weights (CTranslate2 passes it to those only)
+                kwargs.setdefault("revision", self._revision)
             tokenizer = super().load_tokenizer(tokenizer_class, model_name_or_path, **kwargs)
             if tokenizer.bos_token is None:
                 # The converted config.json would say "bos_token": null, which Translator refuses
