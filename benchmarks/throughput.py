@@ -370,7 +370,7 @@ def run_bare_worker(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bare_") as cache:
         prep = runner.prepare(cfg, DistEnv(), None, Path(cache))
     tok = prep.tokenizer
-    path = ct2.converted_model(args.model, prep.model_config, 600)
+    path = ct2.converted_model(args.model, 600)
     translator = ctranslate2.Translator(str(path), device="cpu", compute_type="float32", inter_threads=1,
                                         intra_threads=ct2.cpu_threads(world))
     mapping = ct2.translate_options(prep.generation_config, tok)

@@ -38,7 +38,21 @@ GENERATE_OPTION_KINDS = {
                      "encoder_repetition_penalty", "diversity_penalty", "epsilon_cutoff", "eta_cutoff", "max_time"),
                     _NUMBER),
     "early_stopping": "true, false or never",
+    # Token ids and lists of them, as generate() takes them (JSON on the command line).
+    **dict.fromkeys(("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id"), "a token id"),
+    **dict.fromkeys(("eos_token_id", "forced_eos_token_id"), "a token id, or a JSON list of them such as [1, 2]"),
+    **dict.fromkeys(("suppress_tokens", "begin_suppress_tokens"), "a JSON list of token ids, such as [1308]"),
+    "bad_words_ids": "a JSON list of token-id lists, such as [[1308]] or [[1308, 12], [7]]",
+    "sequence_bias": "a JSON list of [token-id list, bias] pairs, such as [[[1308], -10.0]]",
 }
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_id(v) for v in value)
 
 
 def _check_generate_option(key: str, value: Any) -> None:
@@ -51,9 +65,24 @@ def _check_generate_option(key: str, value: Any) -> None:
         _INT: isinstance(value, int) and not is_bool,
         _NUMBER: isinstance(value, (int, float)) and not is_bool,
         "true, false or never": is_bool or value == "never",
-    }[kind]
+    }.get(kind)
+    if ok is None:
+        ok = _ID_KINDS[kind](value)
     if not ok:
         raise ConfigError(f"--{key} {value!r}: expected {kind}")
+
+
+_ID_KINDS = {
+    "a token id": _is_id,
+    "a token id, or a JSON list of them such as [1, 2]": lambda v: _is_id(v) or (_is_ids(v) and bool(v)),
+    "a JSON list of token ids, such as [1308]": _is_ids,
+    "a JSON list of token-id lists, such as [[1308]] or [[1308, 12], [7]]":
+        lambda v: isinstance(v, list) and all(_is_ids(seq) and seq for seq in v),
+    "a JSON list of [token-id list, bias] pairs, such as [[[1308], -10.0]]":
+        lambda v: isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and _is_ids(p[0]) and p[0]
+                                              and isinstance(p[1], (int, float)) and not isinstance(p[1], bool)
+                                              for p in v),
+}
 
 
 def family_of(task: str) -> str | None:

@@ -5,6 +5,7 @@ legacy run_eval.py form, which share them."""
 from __future__ import annotations
 
 import argparse
+import json
 import typing
 from collections.abc import Sequence
 from dataclasses import MISSING, fields
@@ -84,5 +85,17 @@ def parse_generate_kwargs(rest: Sequence[str]) -> tuple[tuple[str, object], ...]
                 raise ConfigError(f"{token} needs a value (generate options are --key value pairs)")
             key, value = token[2:], rest[i + 1]
             i += 2
-        pairs.append((key.replace("-", "_"), parse_value(value)))
+        pairs.append((key.replace("-", "_"), _parse_generate_value(key, value)))
     return tuple(pairs)
+
+
+def _parse_generate_value(key: str, text: str) -> object:
+    """A generate option's value: a JSON list or object as generate() takes list-valued settings
+    (`--bad_words_ids "[[1308]]"`, `--suppress_tokens "[1308]"`), else int, float, bool or str."""
+    if not text.lstrip().startswith(("[", "{")):
+        return parse_value(text)
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"--{key} {text}: not valid JSON ({e}); expected a JSON list such as [1308] "
+                          "or [[1308]], as generate() takes it") from None

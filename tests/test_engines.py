@@ -293,8 +293,8 @@ def test_concurrent_conversions_leave_one_complete_model(tmp_path):
     cache = tmp_path / "cache"
     (cache / "ctranslate2").mkdir(parents=True)
     code = ("import sys, logging; logging.basicConfig(level=logging.INFO); from seq2seq_eval.engines import ct2; "
-            "from seq2seq_eval.config import EMBEDDED_MODEL; from transformers import AutoConfig; "
-            "print(ct2.converted_model(str(EMBEDDED_MODEL), AutoConfig.from_pretrained(EMBEDDED_MODEL), 120))")
+            "from seq2seq_eval.config import EMBEDDED_MODEL; "
+            "print(ct2.converted_model(str(EMBEDDED_MODEL), 120))")
     procs = [subprocess.Popen([sys.executable, "-c", code], env=_env({"SEQ2SEQ_EVAL_CACHE": str(cache)}),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=180) for p in procs]
@@ -307,12 +307,10 @@ def test_concurrent_conversions_leave_one_complete_model(tmp_path):
 
 def test_a_converted_folder_is_accepted(cache, tmp_path):
     """A CTranslate2 model folder: with --tokenizer_name, or with the tokenizer copied beside it."""
-    from transformers import AutoConfig
-
     from seq2seq_eval.config import EMBEDDED_MODEL
 
     folder = tmp_path / "ct2_model"
-    converted = ct2.converted_model(str(EMBEDDED_MODEL), AutoConfig.from_pretrained(EMBEDDED_MODEL), 120)
+    converted = ct2.converted_model(str(EMBEDDED_MODEL), 120)
     subprocess.run(["cp", "-r", str(converted), str(folder)], check=True)
     args = ["--model_name", str(folder), *CT2, "--n_obs", "16"]
     refused = single([*args, "--save_dir", str(tmp_path / "none")], cwd=tmp_path)

@@ -51,6 +51,8 @@ def test_parse_value(text, value):
         (["--suppress_tokens", "None"], (("suppress_tokens", None),)),
         (["--prompt=a=b"], (("prompt", "a=b"),)),  # only the first "=" separates
         (["--temperature", "-0.5"], (("temperature", -0.5),)),  # a negative number is a value
+        (["--bad_words_ids", "[[1308], [7, 8]]"], (("bad_words_ids", [[1308], [7, 8]]),)),  # JSON, as generate() takes it
+        (["--suppress_tokens=[1308]"], (("suppress_tokens", [1308]),)),
     ],
 )
 def test_parse_generate_kwargs(rest, expected):
@@ -172,6 +174,11 @@ def test_argparse_errors_are_config_errors(argv, message):
         ({"generate_kwargs": (("max_new_tokens", 1.5),)}, r"--max_new_tokens 1.5: expected an integer"),
         ({"generate_kwargs": (("top_k", False),)}, r"--top_k False: expected an integer"),
         ({"generate_kwargs": (("temperature", "hot"),)}, r"--temperature 'hot': expected a number"),
+        ({"generate_kwargs": (("suppress_tokens", 1308),)}, r"--suppress_tokens 1308: expected a JSON list of token ids"),
+        ({"generate_kwargs": (("bad_words_ids", [1308]),)}, r"--bad_words_ids \[1308\]: expected a JSON list of token-id lists"),
+        ({"generate_kwargs": (("bad_words_ids", [[]]),)}, r"--bad_words_ids \[\[\]\]: expected a JSON list of token-id lists"),
+        ({"generate_kwargs": (("eos_token_id", [1, -2]),)}, r"--eos_token_id \[1, -2\]: expected a token id, or a JSON list"),
+        ({"generate_kwargs": (("sequence_bias", [[1308, -5.0]]),)}, r"--sequence_bias .*: expected a JSON list of \[token-id list, bias\] pairs"),
         ({"generate_kwargs": (("early_stopping", "always"),)}, r"--early_stopping 'always': expected true, false or never"),
         ({"pseudo_target": True}, r"--pseudo_target needs --num_return_sequences >= 2"),
         ({"split": "train"}, r"--dataset_config/--split/--\*_column need --dataset"),
@@ -197,7 +204,9 @@ def test_config_derived_defaults():
     EvalConfig(num_return_sequences=5)
     # generate options of the right kind, None (the model's own setting), and options not listed
     EvalConfig(generate_kwargs=(("do_sample", True), ("temperature", 1), ("top_p", 0.9), ("max_new_tokens", None),
-                                ("early_stopping", "never"), ("length_penalty", -0.5), ("bad_words_ids", "x")))
+                                ("early_stopping", "never"), ("length_penalty", -0.5), ("stop_strings", "x"),
+                                ("bad_words_ids", [[5], [6, 7]]), ("suppress_tokens", [5]), ("eos_token_id", [1, 2]),
+                                ("sequence_bias", [[[5], -1.0]])))
 
 
 def test_config_is_frozen():

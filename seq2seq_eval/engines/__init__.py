@@ -28,11 +28,17 @@ def describe(cfg: EvalConfig) -> dict[str, Any]:
 
 
 def check(cfg: EvalConfig, model_config: Any, generation_config: Any, tokenizer: Any) -> None:
-    """Raise ConfigError for a setting the engine cannot honour; cheap (no model is loaded)."""
+    """Raise ConfigError for a setting the engine cannot honour (its table in rules.py or
+    ct2_rules.py); cheap (no model is loaded)."""
     if cfg.engine == "ctranslate2":
         from . import ct2
 
         ct2.check(cfg, model_config, generation_config, tokenizer)
+        return
+    from .rules import HF_RULES, check as check_rules
+
+    check_rules("hf", HF_RULES, cfg.gen_kwargs, generation_config, model_config,
+                lambda key: "remove it")
 
 
 def load(cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_config: Any, device: Any,

@@ -5,8 +5,9 @@ The compute type is applied when the model is loaded, so one conversion serves e
 type; it is part of the run's manifest, so a resume under another compute type is refused.
 
 Generation settings are taken from the same effective `GenerationConfig` the HF engine uses
-(model defaults, task entry, user flags) and mapped one by one (`translate_options`). A setting
-with no CTranslate2 counterpart is an error naming it, raised before any work (`check`).
+(model defaults, task entry, user flags) and mapped one by one (`translate_options`), by the rule
+of engines/ct2_rules.py. A setting with no CTranslate2 counterpart is an error naming it, raised
+before any work (`check`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from typing import Any
 
 from ..config import EvalConfig
 from ..errors import ConfigError, ModelError, first_line
+from . import rules
 from .base import BatchOutput
+from .ct2_rules import CT2_RULES
 from .ct2_convert import converted_model
 from .ct2_convert import ctranslate2_module as _ctranslate2
 
@@ -32,47 +35,12 @@ def describe(cfg: EvalConfig) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- generation settings
 
-# GenerationConfig fields that do not change what is generated, or that the mapping below reads.
-_NOT_GENERATION = {
-    "transformers_version", "_from_model_config", "use_cache", "cache_implementation", "cache_config",
-    "return_dict_in_generate", "output_scores", "output_logits", "output_attentions", "output_hidden_states",
-    "pad_token_id", "bos_token_id", "decoder_start_token_id", "low_memory", "remove_invalid_values",
-    "is_assistant", "compile_config", "disable_compile",
-}
-_MAPPED = {
-    "num_beams", "length_penalty", "max_length", "max_new_tokens", "min_length", "min_new_tokens",
-    "no_repeat_ngram_size", "repetition_penalty", "num_return_sequences", "do_sample", "top_k", "top_p",
-    "temperature", "forced_bos_token_id", "forced_eos_token_id", "eos_token_id", "bad_words_ids",
-    "suppress_tokens", "early_stopping",
-}
-
-
-def _unsupported(gc: Any) -> list[tuple[str, str]]:
-    """(setting, description) for each setting of `gc` that differs from GenerationConfig's
-    defaults and has no CTranslate2 counterpart, and for each combination it cannot run."""
-    diff = {k: v for k, v in gc.to_diff_dict().items() if k not in _NOT_GENERATION}
-    bad = [(k, f"{k}={v!r}") for k, v in sorted(diff.items()) if k not in _MAPPED]
-    if gc.early_stopping == "never":
-        bad.append(("early_stopping", "early_stopping='never' (CTranslate2's beam search stops once num_beams "
-                                      "hypotheses are finished)"))
-    if gc.do_sample and (gc.num_beams or 1) > 1:
-        bad.append(("do_sample", f"do_sample=True with num_beams={gc.num_beams} (CTranslate2 samples with one beam)"))
-    return bad
-
-
 def check(cfg: EvalConfig, model_config: Any, gc: Any, tokenizer: Any) -> None:
-    """Refuse, before any work, a run whose settings this engine cannot honour, naming where the
-    first one came from: the user's flag, or the model's own settings (which a flag overrides)."""
+    """Refuse, before any work, a run whose settings this engine cannot honour (ct2_rules.py)."""
     _ctranslate2()
-    bad = _unsupported(gc)
-    if not bad:
-        return
-    key, text = bad[0]
-    where = (f"set by --{key}" if key in cfg.gen_kwargs
-             else f"from the model's generation config or task settings; override it with --{key}")
-    more = f" (and {len(bad) - 1} more: {', '.join(t for _, t in bad[1:])})" if len(bad) > 1 else ""
-    raise ConfigError(f"--engine ctranslate2 cannot honour the generation setting {text} ({where}){more}; "
-                      "use --engine hf for it")
+    rules.check("ctranslate2", CT2_RULES, cfg.gen_kwargs, gc, model_config,
+                lambda key: "use --engine hf for it" if getattr(rules.HF_RULES.get(key), "honoured", False)
+                else "remove it (--engine hf cannot run it either)")
 
 
 def _ids(value: Any) -> list[int]:
@@ -179,7 +147,7 @@ class CT2Engine:
         from ..model.converted import is_converted_folder
 
         path = (Path(os.path.expanduser(cfg.model_name)) if is_converted_folder(cfg.model_name)
-                else converted_model(cfg.model_name, model_config, cfg.sync_timeout))
+                else converted_model(cfg.model_name, cfg.sync_timeout))
         kwargs: dict[str, Any] = {"compute_type": cfg.compute_type, "inter_threads": 1}
         if device.type == "cuda":
             kwargs.update(device="cuda", device_index=device.index or 0)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ModelError, RunStateError, first_line
+from ..model.identity import file_sha256, files_digest, hub_revision
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -30,6 +31,8 @@ INSTALL_HINT = 'pip install -e ".[ctranslate2]" (or pip install ctranslate2)'
 CONVERTER_REVISION = 1
 """Bumped whenever `_Converter` or the loaders of `_register_loaders` change what a conversion produces."""
 LOCK_POLL_S = 0.5
+COMPLETE = "seq2seq_eval_complete.json"
+"""Written last into a conversion: the size and sha256 of every file it holds."""
 
 
 def ctranslate2_module() -> Any:
@@ -56,24 +59,50 @@ def cache_root() -> Path:
     return Path(base) / "seq2seq_eval"
 
 
-def _files_digest(folder: Path) -> str:
-    """Every regular file of a model folder, by name and content: weights, config and tokenizer."""
-    h = hashlib.sha256()
-    for f in sorted(p for p in folder.iterdir() if p.is_file()):
-        h.update(f.name.encode() + b"\0")
-        with open(f, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 22), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
-def conversion_key(model_name: str, model_config: Any) -> str:
-    ct2 = ctranslate2_module()
+def conversion_source(model_name: str) -> tuple[list[Any], str | None]:
+    """What decides the converted weights and vocabulary, for the cache key: every file of a
+    local folder, or the hub snapshot a hub name resolves to now. And the revision to convert
+    (None for a folder), so that the conversion loads that snapshot even if the hub's refs move
+    while it runs."""
     path = Path(os.path.expanduser(model_name))
-    source = (["files", _files_digest(path)] if path.is_dir()
-              else ["hub", model_name, getattr(model_config, "_commit_hash", None)])
-    payload = json.dumps([source, ct2.__version__, CONVERTER_REVISION])
+    if path.is_dir():
+        return ["files", files_digest(path)], None
+    revision = hub_revision(model_name)
+    return ["hub", model_name, revision], revision
+
+
+def conversion_key(model_name: str, source: list[Any] | None = None) -> str:
+    ct2 = ctranslate2_module()
+    payload = json.dumps([source or conversion_source(model_name)[0], ct2.__version__, CONVERTER_REVISION])
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def _manifest_of(folder: Path) -> dict[str, Any]:
+    return {f.name: {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
+            for f in sorted(folder.iterdir()) if f.is_file() and f.name != COMPLETE}
+
+
+def damage(folder: Path) -> str | None:
+    """Why a cache entry is not a complete conversion (None when it is): its marker, written
+    last with the size and digest of every file, must be there and match what is on disk."""
+    try:
+        recorded = json.loads((folder / COMPLETE).read_text())["files"]
+    except FileNotFoundError:
+        return f"no {COMPLETE} (an interrupted or older conversion)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable {COMPLETE} ({first_line(e)})"
+    for name, want in sorted(recorded.items()):
+        f = folder / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want.get("bytes"):
+            return f"{name} has {f.stat().st_size} bytes, {want.get('bytes')} when converted"
+    # Sizes first: cheap, and they catch a truncated or missing file. Contents second: about
+    # 1 s per GB of weights, paid at each run's start so that no silently changed file is used.
+    for name, want in sorted(recorded.items()):
+        if file_sha256(folder / name) != want.get("sha256"):
+            return f"{name} differs from the converted file (sha256)"
+    return None
 
 
 def _fill_legacy_config(model: Any) -> None:
@@ -102,6 +131,8 @@ def _converter_class() -> type:
             return model
 
         def load_tokenizer(self, tokenizer_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
+            if self._revision:  # the vocabulary of the same snapshot as the weights (CTranslate2 passes it to those only)
+                kwargs.setdefault("revision", self._revision)
             tokenizer = super().load_tokenizer(tokenizer_class, model_name_or_path, **kwargs)
             if tokenizer.bos_token is None:
                 # The converted config.json would say "bos_token": null, which Translator refuses
@@ -186,13 +217,15 @@ def _register_loaders() -> None:
     _LOADERS_REGISTERED = True
 
 
-def converted_model(model_name: str, model_config: Any, timeout_s: float) -> Path:
+def converted_model(model_name: str, timeout_s: float) -> Path:
     """The cached conversion of `model_name`, converting it first if no process has yet. One
-    process converts (the others wait on its lock); the result appears by one rename."""
+    process converts (the others wait on its lock); the result appears by one rename. An entry
+    that fails its check (a file missing, truncated or changed) is converted again."""
     root = cache_root() / "ctranslate2"
-    key = conversion_key(model_name, model_config)
+    source, revision = conversion_source(model_name)
+    key = conversion_key(model_name, source)
     final = root / key
-    if (final / "model.bin").is_file():
+    if final.is_dir() and damage(final) is None:
         return final
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -202,26 +235,47 @@ def converted_model(model_name: str, model_config: Any, timeout_s: float) -> Pat
                             "set SEQ2SEQ_EVAL_CACHE to a writable folder") from e
     try:
         _lock(lock_fd, root / f"{key}.lock", timeout_s)
-        if (final / "model.bin").is_file():  # converted while this process waited
+        # Checked again under the lock: converted (or repaired) while this process waited.
+        why = damage(final) if final.exists() else None
+        if final.exists() and why is None:
             return final
         # Whatever a crashed conversion left: no other process holds the lock, so none is using it.
         for stale in root.glob(f"{key}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
+        if why is not None:
+            logger.warning("%s: damaged CTranslate2 conversion (%s); converting again", final, why)
+            _remove(final)
         work = root / f"{key}.tmp-{os.getpid()}"
         t0 = time.perf_counter()
-        logger.info("converting %s for CTranslate2 into %s", model_name, final)
+        logger.info("converting %s%s for CTranslate2 into %s", model_name,
+                    f" (revision {revision})" if revision else "", final)
         try:
-            _converter_class()(os.path.expanduser(model_name)).convert(str(work), force=True)
+            _converter_class()(os.path.expanduser(model_name), revision=revision).convert(str(work), force=True)
+            # Last: an entry without it, or whose files no longer match it, is not used.
+            (work / COMPLETE).write_text(json.dumps({"source": source, "files": _manifest_of(work)}, indent=1))
+            # The folder is complete before it gets the name readers look for.
+            os.replace(work, final)
         except (ValueError, NotImplementedError, AttributeError, KeyError, OSError, RuntimeError) as e:
-            shutil.rmtree(work, ignore_errors=True)
             raise ModelError(f"--model_name {model_name}: CTranslate2 cannot convert this model "
                              f"({type(e).__name__}: {first_line(e)}); use --engine hf") from e
-        # The folder is complete before it gets the name readers look for.
-        os.replace(work, final)
+        finally:
+            # Nothing of a failed or interrupted conversion stays behind (after the rename, work is gone).
+            shutil.rmtree(work, ignore_errors=True)
         logger.info("converted in %.1f s", time.perf_counter() - t0)
         return final
     finally:
         os.close(lock_fd)  # releases the lock
+
+
+def _remove(entry: Path) -> None:
+    try:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    except OSError as e:
+        raise RunStateError(f"{entry}: a damaged CTranslate2 conversion that cannot be removed ({e.strerror}); "
+                            f"remove it with: rm -rf {entry}") from e
 
 
 def _lock(fd: int, path: Path, timeout_s: float) -> None:

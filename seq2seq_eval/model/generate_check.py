@@ -51,3 +51,32 @@ def check_generate_settings(gc: Any, model_config: Any) -> None:
         raise ConfigError(f"invalid generate options: {first_line(e)}") from e
     except (TypeError, AttributeError):
         return  # the builder wants what this release's stand-in lacks: generate() checks in the first batch
+
+
+# Settings that hold token ids, as generate() takes them (their forms are checked with the
+# config: config.GENERATE_OPTION_KINDS).
+TOKEN_ID_SETTINGS = ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id", "eos_token_id",
+                     "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens", "bad_words_ids", "sequence_bias")
+
+
+def _ids_in(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [i for v in value for i in _ids_in(v)]
+    return []  # a bias (float) of sequence_bias, or a form the config check refuses
+
+
+def check_token_ids(user: dict[str, Any], model_config: Any, tokenizer: Any) -> None:
+    """Raise ConfigError for a token id the user gave that is outside the model's vocabulary:
+    generate() refuses it in the first batch, CTranslate2 has no token to map it to."""
+    size = getattr(model_config, "vocab_size", None) or len(tokenizer)
+    for key in TOKEN_ID_SETTINGS:
+        if key in user:
+            outside = [i for i in _ids_in(user[key] if key != "sequence_bias" else [p[0] for p in user[key] or []])
+                       if i >= size]
+            if outside:
+                raise ConfigError(f"--{key}: token id {outside[0]} is outside the model's vocabulary of {size} tokens; "
+                                  f"expected ids from 0 to {size - 1}")

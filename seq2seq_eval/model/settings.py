@@ -12,6 +12,7 @@ from typing import Any
 from ..config import EvalConfig, family_of
 from ..errors import ConfigError, ModelError, first_line
 from .converted import converted_model_config, is_converted_folder
+from .generate_check import check_token_ids
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -256,6 +257,7 @@ def generation_config_for(model_config: Any, base: Any, tokenizer: Any, cfg: Eva
             f"unknown generate option --{unknown[0]}; expected a model.generate() setting "
             "such as --num_beams, --max_length, --max_new_tokens, --length_penalty, --no_repeat_ngram_size"
         )
+    check_token_ids(user, model_config, tokenizer)
     gc = copy.deepcopy(base)
     for key, value in task_params(model_config, cfg.task).items():
         if key in known:

@@ -17,6 +17,7 @@ from ..config import EvalConfig
 from ..inputs.read import iter_examples
 from ..errors import DataError
 from ..model.generate_check import check_generate_settings
+from ..model.identity import hub_revision
 from ..model.settings import (
     generation_config_for,
     load_model_config,
@@ -58,9 +59,10 @@ def _canonical(name: str) -> str:
 
 
 def _model_identity(model_config: Any, model_name: str) -> dict[str, Any]:
-    """The model's revision when it came from the hub, else a hash of its local weight files."""
+    """The model's revision when it came from the hub (the snapshot its name resolves to now:
+    transformers 5 leaves config._commit_hash unset), else a hash of its local weight files."""
     identity: dict[str, Any] = {"name": _canonical(model_name)}
-    revision = getattr(model_config, "_commit_hash", None)
+    revision = hub_revision(model_name)
     if revision:
         identity["revision"] = revision
     path = Path(os.path.expanduser(model_name))

@@ -1,0 +1,148 @@
+"""Every generation setting, every engine: honoured or refused, by one table per engine.
+
+A table maps each field of transformers' `GenerationConfig` (what a user can pass as --key value,
+or a model's generation config can carry) to a `Rule`: honoured (what the engine does with it) or
+refused (why it cannot). `refusals` reads a run's effective settings against a table before any
+work; a field the table does not know (a later transformers release) is refused too, so nothing is
+dropped silently. docs/engines.md's settings table is `markdown_table` of these tables (a test
+keeps the two equal). This module holds the HF engine's table; engines/ct2_rules.py CTranslate2's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+# Saved with every generation config; they describe the file, not the generation.
+METADATA = ("transformers_version", "_from_model_config")
+
+# Values at which a setting does nothing (generate() adds no processor, switches no mode): a
+# refused setting at one of them is no reason to refuse a run. Model configs saved by older
+# releases carry many of them (typical_p 1.0, num_beam_groups 1, diversity_penalty 0.0).
+NEUTRAL: tuple[Any, ...] = (None, False, 0, 0.0, "", (), [], {})
+NEUTRAL_ONE: tuple[Any, ...] = NEUTRAL + (1, 1.0)
+
+
+@dataclass(frozen=True)
+class Rule:
+    honoured: bool
+    how: str
+    """Honoured: what the engine does with the setting. Refused: why it cannot honour it."""
+    neutral: tuple[Any, ...] = NEUTRAL
+    """For a refused setting: the values at which it does nothing, which are let through."""
+    refuse_if: Callable[[Any, Any], str | None] | None = None
+    """For an honoured setting: the values or combinations it cannot run, as `f(gc, model_config)`
+    giving the refusal's text, else None."""
+
+
+def honoured(how: str, refuse_if: Callable[[Any, Any], str | None] | None = None) -> Rule:
+    return Rule(True, how, refuse_if=refuse_if)
+
+
+def refused(why: str, neutral: tuple[Any, ...] = NEUTRAL) -> Rule:
+    return Rule(False, why, neutral)
+
+
+def _is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    return any(type(value) is type(n) and value == n for n in neutral if n is not None) or value is None
+
+
+def refusals(rules: Mapping[str, Rule], gc: Any, model_config: Any) -> list[tuple[str, str, str]]:
+    """(setting, its value as text, why) for each setting of `gc` that `rules` refuses at its
+    value: a refused setting away from its neutral values, a value or combination an honoured one
+    excludes (its text then says why), a field the table does not know."""
+    from transformers import __version__
+
+    bad = []
+    for key, value in sorted(gc.to_dict().items()):
+        if key in METADATA or key.startswith("_"):
+            continue
+        rule = rules.get(key)
+        if rule is None:
+            if value is not None:
+                bad.append((key, f"{key}={value!r}", f"a setting of transformers {__version__} with no rule here"))
+        elif not rule.honoured:
+            if not _is_neutral(value, rule.neutral):
+                bad.append((key, f"{key}={value!r}", rule.how))
+        elif rule.refuse_if is not None and value is not None:
+            text = rule.refuse_if(gc, model_config)
+            if text:
+                bad.append((key, text, ""))
+    return bad
+
+
+def check(engine: str, rules: Mapping[str, Rule], user: Mapping[str, Any], gc: Any, model_config: Any,
+          advice: Callable[[str], str]) -> None:
+    """Refuse, before any work, a run whose settings `engine` cannot honour, naming the first and
+    where it came from: the user's flag, or the model's own settings (which a flag overrides)."""
+    bad = refusals(rules, gc, model_config)
+    if not bad:
+        return
+    key, text, why = bad[0]
+    where = (f"set by --{key}" if key in user
+             else f"from the model's generation config or task settings; override it with --{key}")
+    more = f" (and {len(bad) - 1} more: {', '.join(t for _, t, _ in bad[1:])})" if len(bad) > 1 else ""
+    raise ConfigError(f"--engine {engine} cannot honour the generation setting {text} ({where})"
+                      f"{': ' + why if why else ''}{more}; {advice(key)}")
+
+
+def markdown_table(rules: Mapping[str, Rule]) -> str:
+    """The docs' table of one engine's rule: each setting, honoured or refused, and how or why."""
+    rows = ["| setting | | how, or why not |", "|---|---|---|"]
+    for key in sorted(rules):
+        rule = rules[key]
+        rows.append(f"| `{key}` | {'honoured' if rule.honoured else '**refused**'} | {rule.how} |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- the HF engine
+
+_PASSED = "passed to `generate()`"
+_OUTPUT = ("the run writes texts (and with --num_return_sequences > 1, their scores); it returns none "
+           "of generate()'s other outputs")
+_HUB_ONLY = ("transformers 5 runs {} only as hub code (`{}`) with trust_remote_code, which the run does not "
+             "pass")
+_ASSISTED = "a setting of assisted decoding, which the run does not use (it generates batches, with no assistant model)"
+_BATCH_OF_ONE = "assisted decoding, which generate() runs for batches of one example only"
+
+
+def _hf_low_memory(gc: Any, model_config: Any) -> str | None:
+    return ("low_memory=True (generate() no longer supports it in beam search)"
+            if gc.low_memory and (gc.num_beams or 1) > 1 else None)
+
+
+HF_RULES: dict[str, Rule] = {
+    **{key: honoured(_PASSED) for key in (
+        "max_length", "max_new_tokens", "min_length", "min_new_tokens", "early_stopping", "max_time", "do_sample",
+        "num_beams", "use_cache", "cache_implementation", "cache_config", "max_cache_len", "temperature", "top_k",
+        "top_p", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
+        "encoder_repetition_penalty", "length_penalty", "no_repeat_ngram_size", "bad_words_ids",
+        "renormalize_logits", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+        "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "sequence_bias",
+        "guidance_scale", "watermarking_config", "num_return_sequences", "pad_token_id", "bos_token_id",
+        "eos_token_id", "encoder_no_repeat_ngram_size", "decoder_start_token_id", "compile_config",
+        "disable_compile", "continuous_batching_config", "prefill_chunk_size")},
+    "low_memory": honoured(_PASSED + "; refused with beam search", _hf_low_memory),
+    **{key: refused(_OUTPUT) for key in (
+        "output_attentions", "output_hidden_states", "output_scores", "output_logits", "return_dict_in_generate")},
+    "stop_strings": refused("generate() needs the tokenizer for it, which the run does not pass"),
+    "token_healing": refused("generate() needs the tokenizer for it, which the run does not pass"),
+    "num_beam_groups": refused(_HUB_ONLY.format("group beam search", "transformers-community/group-beam-search"),
+                               NEUTRAL_ONE),
+    "diversity_penalty": refused(_HUB_ONLY.format("group beam search", "transformers-community/group-beam-search")),
+    "constraints": refused(_HUB_ONLY.format("constrained beam search", "transformers-community/constrained-beam-search")),
+    "force_words_ids": refused(_HUB_ONLY.format("constrained beam search",
+                                                "transformers-community/constrained-beam-search")),
+    "penalty_alpha": refused(_HUB_ONLY.format("contrastive search", "transformers-community/contrastive-search")),
+    "dola_layers": refused(_HUB_ONLY.format("DoLa decoding", "transformers-community/dola")),
+    "prompt_lookup_num_tokens": refused(_BATCH_OF_ONE),
+    "assistant_early_exit": refused(_BATCH_OF_ONE),
+    "use_mtp": refused(_BATCH_OF_ONE),
+    **{key: refused(_ASSISTED) for key in (
+        "is_assistant", "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+        "max_matching_ngram_size", "assistant_lookbehind", "target_lookbehind", "assistant_ensemble_weight",
+        "speculation_type")},
+}
