@@ -56,11 +56,18 @@ def earlier_run(cfg: EvalConfig, prep: Prepared) -> Any:
     """--compare_to's run, read and checked against this run's examples before any waiting."""
     if cfg.compare_to is None:
         return None
-    from ..comparison.runs import check_same_examples, load_run
+    from ..comparison.runs import check_same_examples, check_same_references, load_run
 
     earlier = load_run(cfg.compare_to)
     check_same_examples(earlier, prep.store.ids(range(len(prep.store))), "this run")
+    check_same_references(earlier, prep.store.targets(range(len(prep.store))), "this run")
     return earlier
+
+
+def _reference_fingerprints(prep: Prepared) -> list[str]:
+    from ..comparison.runs import reference_fingerprints
+
+    return reference_fingerprints(prep.store.targets(range(len(prep.store))))
 
 
 def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: Any) -> dict[str, Any]:
@@ -99,11 +106,11 @@ def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path
 
 
 def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stats: dict[str, Any], t_start: float,
-            earlier: Any) -> Outcome:
+            earlier: Any, abort: Any = None) -> Outcome:
     t_wait = time.perf_counter()
     paths = wait_for_rank_files(
         tmp_dir, env.world_size, cfg.sync_timeout,
-        describe_missing=lambda missing: "; " + missing_summary(cfg, env, prep, tmp_dir, missing),
+        describe_missing=lambda missing: "; " + missing_summary(cfg, env, prep, tmp_dir, missing), abort=abort,
     )
     t_merge = time.perf_counter()
     outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
@@ -164,6 +171,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
                 "model": prep.manifest["model"],
                 "engine": prep.manifest["engine"],
                 "data": prep.manifest["data"],
+                # What --compare_to checks a later run against (comparison.runs).
+                **({"references": {"sha256": _reference_fingerprints(prep)}} if cfg.scored else {}),
                 "plan": prep.manifest["plan"],
                 "versions": package_versions(),
                 "date": now_iso(),
