@@ -152,7 +152,7 @@ def test_compare_is_the_compare_subcommand(tmp_path):
 
 
 @pytest.mark.parametrize("call, error, message", [
-    (lambda: seq2seq_eval.score(["a"], ["b", "c"]), DataError, "references: 2 texts but 1 predictions"),
+    (lambda: seq2seq_eval.score(["a"], ["b", "c"]), DataError, "references: 2 entries for 1 predictions"),
     (lambda: seq2seq_eval.score(["a"], ["b"], metrics="blue"), ConfigError, "blue"),
     (lambda: seq2seq_eval.compare({"a": ["x"]}, ["y"], task="poetry"), ConfigError, "poetry"),
     (lambda: seq2seq_eval.evaluate(str(EMBEDDED_MODEL), bs=0), ConfigError, "--bs must be an integer >= 1, got 0"),
@@ -170,7 +170,7 @@ def test_in_memory_data_errors(tmp_path):
     model = str(EMBEDDED_MODEL)
     with pytest.raises(DataError, match=r"ids\[1\]: duplicated id 7 \(first at ids\[0\]\)"):
         seq2seq_eval.evaluate(model, sources=["a b", "c d"], references=["x", "y"], ids=[7, 7], save_dir=str(tmp_path))
-    with pytest.raises(DataError, match=r"references: 1 but 2 sources"):
+    with pytest.raises(DataError, match=r"references: 1 entries for 2 sources"):
         seq2seq_eval.evaluate(model, sources=["a b", "c d"], references=["x"], save_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="sources replace data_dir"):
         seq2seq_eval.evaluate(model, sources=["a"], references=["x"], data_dir=str(DATA), save_dir=str(tmp_path))
