@@ -139,15 +139,16 @@ def evaluate(
         env = DistEnv(launcher=base.launcher)
         pg = ProcessGroup(env, "gloo", cfg.sync_timeout)
     try:
+        # main_first gives rank 0's failure to every rank itself.
+        if in_memory:
+            pg.main_first(lambda: _clear_failed_run(Path(cfg.tmp_dir)), EvalError)
+        if sources is not None:
+            pg.main_first(lambda: write_inputs(cfg, sources, references, ids, reference_layout), DataError)
         from .run.runner import run
 
         failure: BaseException | None = None
         payload: Any = None
         try:
-            if in_memory:
-                pg.main_first(lambda: _clear_failed_run(Path(cfg.tmp_dir)), EvalError)
-            if sources is not None:
-                pg.main_first(lambda: write_inputs(cfg, sources, references, ids, reference_layout), DataError)
             with _untouched(model if in_memory else None):  # the RNG too, for a path
                 outcome = run(cfg, env, process_group=pg, model=model if in_memory else None, tokenizer=tokenizer)
             if env.is_main:
