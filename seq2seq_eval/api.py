@@ -118,7 +118,7 @@ def evaluate(
         if in_memory:
             model = _unwrap(model)
         _check_model_args(cfg, in_memory, tokenizer)
-    except EvalError as e:
+    except Exception as e:
         if group is not None:  # the other ranks hear it at the check-in, not as a lost peer
             _agreement(group, None, e, 0.0)
         raise
@@ -189,7 +189,7 @@ def _check_model_args(cfg: EvalConfig, in_memory: bool, tokenizer: Any) -> None:
         raise ConfigError("resume: a model object's earlier evaluation cannot be resumed; pass a saved checkpoint's path")
 
 
-def _agreement(group: Any, settings: dict[str, str] | None, error: EvalError | None, timeout_s: float) -> Any:
+def _agreement(group: Any, settings: dict[str, str] | None, error: BaseException | None, timeout_s: float) -> Any:
     """Check in with the group's other ranks (run.agree): with this rank's settings, or with
     the error its arguments raised. None with one rank; raises on every rank when they differ."""
     import torch.distributed as tdist
