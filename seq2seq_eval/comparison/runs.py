@@ -44,19 +44,24 @@ def _read_json(path: Path) -> Any:
         raise DataError(f"{path}: unreadable JSON ({e})") from e
 
 
-def reference_fingerprints(targets: Iterable[Any]) -> list[str]:
+def reference_fingerprints(targets: Iterable[Any], k: int | None = None) -> list[str]:
     """One sha256 per reference set: set j is every example's j-th reference (None past an
     example's last), in example order. `targets`: per example a text, a list of texts or None,
-    as the data gives them. Two runs scored on the same references have the same list."""
-    rows = [[] if t is None else [t] if isinstance(t, str) else [x for x in t if x is not None] for t in targets]
-    k = max((len(r) for r in rows), default=0)
-    digests = []
-    for j in range(k):
-        h = hashlib.sha256()
-        for r in rows:
+    as the data gives them. Two runs scored on the same references have the same list. With
+    `k` (the most references of an example) the targets are consumed as they come, so a
+    million examples are never all in memory at once."""
+    rows = (_refs(t) for t in targets) if k is not None else [_refs(t) for t in targets]
+    if k is None:
+        k = max((len(r) for r in rows), default=0)  # type: ignore[arg-type]
+    hashes = [hashlib.sha256() for _ in range(k)]
+    for r in rows:
+        for j, h in enumerate(hashes):
             h.update(json.dumps(r[j] if j < len(r) else None, ensure_ascii=False).encode("utf-8") + b"\n")
-        digests.append(h.hexdigest())
-    return digests
+    return [h.hexdigest() for h in hashes]
+
+
+def _refs(target: Any) -> list[str]:
+    return [] if target is None else [target] if isinstance(target, str) else [x for x in target if x is not None]
 
 
 def stream_targets(streams: Sequence[Sequence[Any]]) -> list[list[Any]]:
@@ -206,11 +211,11 @@ def check_same_examples(
                 )
 
 
-def check_same_references(run: Run, targets: Sequence[Any], where: str) -> None:
-    """Raise DataError unless ``run`` was scored on the references ``targets`` (per example, as
-    the data gives them): by the fingerprints in its provenance, else by the references it
-    can still read. A paired test against a run scored on other references compares nothing."""
-    mine = reference_fingerprints(targets)
+def check_same_references(run: Run, mine: list[str], where: str) -> None:
+    """Raise DataError unless ``run`` was scored on the references whose fingerprints are
+    ``mine`` (reference_fingerprints): by the fingerprints in its provenance, else by the
+    references it can still read. A paired test against a run scored on other references
+    compares nothing."""
     theirs = run.references_sha256
     if theirs is None and run.references is not None:
         theirs = reference_fingerprints(stream_targets(run.references))

@@ -60,14 +60,17 @@ def earlier_run(cfg: EvalConfig, prep: Prepared) -> Any:
 
     earlier = load_run(cfg.compare_to)
     check_same_examples(earlier, prep.store.ids(range(len(prep.store))), "this run")
-    check_same_references(earlier, prep.store.targets(range(len(prep.store))), "this run")
+    check_same_references(earlier, _reference_fingerprints(prep), "this run")
     return earlier
 
 
-def _reference_fingerprints(prep: Prepared) -> list[str]:
+def _reference_fingerprints(prep: Prepared, chunk: int = 20_000) -> list[str]:
+    """The fingerprint of each reference set, read from the store a chunk at a time."""
     from ..comparison.runs import reference_fingerprints
 
-    return reference_fingerprints(prep.store.targets(range(len(prep.store))))
+    n = len(prep.store)
+    targets = (t for i in range(0, n, chunk) for t in prep.store.targets(range(i, min(n, i + chunk))))
+    return reference_fingerprints(targets, prep.store.max_references)
 
 
 def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: Any) -> dict[str, Any]:
