@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import CONFIG_FIELDS, EvalConfig
-from .errors import ConfigError, DataError, EvalError, RunFailed, first_line
+from .errors import ConfigError, DataError, EvalError, first_line
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -43,46 +43,27 @@ class EvalResult:
 
 
 def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
-          metrics: str | Sequence[str] = CONFIG_FIELDS["metrics"].default,
-          task: str = CONFIG_FIELDS["task"].default) -> dict[str, Any]:
+          metrics: str | Sequence[str] | None = CONFIG_FIELDS["metrics"].default,
+          task: str = CONFIG_FIELDS["task"].default, reference_layout: str | None = None) -> dict[str, Any]:
     """`seq2seq_eval score` over lists: corpus scores of `predictions` against `references`.
 
-    `references`: one reference per prediction (a list of str), or several reference streams as
-    sacrebleu takes them (a list of lists, each aligned with `predictions`). `metrics`: a comma
-    list or a sequence of names from bleu, chrf, chrf++, ter, rouge (default: the task's)."""
+    `references`, as `evaluate` takes them: one text (or a list of texts) per prediction, or
+    reference streams as sacrebleu takes them (a list of lists, each aligned with
+    `predictions`). A list of N lists of N texts fits both and is refused unless
+    `reference_layout` ("examples" or "streams") says which (scoring.references). `metrics`: a
+    comma list or a sequence of names from bleu, chrf, chrf++, ter, rouge (default: the task's)."""
+    from .inputs.memory import texts
     from .scoring import totals as metric_fns
     from .scoring.names import parse_metric_names
+    from .scoring.references import per_example
 
-    names = parse_metric_names(metrics if isinstance(metrics, str) else ",".join(metrics), task)
-    preds = _texts(predictions, "predictions")
+    names = parse_metric_names(metrics, task)
+    preds = texts(predictions, "predictions")
     if not preds:
         raise DataError("predictions: empty; expected one prediction per example")
-    if isinstance(references, str) or not isinstance(references, Sequence):
-        raise DataError(f"references: expected a list of texts or a list of reference streams, got {type(references).__name__}")
-    streams = [references] if all(isinstance(r, str) for r in references) else list(references)
-    if not streams:
-        raise DataError("references: empty; expected one reference per prediction")
-    checked = []
-    for k, stream in enumerate(streams):
-        where = "references" if len(streams) == 1 else f"references[{k}]"
-        texts = _texts(stream, where)
-        if len(texts) != len(preds):
-            raise DataError(f"{where}: {len(texts)} texts but {len(preds)} predictions; expected one reference per prediction")
-        for i, t in enumerate(texts):
-            if not t.strip():
-                raise DataError(f"{where}[{i}]: empty reference; expected non-empty text")
-        checked.append(texts)
-    refs = list(zip(*checked)) if len(checked) > 1 else checked[0]
+    rows = per_example(references, len(preds), reference_layout)
+    refs = [r[0] for r in rows] if all(len(r) == 1 for r in rows) else [tuple(r) for r in rows]
     return metric_fns.score_metrics(names, preds, refs)
-
-
-def _texts(values: Any, where: str) -> list[str]:
-    if isinstance(values, str) or not isinstance(values, Sequence):
-        raise DataError(f"{where}: expected a list of texts, got {type(values).__name__}")
-    for i, v in enumerate(values):
-        if not isinstance(v, str):
-            raise DataError(f"{where}[{i}]: expected a text, got {type(v).__name__}")
-    return list(values)
 
 
 def evaluate(
@@ -95,6 +76,7 @@ def evaluate(
     process_group: Any = None,
     return_examples: bool = False,
     generate_kwargs: Mapping[str, Any] | None = None,
+    reference_layout: str | None = None,
     **options: Any,
 ) -> EvalResult:
     """Evaluate `model` on every rank of the running job; returns the same result on every rank.
@@ -108,7 +90,8 @@ def evaluate(
 
     The data: the command line's options (data_dir, dataset and its columns, input_path and
     reference_path, type_path, n_obs), or in-memory `sources` with optional `references` (one
-    text, or a list of texts, per source) and `ids`; these are written to
+    text, or a list of texts, per source; or reference streams, as `score` reads them, with
+    `reference_layout` for the one shape that fits both) and `ids`; these are written to
     {save_dir}/{type_path}_inputs.jsonl (or _sources.txt without references), which the command
     line can evaluate again.
 
@@ -123,12 +106,76 @@ def evaluate(
     every rank gets the metrics, and the examples with `return_examples=True`."""
     import torch.distributed as tdist
 
+    from .inputs.memory import write_inputs
+    from .run.agree import digest, settings_of
     from .run.dist import DistEnv, ProcessGroup, dist_env
 
     in_memory = model is not None and not isinstance(model, (str, Path))
-    cfg = _config(model, in_memory, sources, references, ids, generate_kwargs, options)
+    group = process_group if process_group is not None else (
+        tdist.group.WORLD if tdist.is_available() and tdist.is_initialized() else None)
+    try:
+        cfg = _config(model, in_memory, sources, references, ids, generate_kwargs, options)
+        if in_memory:
+            model = _unwrap(model)
+        _check_model_args(cfg, in_memory, tokenizer)
+    except Exception as e:
+        if group is not None:  # the other ranks hear it at the check-in, not as a lost peer
+            _agreement(group, None, e, 0.0)
+        raise
+    base = dist_env()
+    if group is not None:
+        extra = {"model": cfg.model_name, "tokenizer": type(tokenizer).__name__ if tokenizer is not None else None,
+                 "in_memory_examples": digest([sources, references, ids, reference_layout]) if sources is not None else None}
+        agreement = _agreement(group, settings_of(cfg, extra), None, cfg.sync_timeout)
+        pg, env = ProcessGroup.adopt(base, group, cfg.sync_timeout)
+        pg.peer_check = agreement.raise_if_peer_failed if agreement is not None else None
+    elif base.world_size > 1:
+        raise ConfigError(
+            f"rank {base.rank} of {base.world_size}: no process group is initialized; call "
+            "torch.distributed.init_process_group() on every rank before evaluate(), or pass process_group"
+        )
+    else:
+        agreement = None
+        env = DistEnv(launcher=base.launcher)
+        pg = ProcessGroup(env, "gloo", cfg.sync_timeout)
+    try:
+        # main_first gives rank 0's failure to every rank itself.
+        if in_memory:
+            pg.main_first(lambda: _clear_failed_run(Path(cfg.tmp_dir)), EvalError)
+        if sources is not None:
+            pg.main_first(lambda: write_inputs(cfg, sources, references, ids, reference_layout), DataError)
+        from .run.runner import run
+
+        failure: BaseException | None = None
+        payload: Any = None
+        try:
+            with _untouched(model if in_memory else None):  # the RNG too, for a path
+                outcome = run(cfg, env, process_group=pg, model=model if in_memory else None, tokenizer=tokenizer)
+            if env.is_main:
+                payload = _payload(cfg, outcome, return_examples)
+        except BaseException as e:
+            if agreement is not None:
+                # A rank that failed because another did (its collective lost that peer, rank 0
+                # found its rank file missing) raises that rank's error; a rank that failed
+                # first says why on the store before its group goes.
+                peer = agreement.peer_error()
+                if peer is not None:
+                    raise peer from e
+                agreement.publish(e)
+            if not env.is_main:
+                raise
+            failure = e
+            if in_memory and isinstance(e, EvalError) and _RESUME_HINT in str(e):
+                # The command line's hint does not apply: a model object's evaluation starts over.
+                failure = type(e)(str(e).split(_RESUME_HINT)[0] + "; the next evaluate() starts over")
+                failure.__cause__ = e
+        return _share(pg, env, payload, failure)
+    finally:
+        pg.close()
+
+
+def _check_model_args(cfg: EvalConfig, in_memory: bool, tokenizer: Any) -> None:
     if in_memory:
-        model = _unwrap(model)
         if tokenizer is None:
             raise ConfigError("evaluate(model, tokenizer): a model object needs its tokenizer")
     elif tokenizer is not None:
@@ -141,44 +188,21 @@ def evaluate(
         # The manifest cannot tell a model object's weights from its weights an epoch later.
         raise ConfigError("resume: a model object's earlier evaluation cannot be resumed; pass a saved checkpoint's path")
 
-    base = dist_env()
-    if process_group is not None or (tdist.is_available() and tdist.is_initialized()):
-        pg, env = ProcessGroup.adopt(base, process_group if process_group is not None else tdist.group.WORLD,
-                                     cfg.sync_timeout)
-    elif base.world_size > 1:
-        raise ConfigError(
-            f"rank {base.rank} of {base.world_size}: no process group is initialized; call "
-            "torch.distributed.init_process_group() on every rank before evaluate(), or pass process_group"
-        )
-    else:
-        env = DistEnv(launcher=base.launcher)
-        pg = ProcessGroup(env, "gloo", cfg.sync_timeout)
-    try:
-        if in_memory:
-            pg.main_first(lambda: _clear_failed_run(Path(cfg.tmp_dir)), EvalError)
-        if sources is not None:
-            pg.main_first(lambda: _write_inputs(cfg, sources, references, ids), DataError)
-        from .run.runner import run
 
-        failure: BaseException | None = None
-        payload: Any = None
-        try:
-            with _untouched(model if in_memory else None):  # the RNG too, for a path
-                outcome = run(cfg, env, process_group=pg, model=model if in_memory else None, tokenizer=tokenizer)
-            if env.is_main:
-                payload = _payload(cfg, outcome, return_examples)
-        except BaseException as e:
-            if not env.is_main:
-                # Rank 0 learns of it when this rank's file never comes (within --sync_timeout).
-                raise
-            failure = e
-            if in_memory and isinstance(e, EvalError) and _RESUME_HINT in str(e):
-                # The command line's hint does not apply: a model object's evaluation starts over.
-                failure = type(e)(str(e).split(_RESUME_HINT)[0] + "; the next evaluate() starts over")
-                failure.__cause__ = e
-        return _share(pg, env, payload, failure)
-    finally:
-        pg.close()
+def _agreement(group: Any, settings: dict[str, str] | None, error: BaseException | None, timeout_s: float) -> Any:
+    """Check in with the group's other ranks (run.agree): with this rank's settings, or with
+    the error its arguments raised. None with one rank; raises on every rank when they differ."""
+    import torch.distributed as tdist
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    from .run.agree import Agreement
+
+    ranks = tdist.get_process_group_ranks(group)
+    if len(ranks) < 2 or tdist.get_rank() not in ranks:
+        return None  # one rank: nothing to agree on; not a member: ProcessGroup.adopt says so
+    agreement = Agreement(_get_default_store(), ranks, tdist.get_rank(group), timeout_s)
+    agreement.check_in(settings, error)
+    return agreement
 
 
 _RESUME_HINT = "; resume with: "
@@ -238,56 +262,6 @@ def _config(model: Any, in_memory: bool, sources: Any, references: Any, ids: Any
             raise ConfigError("evaluate(): ids need references (without them the examples are numbered by position)")
         return EvalConfig(**values, input_path=f"{prefix}_sources.txt")
     return EvalConfig(**values, data_dir=f"{prefix}_inputs.jsonl")
-
-
-def _write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any) -> None:
-    """In-memory examples as the command line reads them. Rewritten only when they changed: the
-    examples cache is keyed by the file's modification time."""
-    from .atomic import write_atomic
-
-    texts = _texts(sources, "sources")
-    if not texts:
-        raise DataError("sources: empty; expected one source per example")
-    for i, s in enumerate(texts):
-        if not s.strip():
-            raise DataError(f"sources[{i}]: empty source; expected non-empty text")
-    if references is None:
-        for i, s in enumerate(texts):
-            if "\n" in s or "\r" in s:
-                raise DataError(f"sources[{i}]: a line break inside a source; pass references (the examples "
-                                "are then written as JSON Lines) or remove it")
-        path, data = Path(cfg.input_path), "".join(s + "\n" for s in texts).encode("utf-8")  # type: ignore[arg-type]
-    else:
-        if isinstance(references, str) or not isinstance(references, Sequence) or len(references) != len(texts):
-            n = len(references) if isinstance(references, Sequence) else type(references).__name__
-            raise DataError(f"references: {n} but {len(texts)} sources; expected one reference (or list of references) per source")
-        if ids is None:
-            ids = range(len(texts))
-        elif isinstance(ids, str) or not isinstance(ids, Sequence) or len(ids) != len(texts):
-            n = len(ids) if isinstance(ids, Sequence) else type(ids).__name__
-            raise DataError(f"ids: {n} but {len(texts)} sources; expected one id per source")
-        seen: dict[Any, int] = {}
-        lines = []
-        for i, (ex_id, s, r) in enumerate(zip(ids, texts, references)):
-            if isinstance(ex_id, bool) or not isinstance(ex_id, (int, str)):
-                raise DataError(f"ids[{i}]: must be a string or an integer, got {ex_id!r}")
-            if ex_id in seen:
-                raise DataError(f"ids[{i}]: duplicated id {ex_id!r} (first at ids[{seen[ex_id]}])")
-            seen[ex_id] = i
-            target = [r] if isinstance(r, str) else _texts(r, f"references[{i}]")
-            if not target or any(not t.strip() for t in target):
-                raise DataError(f"references[{i}]: empty reference; expected non-empty text (or a list of them)")
-            lines.append(json.dumps({"id": ex_id, "source": s, "target": target[0] if len(target) == 1 else target}, ensure_ascii=False) + "\n")
-        path, data = Path(cfg.data_dir), "".join(lines).encode("utf-8")
-    from .outputs.record import OutputRecord
-
-    if path.is_file() and path.read_bytes() == data:
-        return  # nothing to write (and the examples cache keeps its key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = OutputRecord(path.parent)
-    record.check_writable([path], {path: "the examples evaluate() was given"})
-    write_atomic(path, data)
-    record.update(written=[path])
 
 
 def _unwrap(model: Any) -> Any:
@@ -376,11 +350,8 @@ def _share(pg: Any, env: Any, payload: Any, failure: BaseException | None) -> Ev
         return EvalResult(**payload)
     message = pg.broadcast(None)
     if message[0] == "error":
-        _, kind, text = message
-        from . import errors
+        from .run.agree import as_error
 
-        error_type = getattr(errors, kind, None)
-        if isinstance(error_type, type) and issubclass(error_type, EvalError):
-            raise error_type(f"rank 0: {text}")
-        raise RunFailed(f"rank 0 failed: {kind}: {text}")
+        _, kind, text = message
+        raise as_error(0, kind, text)
     return EvalResult(**message[1])

@@ -132,8 +132,8 @@ class EvalConfig:
     """Split name: reads {data_dir}/{type_path}.source and .target."""
     task: str = "translation"
     """translation (BLEU), summarization (ROUGE), or a name containing one of them, such as a key of the model's task_specific_params (translation_en_to_de), whose entry is then applied."""
-    metrics: str = ""
-    """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge (default: bleu for translation, rouge for summarization)."""
+    metrics: str | None = None
+    """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge (default: bleu for translation, rouge for summarization); a scored run only."""
     bs: int | None = None
     """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --engine ctranslate2))."""
     max_tokens: int | None = None
@@ -259,7 +259,13 @@ class EvalConfig:
             raise ConfigError("--compare_to needs a scored run: not --num_return_sequences > 1, and with references")
         if self.pseudo_target and self.num_return_sequences < 2:
             raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")
-        object.__setattr__(self, "metrics", ",".join(parse_metric_names(self.metrics, self.task_family)) if self.metrics else "")
+        if self.metrics is not None:
+            names = parse_metric_names(self.metrics, self.task_family)  # '' is refused, never the default
+            if not self.scored:
+                why = ("pseudolabels (--num_return_sequences > 1) are not scored" if self.pseudolabels
+                       else "--input_path without --reference_path has no references to score against")
+                raise ConfigError(f"--metrics {self.metrics!r}: {why}; leave --metrics out")
+            object.__setattr__(self, "metrics", ",".join(names))
         object.__setattr__(self, "target_column", _target_columns(self.target_column))
         if self.dataset is None and any(
             v is not None
@@ -268,6 +274,9 @@ class EvalConfig:
             raise ConfigError("--dataset_config/--split/--*_column need --dataset")
         if self.reference_path is not None and self.input_path is None:
             raise ConfigError("--reference_path needs --input_path (the sources it goes with)")
+        if self.dataset is not None and self.data_dir:
+            raise ConfigError(f"--dataset {self.dataset!r} and --data_dir {self.data_dir!r}: both name the data; "
+                              "pass only one of them")
         if self.input_path is not None and (self.data_dir or self.dataset is not None):
             raise ConfigError("--input_path replaces --data_dir and --dataset; pass only one of them")
         if not self.data_dir and self.dataset is None and self.input_path is None:
@@ -307,7 +316,7 @@ class EvalConfig:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        """--metrics as names, in the order given; the task's main metric when empty."""
+        """--metrics as names, in the order given; the task's main metric when not given."""
         return parse_metric_names(self.metrics, self.task_family)
 
     def to_dict(self) -> dict[str, Any]:

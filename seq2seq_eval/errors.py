@@ -13,6 +13,10 @@ class ConfigError(EvalError):
     exit_code = 2
 
 
+class RanksDisagree(ConfigError):
+    """The ranks of one evaluate() call were given different settings."""
+
+
 class DataError(EvalError):
     """An input file or record is missing or malformed."""
 

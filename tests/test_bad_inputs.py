@@ -179,7 +179,8 @@ def runs(names) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
 
     def launch(case_id: str, args: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
         save = root / f"save_{case_id}"
-        argv = ["--model_name", "{m}", "--data_dir", "{ok}", "--save_dir", str(save), *args]
+        data = [] if "--dataset" in args else ["--data_dir", "{ok}"]  # --dataset with --data_dir is refused
+        argv = ["--model_name", "{m}", *data, "--save_dir", str(save), *args]
         # Later flags win in argparse, so a case's own --model_name/--data_dir/--save_dir replace the defaults.
         return single([a.format(**names) for a in argv], cwd=root, timeout=180, fresh=case_id in fresh), save
 

@@ -430,7 +430,7 @@ def test_run_folders_on_different_n_obs_are_one_line(tmp_path, legacy, capsys):
 
 
 @pytest.mark.parametrize("extra, fragments, code", [
-    (["--metrics", "bleu,meteor"], ["unknown metric 'meteor'", "valid: bleu, chrf, chrf++, ter, rouge"], 2),
+    (["--metrics", "bleu,meteor"], ["unknown metric 'meteor'", "valid names: bleu, chrf, chrf++, ter, rouge"], 2),
     (["--paired_test", "xx"], ["--paired_test", "invalid choice"], 2),
     (["--n_samples", "0"], ["--n_samples must be an integer >= 1, got 0"], 2),
     (["--seed", "0"], ["--seed must be an integer >= 1"], 2),
@@ -481,9 +481,9 @@ def report_page(tmp_path_factory):
     ref = _write(folder / "gold.txt", gold)
     out = folder / "report.html"
     text = compare_main(["--predictions", *map(str, paths), "--references", str(ref), "--task", "summarization",
-                         "--metrics", "rougeL,rouge2,bleu", "--n_samples", "200", "--report", str(out)])
+                         "--metrics", "rouge,bleu", "--n_samples", "200", "--report", str(out)])
     assert text.endswith(f"report: {out}")
-    return out, ["rougeL", "rouge2", "bleu"], next(iter(systems))
+    return out, ["rouge1", "rouge2", "rougeL", "rougeLsum", "bleu"], next(iter(systems))
 
 
 def test_report_is_self_contained_and_complete(report_page):
@@ -666,6 +666,28 @@ def test_main_run_compares_to_an_earlier_run(tiny_model, data23, tmp_path, capsy
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert [line for line in refused.stderr.splitlines() if line.strip()][-1].startswith("seq2seq_eval: error: ")
     assert not (tmp_path / "c_tmp").exists() or not list((tmp_path / "c_tmp").glob("journal_rank_*.jsonl"))
+
+
+def test_compare_to_refuses_a_run_scored_on_other_references(tiny_model, data23, tmp_path):
+    """The same sources and ids, other references: the earlier run's metric file records a
+    fingerprint of the references it was scored on, so the comparison is refused even when its
+    data has changed since and it wrote no examples file (its references cannot be read back)."""
+    import shutil
+
+    from conftest import assert_ok, metrics_of, single
+
+    data = tmp_path / "d"
+    shutil.copytree(data23, data)
+    base = ["--model_name", str(tiny_model), "--data_dir", str(data), "--num_beams", "1"]
+    assert_ok(single(base + ["--save_dir", str(tmp_path / "a"), "--no_examples_file"], cwd=tmp_path))
+    assert len(metrics_of(tmp_path / "a")["provenance"]["references"]["sha256"]) == 1
+    target = data / "test.target"
+    target.write_text("".join(" ".join(reversed(line.split())) + "\n" for line in target.read_text().splitlines()))
+    refused = single(base + ["--save_dir", str(tmp_path / "b"), "--compare_to", str(tmp_path / "a")], cwd=tmp_path)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    last = [line for line in refused.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith(f"seq2seq_eval: error: {tmp_path / 'a'}: scored on other references than this run"), last
+    assert not (tmp_path / "b" / "test_bleu.json").exists()
 
 
 def test_a_dataset_run_folder_is_compared_without_debug_or_references(tiny_model, tmp_path, capsys):

@@ -119,7 +119,7 @@ def test_pseudolabels_from_parquet_load_with_datasets(tiny_model, files, env, tm
     assert set(labels.column_names) >= {"id", "source", "target", "candidates", "scores"}
     truth = datasets.load_dataset("parquet", data_files=str(files["parquet"]), split="train",
                                   cache_dir=str(tmp_path / "cache"))
-    assert labels["id"] == truth["id"] and labels["source"] == truth["source"] and labels["target"] == truth["target"]
+    assert labels["id"] == truth["id"] and labels["source"] == truth["source"] and labels["target"] == [[t] for t in truth["target"]]
     assert all(len(c) == 2 and all(isinstance(x, str) for x in c) for c in labels["candidates"])
     assert all(len(s) == 2 and s[0] >= s[1] for s in labels["scores"])
     best = (save / "test.pseudo.target").read_text(encoding="utf-8").splitlines()

@@ -330,8 +330,8 @@ def test_multi_reference_rouge_is_the_mean_of_score_multi():
 @pytest.mark.parametrize(
     "text, task, names",
     [
-        ("", "translation", ("bleu",)),
-        ("", "summarization", ("rouge",)),
+        (None, "translation", ("bleu",)),
+        (None, "summarization", ("rouge",)),
         ("chrf", "translation", ("chrf",)),
         ("BLEU, chrF++ ,ter", "summarization", ("bleu", "chrf++", "ter")),
         ("rouge,bleu", "translation", ("rouge", "bleu")),
@@ -367,7 +367,7 @@ def test_cli_metrics_target_columns_and_examples_switch():
                             "--target_column", "a", "--target-column", "b.c"])
     assert (cfg.metrics, cfg.no_examples_file, cfg.target_column) == ("ter,bleu", True, ("a", "b.c"))
     one = cli.build_config(["--dataset", "d.jsonl", "--target_column", "a"])
-    assert (one.target_column, one.no_examples_file, one.metrics) == ("a", False, "")
+    assert (one.target_column, one.no_examples_file, one.metrics) == ("a", False, None)
     with pytest.raises(ConfigError, match="--target_column: a column is given twice in a, a"):
         cli.build_config(["--dataset", "d.jsonl", "--target_column", "a", "--target_column", "a"])
 

@@ -13,20 +13,20 @@ from typing import NamedTuple
 
 from ..errors import ConfigError, DataError, OutputError
 from ..inputs.files import read_lines
+from ..scoring.names import parse_metric_names
 from ..scoring.results import ROUGE_KEYS, SEED
 from .details import report_details
 from .paired import (
     METRICS,
     PAIRED_TESTS,
     _check_samples,
-    default_metrics,
     metric_names,
 )
 from .runs import Run, check_same_examples, load_run
 from .systems import (
     _check_seed,
     _rouge_matrix,
-    compare,
+    compare_systems,
 )
 from .table import format_table
 
@@ -184,7 +184,7 @@ def compare_main(argv: Sequence[str]) -> str:
     names = _system_names(systems, args.names)
     named = dict(zip(names, systems))
     task = _task(args.task, runs)
-    metrics = metric_names(args.metrics) if args.metrics else default_metrics(task)
+    metrics = metric_names(parse_metric_names(args.metrics, task))  # the run's and score's names; "rouge": its keys
     n_samples = _check_samples(args.paired_test, args.n_samples)
     _check_seed(args.seed)
     refs, ref_origin = _references(args, runs)
@@ -210,8 +210,10 @@ def compare_main(argv: Sequence[str]) -> str:
     predictions = {name: s.predictions for name, s in named.items()}
     rouge_keys = [m for m in metrics if m in ROUGE_KEYS]
     rouge_rows = {name: _rouge_matrix(preds, refs) for name, preds in predictions.items()} if rouge_keys else None
-    comparison = compare(predictions, refs, task=task, metrics=metrics, paired_test=args.paired_test,
-                         n_samples=n_samples, seed=args.seed, rouge_scores=rouge_rows)
+    # The files are reference streams already (a run's may end in None where it had fewer).
+    comparison = compare_systems(predictions, refs, metrics, args.paired_test, n_samples, args.seed,
+                                 rouge_scores=rouge_rows)
+    comparison["task"] = task
     comparison["inputs"] = {name: str(s.path) for name, s in named.items()}
     out = json.dumps(comparison, indent=1, ensure_ascii=False) if args.json else format_table(comparison)
     if args.report:

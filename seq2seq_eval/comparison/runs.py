@@ -3,8 +3,9 @@ ids and task read back from its provenance, checked against the data it recorded
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -31,6 +32,9 @@ class Run(NamedTuple):
     """The save_dir."""
     references_note: str
     """Where the references came from, or why there are none."""
+    references_sha256: list[str] | None = None
+    """The fingerprint of each reference set the run was scored on, from its provenance
+    (runs before it was recorded: None)."""
 
 
 def _read_json(path: Path) -> Any:
@@ -38,6 +42,37 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: unreadable JSON ({e})") from e
+
+
+def reference_fingerprints(targets: Iterable[Any], k: int | None = None) -> list[str]:
+    """One sha256 per reference set: set j is every example's j-th reference (None past an
+    example's last), in example order. `targets`: per example a text, a list of texts or None,
+    as the data gives them. Two runs scored on the same references have the same list. With
+    `k` (the most references of an example) the targets are consumed as they come, so a
+    million examples are never all in memory at once."""
+    rows = (_refs(t) for t in targets) if k is not None else [_refs(t) for t in targets]
+    if k is None:
+        k = max((len(r) for r in rows), default=0)  # type: ignore[arg-type]
+    hashes = [hashlib.sha256() for _ in range(k)]
+    for r in rows:
+        for j, h in enumerate(hashes):
+            h.update(json.dumps(r[j] if j < len(r) else None, ensure_ascii=False).encode("utf-8") + b"\n")
+    return [h.hexdigest() for h in hashes]
+
+
+def _refs(target: Any) -> list[str]:
+    return [] if target is None else [target] if isinstance(target, str) else [x for x in target if x is not None]
+
+
+def stream_targets(streams: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """Reference streams (as Run.references) as per-example targets, for reference_fingerprints."""
+    n = len(streams[0]) if streams else 0
+    out: list[list[Any]] = [[] for _ in range(n)]
+    for stream in streams:
+        for i, t in enumerate(stream):
+            if t is not None:
+                out[i].extend([t] if isinstance(t, str) else t)
+    return out
 
 
 def _run_config(save_dir: Path, type_path: str) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -50,7 +85,11 @@ def _run_config(save_dir: Path, type_path: str) -> tuple[dict[str, Any] | None, 
         data = _read_json(path)
         provenance = data.get("provenance") if isinstance(data, dict) else None
         if isinstance(provenance, dict) and isinstance(provenance.get("config"), dict):
-            return provenance["config"], provenance.get("data") or {}
+            data = dict(provenance.get("data") or {})
+            refs = provenance.get("references")
+            if isinstance(refs, dict) and isinstance(refs.get("sha256"), list):
+                data["references_sha256"] = refs["sha256"]
+            return provenance["config"], data
     return None, {}
 
 
@@ -113,7 +152,7 @@ def load_run(save_dir: str | Path) -> Run:
             references=[[r["references"][j] if j < len(r["references"]) else None for r in rows] for j in range(k)],
             sources=[r["source"] for r in rows], ids=[r["id"] for r in rows],
             task=config.get("task") if config else None, type_path=type_path, path=save_dir,
-            references_note=str(examples_file),
+            references_note=str(examples_file), references_sha256=data_info.get("references_sha256"),
         )
     examples: Examples | None = None
     note = "no metric file with provenance"
@@ -144,6 +183,7 @@ def load_run(save_dir: str | Path) -> Run:
         type_path=type_path,
         path=save_dir,
         references_note=note,
+        references_sha256=data_info.get("references_sha256"),
     )
 
 
@@ -169,3 +209,20 @@ def check_same_examples(
                 raise DataError(
                     f"{run.path}: reference {i} differs from {where}'s; the runs were scored on different data"
                 )
+
+
+def check_same_references(run: Run, mine: list[str], where: str) -> None:
+    """Raise DataError unless ``run`` was scored on the references whose fingerprints are
+    ``mine`` (reference_fingerprints): by the fingerprints in its provenance, else by the
+    references it can still read. A paired test against a run scored on other references
+    compares nothing."""
+    theirs = run.references_sha256
+    if theirs is None and run.references is not None:
+        theirs = reference_fingerprints(stream_targets(run.references))
+    if theirs is None:
+        raise DataError(f"{run.path}: cannot tell which references it was scored on ({run.references_note}); "
+                        f"expected a run scored on {where}'s references, with its metric file or examples file")
+    if theirs != mine:
+        raise DataError(f"{run.path}: scored on other references than {where} ({len(theirs)} reference set(s), "
+                        f"sha256 {', '.join(t[:12] for t in theirs)}; {where}: {len(mine)}, "
+                        f"{', '.join(t[:12] for t in mine)}); compare runs scored on the same references")

@@ -163,17 +163,35 @@ def compare(
     n_samples: int | None = None,
     seed: int = SEED,
     rouge_scores: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
+    reference_layout: str | None = None,
 ) -> dict[str, Any]:
     """`seq2seq_eval compare` over lists (the Python API's `seq2seq_eval.compare(...)`): every
-    system scored, each tested against the first (the baseline). ``systems``: name ->
-    predictions in example order, baseline first. ``references``: one text per example, or
-    reference streams as sacrebleu takes them. ``metrics``: default the task's. Returns what
-    ``compare --json`` prints, less "inputs" (see compare_systems)."""
-    default = default_metrics(task)  # checks the task even when metrics are given
-    if isinstance(references, str) or not isinstance(references, Sequence):
-        raise DataError(f"references: expected a list of texts or of reference streams, got {type(references).__name__}")
-    streams = [references] if all(isinstance(r, str) for r in references) else list(references)
-    names = metric_names(metrics) if metrics else default
+    system scored, each tested against the first (the baseline). ``systems``: a dict (any
+    mapping) of name -> predictions in example order, baseline first. ``references``: as
+    `score` takes them (one text or list of texts per example, or reference streams;
+    ``reference_layout`` for the shape that fits both). ``metrics``: default the task's.
+    Returns what ``compare --json`` prints, less "inputs" (see compare_systems)."""
+    from ..scoring.names import parse_metric_names
+    from ..scoring.references import per_example
+
+    default_metrics(task)  # checks the task even when metrics are given
+    if not isinstance(systems, Mapping):
+        raise ConfigError(f"compare(systems): expected a dict of name -> predictions (baseline first), got "
+                          f"{type(systems).__name__}; e.g. {{'baseline': preds_a, 'new': preds_b}}")
+    for name, hyps in systems.items():
+        if not isinstance(name, str):
+            raise ConfigError(f"compare(systems): system names must be strings, got {name!r}")
+        if isinstance(hyps, str) or not isinstance(hyps, Sequence) or not all(isinstance(h, str) for h in hyps):
+            raise DataError(f"compare(systems): system {name}: expected a list of predictions (texts), "
+                            f"got {type(hyps).__name__}")
+    names = metric_names(parse_metric_names(metrics, task))  # "rouge": its four keys
+    n = len(next(iter(systems.values()))) if systems else 0
+    rows = per_example(references, n, reference_layout) if n else None
+    if rows is None:
+        streams: list[list[Any]] = [list(references)] if isinstance(references, Sequence) else []
+    else:
+        k = max(len(r) for r in rows)
+        streams = [[r[j] if j < len(r) else None for r in rows] for j in range(k)]
     comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores)
     comparison["task"] = task
     return comparison

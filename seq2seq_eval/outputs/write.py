@@ -70,15 +70,25 @@ def output_lines(cfg: EvalConfig, examples: Sequence[Example], records: Sequence
     lines: dict[str, list[bytes]] = {"out_gen": [(_one_line(p[0]) + "\n").encode("utf-8") for p in preds]}
     if cfg.pseudolabels:
         lines["out_legacy"] = [
-            b",\n" + _legacy_record({"id": e.id, "source": e.source, "target": e.target, "preds": p})
+            b",\n" + _legacy_record({"id": e.id, "source": e.source, "target": target_list(e.target), "preds": p})
             for e, p in zip(examples, preds)]
         lines["out_jsonl"] = [
-            (_encode({"id": e.id, "source": e.source, "target": e.target, "candidates": p, "scores": r.get("scores")})
+            (_encode({"id": e.id, "source": e.source, "target": target_list(e.target), "candidates": p,
+                      "scores": r.get("scores")})
              + "\n").encode("utf-8")
             for e, p, r in zip(examples, preds, records)]
     if cfg.scored and not cfg.no_examples_file:
         lines["out_example"] = [_example_line(e, p[0], r.get("sentence_scores")) for e, p, r in zip(examples, preds, records)]
     return lines
+
+
+def target_list(target: Any) -> list[str]:
+    """An example's references as the pseudolabel files write them: always a list (one element
+    for one reference, empty without references), so a reader never has to ask which type a
+    row's `target` has, as it would if one reference were written as a bare string."""
+    if target is None:
+        return []
+    return [target] if isinstance(target, str) else list(target)
 
 
 def _concatenated(part: Any, column: str) -> memoryview:

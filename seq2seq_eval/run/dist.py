@@ -170,6 +170,9 @@ class ProcessGroup:
         self._active = False
         self._group: Any = None  # None: the default group, which this object initialized
         self._src = 0  # the global rank of the group's rank 0
+        # evaluate()'s: raises the error another rank published (run.agree), so rank 0's wait
+        # for rank files ends when a rank has failed instead of after --sync_timeout.
+        self.peer_check: Callable[[], None] | None = None
         if env.world_size == 1:
             return
         import torch.distributed as tdist

@@ -56,11 +56,21 @@ def earlier_run(cfg: EvalConfig, prep: Prepared) -> Any:
     """--compare_to's run, read and checked against this run's examples before any waiting."""
     if cfg.compare_to is None:
         return None
-    from ..comparison.runs import check_same_examples, load_run
+    from ..comparison.runs import check_same_examples, check_same_references, load_run
 
     earlier = load_run(cfg.compare_to)
     check_same_examples(earlier, prep.store.ids(range(len(prep.store))), "this run")
+    check_same_references(earlier, _reference_fingerprints(prep), "this run")
     return earlier
+
+
+def _reference_fingerprints(prep: Prepared, chunk: int = 20_000) -> list[str]:
+    """The fingerprint of each reference set, read from the store a chunk at a time."""
+    from ..comparison.runs import reference_fingerprints
+
+    n = len(prep.store)
+    targets = (t for i in range(0, n, chunk) for t in prep.store.targets(range(i, min(n, i + chunk))))
+    return reference_fingerprints(targets, prep.store.max_references)
 
 
 def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: Any) -> dict[str, Any]:
@@ -99,11 +109,11 @@ def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path
 
 
 def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stats: dict[str, Any], t_start: float,
-            earlier: Any) -> Outcome:
+            earlier: Any, abort: Any = None) -> Outcome:
     t_wait = time.perf_counter()
     paths = wait_for_rank_files(
         tmp_dir, env.world_size, cfg.sync_timeout,
-        describe_missing=lambda missing: "; " + missing_summary(cfg, env, prep, tmp_dir, missing),
+        describe_missing=lambda missing: "; " + missing_summary(cfg, env, prep, tmp_dir, missing), abort=abort,
     )
     t_merge = time.perf_counter()
     outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
@@ -164,10 +174,14 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
                 "model": prep.manifest["model"],
                 "engine": prep.manifest["engine"],
                 "data": prep.manifest["data"],
+                # What --compare_to checks a later run against (comparison.runs).
+                **({"references": {"sha256": _reference_fingerprints(prep)}} if cfg.scored else {}),
                 "plan": prep.manifest["plan"],
                 "versions": package_versions(),
                 "date": now_iso(),
                 "world_size": env.world_size,
+                # Scores (not texts) depend on it in their last float32 bits: docs/outputs.md.
+                "torch_threads_per_rank": [s.get("torch_threads") for s in per_rank],
                 "device_type": my_stats["device"].split(":")[0],
             },
         })

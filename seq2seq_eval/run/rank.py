@@ -32,6 +32,7 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
                    startup: dict[str, Any]) -> dict[str, Any]:
     """Generate (or take from the journal) this rank's batches, scoring each on the way, into
     its rank file; returns the rank's stats."""
+    import torch
     from tqdm.auto import tqdm
 
     shares = assign_batches(prep.batches, env.world_size)
@@ -46,6 +47,8 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
         "generated_examples": 0, "generated_tokens": 0, "new_generated_tokens": 0, "source_tokens": 0, "padded_source_tokens": 0,
         "generation_seconds": 0.0, "scoring_seconds": 0.0, "device": str(device), "split_batches": 0,
         "out_of_memory_errors": 0, **startup,
+        # Pseudolabel scores depend on it in their last float32 bits (docs/outputs.md).
+        "torch_threads": torch.get_num_threads(),
     }
     bar = tqdm(
         total=sum(len(prep.batches[i].members) for i in mine),

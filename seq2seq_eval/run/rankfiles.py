@@ -172,12 +172,14 @@ def wait_for_rank_files(
     timeout_s: float,
     poll_s: float = 0.1,
     describe_missing: Callable[[list[int]], str] | None = None,
+    abort: Callable[[], None] | None = None,
 ) -> list[Path]:
     """Poll until every rank's file exists or `timeout_s` passes.
 
     Rank files are renamed into place complete, so existence means readable. We sleep between
     polls rather than spin: a 0.1 s poll costs well under 1% of a core and adds at most 0.1 s to
-    the tail; a collective barrier would instead hang on a dead rank.
+    the tail; a collective barrier would instead hang on a dead rank. `abort`, called at each
+    poll, may raise to end the wait early.
     """
     deadline = time.monotonic() + timeout_s
     paths = [rank_file(tmp_dir, r) for r in range(world_size)]
@@ -185,6 +187,8 @@ def wait_for_rank_files(
         missing = [r for r, p in enumerate(paths) if not p.exists()]
         if not missing:
             return paths
+        if abort is not None:
+            abort()  # raises when a missing rank has said it failed (evaluate(): run.agree)
         if time.monotonic() >= deadline:
             detail = describe_missing(missing) if describe_missing else ""
             raise SyncTimeoutError(

@@ -114,7 +114,8 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
                 if process_group is None:  # evaluate() waits for rank 0's result instead
                     _wait_for_main(cfg, env, prep, tmp_dir)
                 return Outcome()
-            return finish(cfg, env, prep, tmp_dir, stats, t_start, earlier[0] if earlier else None)
+            return finish(cfg, env, prep, tmp_dir, stats, t_start, earlier[0] if earlier else None,
+                          abort=pg.peer_check)
     except BaseException as e:
         if env.is_main and lock is not None:
             # Before the lock goes: a rank that finds the lock free and this file absent knows

@@ -1,0 +1,69 @@
+"""evaluate()'s in-memory examples written as the command line reads them: JSON Lines with
+references (`{type_path}_inputs.jsonl`), one source per line without (`_sources.txt`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import EvalConfig
+from ..errors import DataError
+
+
+def texts(values: Any, where: str) -> list[str]:
+    """`values` as a list of str, or a DataError saying which element is not one."""
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise DataError(f"{where}: expected a list of texts, got {type(values).__name__}")
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise DataError(f"{where}[{i}]: expected a text, got {type(v).__name__}")
+    return list(values)
+
+
+def write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any, layout: str | None) -> None:
+    """In-memory examples as the command line reads them. Rewritten only when they changed: the
+    examples cache is keyed by the file's modification time."""
+    from ..atomic import write_atomic
+
+    given = texts(sources, "sources")
+    if not given:
+        raise DataError("sources: empty; expected one source per example")
+    for i, s in enumerate(given):
+        if not s.strip():
+            raise DataError(f"sources[{i}]: empty source; expected non-empty text")
+    if references is None:
+        for i, s in enumerate(given):
+            if "\n" in s or "\r" in s:
+                raise DataError(f"sources[{i}]: a line break inside a source; pass references (the examples "
+                                "are then written as JSON Lines) or remove it")
+        path, data = Path(cfg.input_path), "".join(s + "\n" for s in given).encode("utf-8")  # type: ignore[arg-type]
+    else:
+        from ..scoring.references import per_example
+
+        rows = per_example(references, len(given), layout, "sources")
+        if ids is None:
+            ids = range(len(given))
+        elif isinstance(ids, str) or not isinstance(ids, Sequence) or len(ids) != len(given):
+            n = len(ids) if isinstance(ids, Sequence) else type(ids).__name__
+            raise DataError(f"ids: {n} but {len(given)} sources; expected one id per source")
+        seen: dict[Any, int] = {}
+        lines = []
+        for i, (ex_id, s, target) in enumerate(zip(ids, given, rows)):
+            if isinstance(ex_id, bool) or not isinstance(ex_id, (int, str)):
+                raise DataError(f"ids[{i}]: must be a string or an integer, got {ex_id!r}")
+            if ex_id in seen:
+                raise DataError(f"ids[{i}]: duplicated id {ex_id!r} (first at ids[{seen[ex_id]}])")
+            seen[ex_id] = i
+            lines.append(json.dumps({"id": ex_id, "source": s, "target": target[0] if len(target) == 1 else target}, ensure_ascii=False) + "\n")
+        path, data = Path(cfg.data_dir), "".join(lines).encode("utf-8")
+    from ..outputs.record import OutputRecord
+
+    if path.is_file() and path.read_bytes() == data:
+        return  # nothing to write (and the examples cache keeps its key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = OutputRecord(path.parent)
+    record.check_writable([path], {path: "the examples evaluate() was given"})
+    write_atomic(path, data)
+    record.update(written=[path])

@@ -1,0 +1,70 @@
+"""Ranks that disagree, for tests/test_agree.py, run under torchrun (gloo, CPU, 2 ranks): one
+evaluate() call per case, each rank's outcome written to {out}/rank_{r}.json.
+
+Cases: another generate option on rank 1 (eos_token_id), another n_obs; rank 1's arguments
+refused (bs=0); rank 1 failing while tokenizing (its data "missing": a DataError injected where
+it reads its share); rank 1 never calling evaluate(). After every case the job's own group
+still works, and the next evaluate() on the same ranks succeeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import seq2seq_eval
+import seq2seq_eval.inputs.tokens as tokens
+from seq2seq_eval.errors import DataError, EvalError
+
+p = argparse.ArgumentParser()
+p.add_argument("--model", required=True)
+p.add_argument("--data", required=True)
+p.add_argument("--out", required=True)
+args = p.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+out = Path(args.out)
+BASE = dict(data_dir=args.data, n_obs=6, bs=4, sync_timeout=20, num_beams=1)
+report: dict = {}
+
+
+def case(name: str, **options) -> None:
+    t0 = time.monotonic()
+    try:
+        result = seq2seq_eval.evaluate(args.model, save_dir=str(out / name), **options)
+        report[name] = {"raised": None, "bleu": result.metrics.get("bleu")}
+    except (EvalError, RuntimeError) as e:
+        report[name] = {"raised": type(e).__name__, "message": str(e)}
+    report[name]["seconds"] = time.monotonic() - t0
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)  # the job's own group still works
+    report[name]["all_reduce"] = total.item()
+
+
+case("eos", **BASE, eos_token_id=2 if rank == 0 else 3)
+case("n_obs", **{**BASE, "n_obs": 6 if rank == 0 else 5})
+case("refused", **{**BASE, "bs": 4 if rank == 0 else 0})
+
+real = tokens.encode_sources
+if rank == 1:
+    def missing(*a, **k):
+        raise DataError(f"{args.data}/test.source: no such file on this node")
+
+    tokens.encode_sources = missing
+case("fails_in_prepare", **BASE)
+tokens.encode_sources = real
+
+if rank == 0:
+    case("absent", **{**BASE, "sync_timeout": 3})
+else:
+    time.sleep(5)  # past rank 0's sync_timeout: then calls, as a late rank would
+    case("absent", **{**BASE, "sync_timeout": 3})
+case("ok", **BASE)
+(out / f"rank_{rank}.json").write_text(json.dumps(report, indent=1))
+dist.destroy_process_group()

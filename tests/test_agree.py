@@ -1,0 +1,61 @@
+"""evaluate()'s ranks agree or fail together (tests/api_agree.py under torchrun, 2 gloo ranks):
+different settings stop every rank naming the fields, a rank's refused arguments or its failure
+mid-run reach every rank with that rank's message, a rank that never calls is named, and the
+job's group and the next evaluate() work afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from seq2seq_eval.config import EMBEDDED_DATA, EMBEDDED_MODEL
+from conftest import _env, assert_ok
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("agree")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(HERE / "api_agree.py"), "--model", str(EMBEDDED_MODEL), "--data", str(EMBEDDED_DATA["translation"]),
+           "--out", str(out)]
+    assert_ok(subprocess.run(cmd, cwd=out, capture_output=True, text=True, timeout=300, env=_env(None)))
+    return [json.loads((out / f"rank_{r}.json").read_text()) for r in (0, 1)]
+
+
+def _outcomes(ranks: list[dict], case: str) -> list[tuple[str | None, str | None]]:
+    return [(r[case]["raised"], r[case].get("message")) for r in ranks]
+
+
+@pytest.mark.parametrize("case, field", [("eos", "eos_token_id (2 vs 3)"), ("n_obs", "n_obs (6 vs 5)")])
+def test_different_settings_stop_every_rank_naming_the_field(ranks, case, field):
+    expected = ("RanksDisagree", f"rank 1 differs from rank 0 in {field}; expected the same settings on every rank")
+    assert _outcomes(ranks, case) == [expected, expected]
+
+
+def test_a_ranks_refused_arguments_reach_every_rank(ranks):
+    assert _outcomes(ranks, "refused") == [("ConfigError", "rank 1: --bs must be an integer >= 1, got 0"),
+                                          ("ConfigError", "--bs must be an integer >= 1, got 0")]
+
+
+def test_a_rank_failing_mid_run_gives_every_rank_its_error(ranks):
+    # Rank 0 was in a collective when rank 1 left: not gloo's "Connection reset by peer".
+    text = f"{EMBEDDED_DATA['translation']}/test.source: no such file on this node"
+    assert _outcomes(ranks, "fails_in_prepare") == [("DataError", f"rank 1: {text}"), ("DataError", text)]
+
+
+def test_a_rank_that_never_calls_is_named(ranks):
+    expected = ("SyncTimeoutError", "rank(s) 1 of 2 never called evaluate() within --sync_timeout 3 s; every rank "
+                "of the group must call evaluate(), with the same arguments, or raise sync_timeout")
+    # Rank 1, arriving after rank 0 gave up, is told so instead of joining a group nobody else joins.
+    assert _outcomes(ranks, "absent") == [expected, expected]
+
+
+def test_the_job_goes_on(ranks):
+    assert all(case["all_reduce"] == 2.0 for r in ranks for case in r.values())
+    assert [r["ok"]["raised"] for r in ranks] == [None, None] and ranks[0]["ok"]["bleu"] == ranks[1]["ok"]["bleu"] > 50
