@@ -44,16 +44,24 @@ class EvalResult:
 
 def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
           metrics: str | Sequence[str] = CONFIG_FIELDS["metrics"].default,
-          task: str = CONFIG_FIELDS["task"].default) -> dict[str, Any]:
+          task: str = CONFIG_FIELDS["task"].default, sources: Sequence[str] | None = None,
+          comet_model: str = CONFIG_FIELDS["comet_model"].default) -> dict[str, Any]:
     """`seq2seq_eval score` over lists: corpus scores of `predictions` against `references`.
 
     `references`: one reference per prediction (a list of str), or several reference streams as
     sacrebleu takes them (a list of lists, each aligned with `predictions`). `metrics`: a comma
-    list or a sequence of names from bleu, chrf, chrf++, ter, rouge (default: the task's)."""
+    list or a sequence of names from bleu, chrf, chrf++, ter, rouge, comet (default: the task's).
+    comet needs `sources` (one per prediction) and scores with `comet_model` in this process (the
+    first GPU, else the CPU); it adds "comet" (the mean over examples, of the mean over
+    references) and "comet_signature"."""
     from .scoring import totals as metric_fns
-    from .scoring.names import parse_metric_names
+    from .scoring.names import parse_metric_names, split_metric_names
 
-    names = parse_metric_names(metrics if isinstance(metrics, str) else ",".join(metrics), task)
+    parsed = parse_metric_names(metrics if isinstance(metrics, str) else ",".join(metrics), task)
+    model_names = split_metric_names(parsed, task)[1]
+    names = tuple(n for n in parsed if n not in model_names)  # with comet alone, nothing else
+    if model_names and sources is None:
+        raise ConfigError(f"metrics {','.join(model_names)}: needs sources, one per prediction")
     preds = _texts(predictions, "predictions")
     if not preds:
         raise DataError("predictions: empty; expected one prediction per example")
@@ -73,7 +81,23 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
                 raise DataError(f"{where}[{i}]: empty reference; expected non-empty text")
         checked.append(texts)
     refs = list(zip(*checked)) if len(checked) > 1 else checked[0]
-    return metric_fns.score_metrics(names, preds, refs)
+    result = metric_fns.score_metrics(names, preds, refs) if names else {}
+    if model_names:
+        srcs = _texts(sources, "sources")
+        if len(srcs) != len(preds):
+            raise DataError(f"sources: {len(srcs)} texts but {len(preds)} predictions; expected one source per prediction")
+        import torch
+
+        from .scoring.model_metric import load_model_metric, score_all
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        per_example = [tuple(stream[i] for stream in checked) for i in range(len(preds))]
+        for name in model_names:
+            metric = load_model_metric(name, comet_model, device)
+            values = score_all(metric, srcs, preds, per_example, device_type=device)
+            result[name] = metric.aggregate(values)
+            result[f"{name}_signature"] = metric.signature
+    return result
 
 
 def _texts(values: Any, where: str) -> list[str]:

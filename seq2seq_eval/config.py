@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .scoring.names import parse_metric_names
+from .scoring.names import parse_metric_names, split_metric_names
 
 TASKS = ("translation", "summarization")
 """Task families: what --task is scored as (BLEU or ROUGE)."""
@@ -104,7 +104,11 @@ class EvalConfig:
     task: str = "translation"
     """translation (BLEU), summarization (ROUGE), or a name containing one of them, such as a key of the model's task_specific_params (translation_en_to_de), whose entry is then applied."""
     metrics: str = ""
-    """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge (default: bleu for translation, rouge for summarization)."""
+    """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge, comet (default: bleu for translation, rouge for summarization)."""
+    comet_model: str = "Unbabel/wmt22-comet-da"
+    """With --metrics comet: a COMET regression model, as a hub name or a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)."""
+    comet_max_tokens: int | None = None
+    """With --metrics comet: padded tokens per COMET batch (default: 4096 on CPU, 32768 on a GPU)."""
     bs: int | None = None
     """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --engine ctranslate2))."""
     max_tokens: int | None = None
@@ -231,6 +235,11 @@ class EvalConfig:
         if self.pseudo_target and self.num_return_sequences < 2:
             raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")
         object.__setattr__(self, "metrics", ",".join(parse_metric_names(self.metrics, self.task_family)) if self.metrics else "")
+        if self.model_metric_names and not self.scored:
+            raise ConfigError(f"--metrics {','.join(self.model_metric_names)} needs references and sources; "
+                              "this run has none to score against (--num_return_sequences > 1, or --input_path without --reference_path)")
+        if self.comet_max_tokens is not None and self.comet_max_tokens < 1:
+            raise ConfigError(f"--comet_max_tokens must be >= 1, got {self.comet_max_tokens}")
         object.__setattr__(self, "target_column", _target_columns(self.target_column))
         if self.dataset is None and any(
             v is not None
@@ -278,8 +287,14 @@ class EvalConfig:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        """--metrics as names, in the order given; the task's main metric when empty."""
-        return parse_metric_names(self.metrics, self.task_family)
+        """--metrics' text metrics (scored from strings), in the order given; the task's main
+        metric when none is given."""
+        return split_metric_names(parse_metric_names(self.metrics, self.task_family), self.task_family)[0]
+
+    @property
+    def model_metric_names(self) -> tuple[str, ...]:
+        """--metrics' model metrics (comet), scored on the ranks after generation."""
+        return split_metric_names(parse_metric_names(self.metrics, self.task_family), self.task_family)[1]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

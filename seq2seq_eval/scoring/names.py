@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-METRIC_NAMES = ("bleu", "chrf", "chrf++", "ter", "rouge")
-"""Every name ``--metrics`` accepts: sacrebleu's BLEU(), CHRF(), CHRF(word_order=2), TER(), and rouge-score."""
+TEXT_METRIC_NAMES = ("bleu", "chrf", "chrf++", "ter", "rouge")
+"""sacrebleu's BLEU(), CHRF(), CHRF(word_order=2), TER(), and rouge-score: pure functions of strings."""
+
+MODEL_METRIC_NAMES = ("comet",)
+"""Metrics that run a model on the ranks (scoring/model_metric.py's MODEL_METRICS)."""
+
+METRIC_NAMES = TEXT_METRIC_NAMES + MODEL_METRIC_NAMES
+"""Every name ``--metrics`` accepts."""
 
 TASK_DEFAULT_METRIC = {"translation": "bleu", "summarization": "rouge"}
 """The task's main metric: what an empty ``--metrics`` means, and what names the metric file."""
@@ -35,3 +41,12 @@ def parse_metric_names(text: str, task: str) -> tuple[str, ...]:
             raise ConfigError(f"--metrics {text!r}: {name} is given twice")
         names.append(name)
     return tuple(names)
+
+
+def split_metric_names(names: tuple[str, ...], task: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(text metrics, model metrics) of parsed names. The text metrics are never empty: with
+    model metrics alone (``--metrics comet``) the task's main metric is computed beside them, as
+    it names the metric file and ranks the lowest-scoring examples."""
+    text = tuple(n for n in names if n not in MODEL_METRIC_NAMES)
+    model = tuple(n for n in names if n in MODEL_METRIC_NAMES)
+    return (text or (TASK_DEFAULT_METRIC[task],)), model
