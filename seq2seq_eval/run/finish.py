@@ -150,6 +150,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
             },
             "per_rank": per_rank,
         }
+        if model_scores:
+            throughput["model_metrics"] = model_scores["stats"]  # COMET's batches and rank 0's time
         summary: dict[str, Any] = dict(metrics)
         summary.update({
             "n_obs": n,
@@ -179,8 +181,6 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
     rows: Any = RowTaker(outputs) if not model_scores else WithModelScores(RowTaker(outputs), order, model_scores)
     written, summary, totals = write_outputs(cfg, prep.store, rows, order, summarize, tail_since=t_merge)
-    if model_scores:
-        summary["throughput"]["model_metrics"] = model_scores["stats"]
     # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
     table = outputs = None
     mark_done(tmp_dir)  # the other ranks may go now (runner._wait_for_main)

@@ -77,8 +77,9 @@ def _journaled(tmp_dir: Path, key: dict[str, Any]) -> dict[int, list[float]]:
 
 def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, device: Any,
                         loader: Callable[[str, str, Any], ModelMetric] = load_model_metric) -> dict[str, Any] | None:
-    """This rank's share of every model metric; on rank 0, {name: (values in data order, the
-    metric)} plus "stats", None on the others (and when --metrics names no model metric)."""
+    """This rank's share of every model metric; on rank 0, {name: {"values" (in data order),
+    "score", "signature"}} plus "stats", None on the others (and when --metrics names no model
+    metric)."""
     names = cfg.model_metric_names
     if not names:
         return None
@@ -111,7 +112,8 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
         logger.info("rank %d scored %s: %d batch(es) in %.1f s, %d journaled before", env.rank, name, len(mine), seconds, len(done))
         if env.is_main:
             values = _gather(cfg, tmp_dir, key, batches, n)
-            out[name] = (values, metric)
+            # The model goes with this loop; what finish needs of it is kept.
+            out[name] = {"values": values, "score": metric.aggregate(values), "signature": metric.signature}
             out["stats"][name] = {"model": _model_spec(cfg, name), "batches": len(batches), "max_tokens": budget,
                                   "resumed_batches": len(done), "rank0_scored_batches": len(mine),
                                   "rank0_seconds": seconds}
@@ -145,9 +147,8 @@ def system_scores(scored: dict[str, Any] | None) -> dict[str, Any]:
     for name, entry in (scored or {}).items():
         if name == "stats":
             continue
-        values, metric = entry
-        out[name] = metric.aggregate(values)
-        out[f"{name}_signature"] = metric.signature
+        out[name] = entry["score"]
+        out[f"{name}_signature"] = entry["signature"]
     return out
 
 
@@ -165,7 +166,7 @@ class WithModelScores:
             if name == "stats":
                 continue
             by_row = np.zeros(int(order.max()) + 1 if len(order) else 0, np.float64)
-            by_row[order] = entry[0]
+            by_row[order] = entry["values"]
             self._by_row[name] = by_row
 
     def take(self, rows: Any) -> Any:
