@@ -88,7 +88,9 @@ def make_checkpoint(folder: Path, size: str) -> None:
             p.fill_(float(w))
     state = net.state_dict()
     (folder / "checkpoints").mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": state, "hyper_parameters": hparams, "epoch": 0, "global_step": 0}, folder / "checkpoints" / "model.ckpt")
+    # The keys Lightning reads back (its version decides which migrations it applies: none here).
+    torch.save({"state_dict": state, "hyper_parameters": hparams, "epoch": 0, "global_step": 0,
+                "pytorch-lightning_version": "2.6.6"}, folder / "checkpoints" / "model.ckpt")
     (folder / "hparams.yaml").write_text(yaml.safe_dump(hparams), encoding="utf-8")
 
 

@@ -50,10 +50,8 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
 
     `references`: one reference per prediction (a list of str), or several reference streams as
     sacrebleu takes them (a list of lists, each aligned with `predictions`). `metrics`: a comma
-    list or a sequence of names from bleu, chrf, chrf++, ter, rouge, comet (default: the task's).
-    comet needs `sources` (one per prediction) and scores with `comet_model` in this process (the
-    first GPU, else the CPU); it adds "comet" (the mean over examples, of the mean over
-    references) and "comet_signature"."""
+    list or a sequence of names from bleu, chrf, chrf++, ter, rouge, comet (default: the task's);
+    comet needs `sources` and runs `comet_model` here (the first GPU, else the CPU)."""
     from .scoring import totals as metric_fns
     from .scoring.names import parse_metric_names, split_metric_names
 
@@ -83,20 +81,9 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
     refs = list(zip(*checked)) if len(checked) > 1 else checked[0]
     result = metric_fns.score_metrics(names, preds, refs) if names else {}
     if model_names:
-        srcs = _texts(sources, "sources")
-        if len(srcs) != len(preds):
-            raise DataError(f"sources: {len(srcs)} texts but {len(preds)} predictions; expected one source per prediction")
-        import torch
+        from .scoring.model_metric import corpus_scores
 
-        from .scoring.model_metric import load_model_metric, score_all
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        per_example = [tuple(stream[i] for stream in checked) for i in range(len(preds))]
-        for name in model_names:
-            metric = load_model_metric(name, comet_model, device)
-            values = score_all(metric, srcs, preds, per_example, device_type=device)
-            result[name] = metric.aggregate(values)
-            result[f"{name}_signature"] = metric.signature
+        result.update(corpus_scores(model_names, comet_model, _texts(sources, "sources"), preds, checked))
     return result
 
 

@@ -37,14 +37,14 @@ def score_main(argv: Sequence[str]) -> dict:
     from .api import score
     from .config import CONFIG_FIELDS
     from .inputs.files import read_lines, read_references
-    from .scoring.names import METRIC_NAMES, parse_metric_names
+    from .scoring.names import ACCEPTED_METRIC_NAMES, parse_metric_names
 
     parser = Parser(prog="seq2seq_eval score", allow_abbrev=False,
                                      description="Score existing one-line-per-example files.")
     parser.add_argument("--task", choices=TASKS, default=CONFIG_FIELDS["task"].default,
                         help=f"picks the metric when --metrics is not given (default: {CONFIG_FIELDS['task'].default})")
     parser.add_argument("--metrics", default=CONFIG_FIELDS["metrics"].default,
-                        help=f"comma list of {', '.join(METRIC_NAMES)} (default: the task's metric)")
+                        help=f"comma list of {', '.join(ACCEPTED_METRIC_NAMES)} (default: the task's metric)")
     parser.add_argument("--predictions", required=True)
     parser.add_argument("--references", required=True, nargs="+",
                         help="one file per set of references, each line-aligned with --predictions")

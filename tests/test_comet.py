@@ -225,3 +225,13 @@ def test_score_and_compare_over_files(one_rank, tmp_path):
     assert comparison["results"]["pred"]["comet"]["score"] == pytest.approx(got["comet"], abs=1e-6)
     assert comparison["results"]["other"]["comet"]["p_value"] is not None
     assert "comet" in (tmp_path / "r.html").read_text()
+
+
+def test_comet_in_evaluate(tmp_path):
+    from seq2seq_eval import evaluate
+
+    result = evaluate(str(REPO / "data_samples" / "model"), sources=SAMPLES["src"][:6], references=SAMPLES["ref"][:6],
+                      metrics="bleu,comet", comet_model=str(TINY), save_dir=str(tmp_path / "out"), return_examples=True)
+    assert 0 < abs(result.metrics["comet"]) < 1 and "comet_signature" in result.metrics
+    rows = [json.loads(line) for line in (tmp_path / "out" / "test_examples.jsonl").read_text().splitlines()]
+    assert result.metrics["comet"] == pytest.approx(math.fsum(r["comet"] for r in rows) / 6, abs=1e-12)

@@ -87,6 +87,26 @@ def score_all(metric: ModelMetric, sources: Sequence[str], predictions: Sequence
     return values
 
 
+def corpus_scores(names: Sequence[str], model: str, sources: Sequence[str], predictions: Sequence[str],
+                  streams: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """`score`'s model metrics in one process (the first GPU, else the CPU): each system score
+    (the mean over examples of the mean over the reference streams) and its signature."""
+    import torch
+
+    from ..errors import DataError
+
+    if len(sources) != len(predictions):
+        raise DataError(f"sources: {len(sources)} texts but {len(predictions)} predictions; expected one source per prediction")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    per_example = [tuple(stream[i] for stream in streams) for i in range(len(predictions))]
+    out: dict[str, Any] = {}
+    for name in names:
+        metric = load_model_metric(name, model, device)
+        out[name] = metric.aggregate(score_all(metric, sources, predictions, per_example, device_type=device))
+        out[f"{name}_signature"] = metric.signature
+    return out
+
+
 def is_model_metric(name: str) -> bool:
     return name in MODEL_METRICS
 

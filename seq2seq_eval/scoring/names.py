@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-TEXT_METRIC_NAMES = ("bleu", "chrf", "chrf++", "ter", "rouge")
-"""sacrebleu's BLEU(), CHRF(), CHRF(word_order=2), TER(), and rouge-score: pure functions of strings."""
+METRIC_NAMES = ("bleu", "chrf", "chrf++", "ter", "rouge")
+"""The text metrics: sacrebleu's BLEU(), CHRF(), CHRF(word_order=2), TER(), and rouge-score,
+pure functions of strings."""
 
 MODEL_METRIC_NAMES = ("comet",)
 """Metrics that run a model on the ranks (scoring/model_metric.py's MODEL_METRICS)."""
 
-METRIC_NAMES = TEXT_METRIC_NAMES + MODEL_METRIC_NAMES
+ACCEPTED_METRIC_NAMES = METRIC_NAMES + MODEL_METRIC_NAMES
 """Every name ``--metrics`` accepts."""
 
 TASK_DEFAULT_METRIC = {"translation": "bleu", "summarization": "rouge"}
@@ -34,9 +35,9 @@ def parse_metric_names(text: str, task: str) -> tuple[str, ...]:
     names: list[str] = []
     for raw in text.split(","):
         name = raw.strip().lower()
-        if name not in METRIC_NAMES:
+        if name not in ACCEPTED_METRIC_NAMES:
             shown = repr(raw.strip()) if raw.strip() else "an empty name"
-            raise ConfigError(f"--metrics {text!r}: unknown metric {shown}; valid names: {', '.join(METRIC_NAMES)}")
+            raise ConfigError(f"--metrics {text!r}: unknown metric {shown}; valid names: {', '.join(ACCEPTED_METRIC_NAMES)}")
         if name in names:
             raise ConfigError(f"--metrics {text!r}: {name} is given twice")
         names.append(name)

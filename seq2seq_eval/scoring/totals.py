@@ -9,7 +9,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from .names import TEXT_METRIC_NAMES as METRIC_NAMES
+from .names import METRIC_NAMES
 from .results import (
     ROUGE_KEYS,
     check_references,
