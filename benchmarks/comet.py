@@ -151,6 +151,9 @@ def main() -> None:
             comet_s.append(result["seconds"][0])
             comet_scores = result["scores"]
             ratios.append(comet_s[-1] / tool_s[-1])
+        # Each round as it ends: a long run on a slow machine still shows what it measured.
+        print(f"round {len(tool_s)}: tool {args.n / tool_s[-1]:.2f} samples/s"
+              + (f", unbabel-comet {args.n / comet_s[-1]:.2f} samples/s" if have_side else ""), flush=True)
     n = args.n
     report = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": args.threads,
               "size": args.size, "n": n, "bs": args.bs, "tool_max_tokens": budget,

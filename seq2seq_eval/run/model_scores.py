@@ -15,7 +15,14 @@ from typing import Any
 
 from ..config import EvalConfig
 from ..errors import SyncTimeoutError
-from ..scoring.model_metric import DEFAULT_MAX_TOKENS, ModelMetric, load_model_metric, model_batches
+from ..scoring.model_metric import (
+    DEFAULT_MAX_TOKENS,
+    ModelMetric,
+    check_model_metric,
+    load_model_metric,
+    model_batches,
+    model_option,
+)
 from .dist import DistEnv
 from .journal import Journal
 from .plan import Batch, assign_batches, plan_digest
@@ -35,14 +42,12 @@ def journal_path(tmp_dir: Path, rank: int) -> Path:
 
 def check_model_metrics(cfg: EvalConfig) -> None:
     """Before any work: every model metric's model can be found and is of a supported kind."""
-    if "comet" in cfg.model_metric_names:
-        from ..scoring.comet.checkpoint import model_folder, read_hparams
-
-        read_hparams(model_folder(cfg.comet_model), cfg.comet_model)
+    for name in cfg.model_metric_names:
+        check_model_metric(name, _model_spec(cfg, name))
 
 
 def _model_spec(cfg: EvalConfig, name: str) -> str:
-    return {"comet": cfg.comet_model}[name]
+    return str(getattr(cfg, model_option(name)))
 
 
 def _predictions(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path) -> list[str]:
@@ -59,20 +64,31 @@ def _predictions(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path) -
     return preds
 
 
-def _journaled(tmp_dir: Path, key: dict[str, Any]) -> dict[int, list[float]]:
-    """Batches already scored for this metric, model and plan, by index, from every rank's journal."""
-    found: dict[int, list[float]] = {}
-    for path in sorted(tmp_dir.glob("model_scores_rank_*.jsonl")):
-        for line in path.read_bytes().splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                continue  # torn by a crash: that batch is scored again
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if all(entry.get(k) == v for k, v in key.items()) and isinstance(entry.get("values"), list):
-                found[int(entry["batch"])] = [float(x) for x in entry["values"]]
-    return found
+class _Journaled:
+    """Batches already scored for one metric, model and plan, by index, from every rank's journal.
+    Each `read()` parses only what was appended since the last: rank 0 polls while it waits."""
+
+    def __init__(self, tmp_dir: Path, key: dict[str, Any]) -> None:
+        self.tmp_dir, self.key = tmp_dir, key
+        self.found: dict[int, list[float]] = {}
+        self._offsets: dict[Path, int] = {}
+
+    def read(self) -> dict[int, list[float]]:
+        for path in sorted(self.tmp_dir.glob("model_scores_rank_*.jsonl")):
+            start = self._offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # a line still being written (or torn by a crash) waits
+            self._offsets[path] = start + end
+            for line in data[:end].splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if all(entry.get(k) == v for k, v in self.key.items()) and isinstance(entry.get("values"), list):
+                    self.found[int(entry["batch"])] = [float(x) for x in entry["values"]]
+        return self.found
 
 
 def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, device: Any,
@@ -98,7 +114,7 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
         batches = [Batch(i, members, lengths[members[0]], float(lengths[members[0]] * len(members)))
                    for i, members in enumerate(model_batches(lengths, budget))]
         key = {"metric": name, "model": metric.signature, "plan": plan_digest(batches)}
-        done = _journaled(tmp_dir, key)
+        done = dict(_Journaled(tmp_dir, key).read())
         mine = [i for i in assign_batches(batches, env.world_size)[env.rank] if i not in done]
         journal = Journal(journal_path(tmp_dir, env.rank))
         try:
@@ -124,8 +140,9 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
 def _gather(cfg: EvalConfig, tmp_dir: Path, key: dict[str, Any], batches: list[Batch], n: int) -> list[float]:
     """Rank 0: every batch's values, once all ranks have journaled theirs, in data order."""
     deadline = time.monotonic() + cfg.sync_timeout
+    journaled = _Journaled(tmp_dir, key)
     while True:
-        done = _journaled(tmp_dir, key)
+        done = journaled.read()
         missing = [b.index for b in batches if b.index not in done]
         if not missing:
             break

@@ -16,8 +16,9 @@ from typing import Any
 
 from ..errors import ConfigError
 
-MODEL_METRICS = {"comet": "seq2seq_eval.scoring.comet"}
-"""Name in --metrics -> the module whose `load(name_or_path, device)` returns a ModelMetric."""
+MODEL_METRICS = {"comet": ("seq2seq_eval.scoring.comet", "comet_model")}
+"""Name in --metrics -> (the module whose `load(name_or_path, device)` returns a ModelMetric and
+whose `check(name_or_path)` finds the model without loading it, the EvalConfig field naming it)."""
 
 
 class ModelMetric(ABC):
@@ -112,7 +113,20 @@ def is_model_metric(name: str) -> bool:
 
 
 def load_model_metric(name: str, model: str, device: Any = "cpu") -> ModelMetric:
+    return _module(name).load(model, device)
+
+
+def check_model_metric(name: str, model: str) -> None:
+    """Before any work: the model can be found and is of a supported kind (typed error if not)."""
+    _module(name).check(model)
+
+
+def model_option(name: str) -> str:
+    """The EvalConfig field that names the metric's model (comet_model)."""
+    return MODEL_METRICS[name][1]
+
+
+def _module(name: str) -> Any:
     if name not in MODEL_METRICS:
         raise ConfigError(f"{name!r} is not a model metric; model metrics: {', '.join(MODEL_METRICS)}")
-    module = importlib.import_module(MODEL_METRICS[name])
-    return module.load(model, device)
+    return importlib.import_module(MODEL_METRICS[name][0])

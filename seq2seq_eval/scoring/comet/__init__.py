@@ -11,7 +11,7 @@ from typing import Any
 from ..model_metric import ModelMetric
 from .checkpoint import DEFAULT_MODEL, encoder_source, load_state_dict, model_folder, read_hparams
 
-__all__ = ["DEFAULT_MODEL", "Comet", "load"]
+__all__ = ["DEFAULT_MODEL", "Comet", "check", "load"]
 
 
 class Comet(ModelMetric):
@@ -74,6 +74,11 @@ class Comet(ModelMetric):
             out.append(sum(scores[start:start + n]) / n)
             start += n
         return out
+
+
+def check(name_or_path: str = DEFAULT_MODEL) -> None:
+    """The model's folder (or hub files) and its hparams.yaml, read and checked without loading it."""
+    read_hparams(model_folder(name_or_path), name_or_path)
 
 
 def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> Comet:
