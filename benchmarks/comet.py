@@ -51,12 +51,13 @@ torch.set_num_threads(threads)
 os.chdir(folder)
 model = load_from_checkpoint(os.path.join(folder, "checkpoints", "model.ckpt"), local_files_only=True)
 samples = [{"src": s, "mt": m, "ref": r} for s, m, r in zip(data["src"], data["mt"], data["ref"])]
-times, scores = [], None
+times, cpu, scores = [], [], None
 for _ in range(rounds):
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     scores = model.predict(samples, batch_size=bs, gpus=0, progress_bar=False).scores
     times.append(time.perf_counter() - t)
-print(json.dumps({"seconds": times, "scores": [float(x) for x in scores]}))
+    cpu.append(time.process_time() - c)
+print(json.dumps({"seconds": times, "cpu_seconds": cpu, "scores": [float(x) for x in scores]}))
 '''
 
 
@@ -137,10 +138,12 @@ def main() -> None:
         print(f"unbabel-comet's side environment ({side}) is missing: measuring the tool alone "
               "(scripts/make_comet_fixture.py says how to build it)")
     tool_s, comet_s, ratios, tool_scores, comet_scores = [], [], [], None, None
+    tool_cpu, comet_cpu = [], []
     for _ in range(args.rounds):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         tool_scores = score_all(metric, data["src"], data["mt"], refs, max_tokens=budget)
         tool_s.append(time.perf_counter() - t)
+        tool_cpu.append(time.process_time() - c)
         if have_side:
             proc = subprocess.run([str(side), "-c", SIDE, str(folder.resolve()), str((out / "data.json").resolve()), str(args.bs),
                                    str(args.threads), "1"], capture_output=True, text=True,
@@ -149,20 +152,23 @@ def main() -> None:
                 raise SystemExit(f"unbabel-comet failed:\n{proc.stderr[-3000:]}")
             result = json.loads(proc.stdout.strip().splitlines()[-1])
             comet_s.append(result["seconds"][0])
+            comet_cpu.append(result["cpu_seconds"][0])
             comet_scores = result["scores"]
             ratios.append(comet_s[-1] / tool_s[-1])
         # Each round as it ends: a long run on a slow machine still shows what it measured.
-        print(f"round {len(tool_s)}: tool {args.n / tool_s[-1]:.2f} samples/s"
-              + (f", unbabel-comet {args.n / comet_s[-1]:.2f} samples/s" if have_side else ""), flush=True)
+        # CPU seconds beside wall seconds: on a shared machine the wall clock also measures the neighbours.
+        print(f"round {len(tool_s)}: tool {args.n / tool_s[-1]:.2f} samples/s ({tool_cpu[-1]:.1f} CPU s)"
+              + (f", unbabel-comet {args.n / comet_s[-1]:.2f} samples/s ({comet_cpu[-1]:.1f} CPU s)" if have_side else ""),
+              flush=True)
     n = args.n
     report = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": args.threads,
               "size": args.size, "n": n, "bs": args.bs, "tool_max_tokens": budget,
-              "tool_samples_per_second": [n / s for s in tool_s],
+              "tool_samples_per_second": [n / s for s in tool_s], "tool_cpu_seconds": tool_cpu,
               "tool_median_samples_per_second": n / statistics.median(tool_s)}
     print(f"tool (token budget {budget}): {report['tool_median_samples_per_second']:.1f} samples/s (median of {args.rounds})")
     if have_side:
         diff = max(abs(a - b) for a, b in zip(tool_scores, comet_scores))
-        report.update(comet_samples_per_second=[n / s for s in comet_s],
+        report.update(comet_samples_per_second=[n / s for s in comet_s], comet_cpu_seconds=comet_cpu,
                       comet_median_samples_per_second=n / statistics.median(comet_s),
                       median_ratio=statistics.median(ratios), max_abs_difference=diff)
         print(f"unbabel-comet predict (batch_size {args.bs}): {report['comet_median_samples_per_second']:.1f} samples/s")
