@@ -44,26 +44,42 @@ class EvalResult:
 
 def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
           metrics: str | Sequence[str] | None = CONFIG_FIELDS["metrics"].default,
-          task: str = CONFIG_FIELDS["task"].default, reference_layout: str | None = None) -> dict[str, Any]:
+          task: str = CONFIG_FIELDS["task"].default, reference_layout: str | None = None,
+          sources: Sequence[str] | None = None,
+          comet_model: str = CONFIG_FIELDS["comet_model"].default) -> dict[str, Any]:
     """`seq2seq_eval score` over lists: corpus scores of `predictions` against `references`.
 
     `references`, as `evaluate` takes them: one text (or a list of texts) per prediction, or
     reference streams as sacrebleu takes them (a list of lists, each aligned with
     `predictions`). A list of N lists of N texts fits both and is refused unless
     `reference_layout` ("examples" or "streams") says which (scoring.references). `metrics`: a
-    comma list or a sequence of names from bleu, chrf, chrf++, ter, rouge (default: the task's)."""
+    comma list or a sequence of names from bleu, chrf, chrf++, ter, rouge, comet (default: the
+    task's); comet needs `sources` and runs `comet_model` here (the first GPU, else the CPU)."""
     from .inputs.memory import texts
     from .scoring import totals as metric_fns
-    from .scoring.names import parse_metric_names
+    from .scoring.names import parse_metric_names, split_metric_names
     from .scoring.references import per_example
 
-    names = parse_metric_names(metrics, task)
+    parsed = parse_metric_names(metrics, task)
+    model_names = split_metric_names(parsed, _family(task))[1]
+    names = tuple(n for n in parsed if n not in model_names)  # with comet alone, nothing else
+    if model_names and sources is None:
+        raise ConfigError(f"metrics {','.join(model_names)}: needs sources, one per prediction")
     preds = texts(predictions, "predictions")
     if not preds:
         raise DataError("predictions: empty; expected one prediction per example")
     rows = per_example(references, len(preds), reference_layout)
     refs = [r[0] for r in rows] if all(len(r) == 1 for r in rows) else [tuple(r) for r in rows]
-    return metric_fns.score_metrics(names, preds, refs)
+    result = metric_fns.score_metrics(names, preds, refs) if names else {}
+    if model_names:
+        from .scoring.model_metric import corpus_scores
+
+        result.update(corpus_scores(model_names, comet_model, texts(sources, "sources"), preds, rows))
+    return result
+
+
+def _family(task: str) -> str:
+    return "summarization" if "summarization" in task else "translation"
 
 
 def evaluate(

@@ -37,24 +37,30 @@ def score_main(argv: Sequence[str]) -> dict:
     from .api import score
     from .config import CONFIG_FIELDS
     from .inputs.files import read_lines, read_references
-    from .scoring.names import METRIC_NAMES, parse_metric_names
+    from .scoring.names import ACCEPTED_METRIC_NAMES, parse_metric_names
 
     parser = Parser(prog="seq2seq_eval score", allow_abbrev=False,
                                      description="Score existing one-line-per-example files.")
     parser.add_argument("--task", choices=TASKS, default=CONFIG_FIELDS["task"].default,
                         help=f"picks the metric when --metrics is not given (default: {CONFIG_FIELDS['task'].default})")
     parser.add_argument("--metrics", default=CONFIG_FIELDS["metrics"].default,
-                        help=f"comma list of {', '.join(METRIC_NAMES)} (default: the task's metric)")
+                        help=f"comma list of {', '.join(ACCEPTED_METRIC_NAMES)} (default: the task's metric)")
     parser.add_argument("--predictions", required=True)
     parser.add_argument("--references", required=True, nargs="+",
                         help="one file per set of references, each line-aligned with --predictions")
+    parser.add_argument("--sources", help="the sources, line-aligned with --predictions (needed by comet)")
+    parser.add_argument("--comet_model", "--comet-model", default=CONFIG_FIELDS["comet_model"].default,
+                        help=f"with --metrics comet: hub name or folder (default: {CONFIG_FIELDS['comet_model'].default})")
     args = parser.parse_args(argv)
-    parse_metric_names(args.metrics, args.task)  # a bad --metrics before any file is read
+    if "comet" in parse_metric_names(args.metrics, args.task) and not args.sources:  # before any file is read
+        raise ConfigError("score --metrics comet needs --sources (one source per prediction line)")
     preds = read_lines(Path(args.predictions))
     if not preds:
         raise DataError(f"{args.predictions}: no lines; expected one prediction per line")
     streams = [read_references(Path(r), len(preds), args.predictions, "prediction") for r in args.references]
-    return score(preds, streams, metrics=args.metrics, task=args.task)
+    sources = read_lines(Path(args.sources)) if args.sources else None  # score() checks the count
+    return score(preds, streams, metrics=args.metrics, task=args.task, reference_layout="streams", sources=sources,
+                 comet_model=args.comet_model)
 
 
 def _setup_logging(is_main: bool, debug: bool) -> None:

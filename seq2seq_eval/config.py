@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .scoring.names import parse_metric_names
+from .scoring.names import parse_metric_names, split_metric_names
 
 TASKS = ("translation", "summarization")
 """Task families: what --task is scored as (BLEU or ROUGE)."""
@@ -133,7 +133,11 @@ class EvalConfig:
     task: str = "translation"
     """translation (BLEU), summarization (ROUGE), or a name containing one of them, such as a key of the model's task_specific_params (translation_en_to_de), whose entry is then applied."""
     metrics: str | None = None
-    """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge (default: bleu for translation, rouge for summarization); a scored run only."""
+    """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge, comet (default: bleu for translation, rouge for summarization); a scored run only."""
+    comet_model: str = "Unbabel/wmt22-comet-da"
+    """With --metrics comet: a COMET regression model, as a hub name or a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)."""
+    comet_max_tokens: int | None = None
+    """With --metrics comet: padded tokens per COMET batch (default: 4096 on CPU, 32768 on a GPU)."""
     bs: int | None = None
     """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --engine ctranslate2))."""
     max_tokens: int | None = None
@@ -266,6 +270,8 @@ class EvalConfig:
                        else "--input_path without --reference_path has no references to score against")
                 raise ConfigError(f"--metrics {self.metrics!r}: {why}; leave --metrics out")
             object.__setattr__(self, "metrics", ",".join(names))
+        if self.comet_max_tokens is not None and self.comet_max_tokens < 1:
+            raise ConfigError(f"--comet_max_tokens must be >= 1, got {self.comet_max_tokens}")
         object.__setattr__(self, "target_column", _target_columns(self.target_column))
         if self.dataset is None and any(
             v is not None
@@ -316,8 +322,14 @@ class EvalConfig:
 
     @property
     def metric_names(self) -> tuple[str, ...]:
-        """--metrics as names, in the order given; the task's main metric when not given."""
-        return parse_metric_names(self.metrics, self.task_family)
+        """--metrics' text metrics (scored from strings), in the order given; the task's main
+        metric when none is given."""
+        return split_metric_names(parse_metric_names(self.metrics, self.task_family), self.task_family)[0]
+
+    @property
+    def model_metric_names(self) -> tuple[str, ...]:
+        """--metrics' model metrics (comet), scored on the ranks after generation."""
+        return split_metric_names(parse_metric_names(self.metrics, self.task_family), self.task_family)[1]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -105,3 +105,21 @@ def test_compare_takes_a_dict_of_systems(systems):
 def test_compare_refuses_a_system_that_is_not_a_list_of_texts():
     with pytest.raises(DataError, match=r"^compare\(systems\): system b: expected a list of predictions"):
         seq2seq_eval.compare({"a": PREDS, "b": "one text"}, PREDS)
+
+
+def test_score_subcommand_reads_reference_files_as_streams(tmp_path, capsys):
+    """Two reference files for two predictions fit both layouts as lists; files are streams,
+    so the command line names the layout and never asks the user for one."""
+    from seq2seq_eval.cli import main
+
+    (tmp_path / "p.txt").write_text("\n".join(PREDS) + "\n")
+    for k, stream in enumerate(STREAMS):
+        (tmp_path / f"r{k}.txt").write_text("\n".join(stream) + "\n")
+    argv = ["score", "--metrics", "chrf", "--predictions", str(tmp_path / "p.txt"), "--references",
+            str(tmp_path / "r0.txt"), str(tmp_path / "r1.txt")]
+    assert main(argv) == 0
+    import json
+
+    got = json.loads(capsys.readouterr().out)
+    assert got["chrf"] == seq2seq_eval.score(PREDS, STREAMS, metrics="chrf", reference_layout="streams")["chrf"]
+    assert got["chrf"] == 100.0

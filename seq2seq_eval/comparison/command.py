@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", nargs="+",
                    help=f"comma- or space-separated, from {', '.join(METRICS)} "
                    "(default: bleu for translation, rouge for summarization)")
+    p.add_argument("--comet_model", "--comet-model", dest="comet_model", default="Unbabel/wmt22-comet-da",
+                   help="with --metrics comet: a COMET model, hub name or folder (default: Unbabel/wmt22-comet-da)")
     p.add_argument("--paired_test", "--paired-test", dest="paired_test", choices=PAIRED_TESTS, default="bs",
                    help="bs: paired bootstrap resampling; ar: approximate randomization (default: bs)")
     p.add_argument("--n_samples", "--n-samples", dest="n_samples", type=int,
@@ -173,6 +175,21 @@ def _is_report(path: Path) -> bool:
     return f'<meta name="generator" content="{GENERATOR}">'.encode() in head
 
 
+def comet_values(model: str, sources: Sequence[str], predictions: Mapping[str, Sequence[str]],
+                 refs: Sequence[Sequence[str]]) -> dict[str, object]:
+    """Every system's per-example COMET (the mean over the reference streams), in one process on
+    the first GPU or the CPU, in length-sorted token-budget batches: {"values", "signature"}."""
+    import torch
+
+    from ..scoring.model_metric import load_model_metric, score_all
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    metric = load_model_metric("comet", model, device)
+    per_example = [tuple(s[i] for s in refs if s[i] is not None) for i in range(len(sources))]
+    values = {name: score_all(metric, sources, preds, per_example, device_type=device) for name, preds in predictions.items()}
+    return {"values": values, "signature": metric.signature}
+
+
 def compare_main(argv: Sequence[str]) -> str:
     """``seq2seq_eval compare ...``: returns the text to print (the table, or JSON); writes
     the --report page. Raises ConfigError/DataError, which the CLI prints as one line."""
@@ -210,9 +227,14 @@ def compare_main(argv: Sequence[str]) -> str:
     predictions = {name: s.predictions for name, s in named.items()}
     rouge_keys = [m for m in metrics if m in ROUGE_KEYS]
     rouge_rows = {name: _rouge_matrix(preds, refs) for name, preds in predictions.items()} if rouge_keys else None
+    example_scores = None
+    if "comet" in metrics:
+        if sources is None:
+            raise ConfigError("--metrics comet needs the sources: pass --sources (or run folders that hold them)")
+        example_scores = {"comet": comet_values(args.comet_model, sources, predictions, refs)}
     # The files are reference streams already (a run's may end in None where it had fewer).
     comparison = compare_systems(predictions, refs, metrics, args.paired_test, n_samples, args.seed,
-                                 rouge_scores=rouge_rows)
+                                 rouge_scores=rouge_rows, example_scores=example_scores)
     comparison["task"] = task
     comparison["inputs"] = {name: str(s.path) for name, s in named.items()}
     out = json.dumps(comparison, indent=1, ensure_ascii=False) if args.json else format_table(comparison)
@@ -220,7 +242,7 @@ def compare_main(argv: Sequence[str]) -> str:
         from ..atomic import write_atomic
         from .html import render_report
 
-        details = report_details(comparison, predictions, refs, sources, ids, rouge_rows)
+        details = report_details(comparison, predictions, refs, sources, ids, rouge_rows, example_scores)
         Path(args.report).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(Path(args.report), render_report(comparison, details).encode("utf-8"))
         if not args.json:

@@ -12,6 +12,7 @@ import numpy as np
 from ..inputs.examples import ExampleId
 from ..scoring.results import ROUGE_KEYS
 from .paired import (
+    EXAMPLE_MEAN_METRICS,
     LOWER_IS_BETTER,
     TOP_EXAMPLES,
     _sacrebleu_metric,
@@ -62,6 +63,7 @@ def report_details(
     sources: Sequence[str] | None = None,
     ids: Sequence[ExampleId] | None = None,
     rouge_scores: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
+    example_scores: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """What the HTML report draws besides the table: per metric, each system's score by length
     bucket and its sentence-score histogram; per non-baseline system, the ``TOP_EXAMPLES``
@@ -88,8 +90,9 @@ def report_details(
         }
     for metric in metrics:
         for name in names:
-            if metric in ROUGE_KEYS:
-                scores = [row[metric] for row in rouge_rows[name]]
+            if metric in ROUGE_KEYS or metric in EXAMPLE_MEAN_METRICS:
+                scores = ([row[metric] for row in rouge_rows[name]] if metric in ROUGE_KEYS
+                          else [float(x) for x in (example_scores or {})[metric]["values"][name]])
                 per_sentence[metric][name] = scores
                 by_bucket[metric][name] = [math.fsum(scores[i] for i in members) / len(members) for _, members in buckets]
             else:
@@ -102,9 +105,9 @@ def report_details(
                 ]
     histograms = {}
     for metric in metrics:
-        upper = 100.0
+        upper = 1.0 if metric in EXAMPLE_MEAN_METRICS else 100.0
         histograms[metric] = {
-            "bins": [f"{int(upper * k / 10)}–{int(upper * (k + 1) / 10)}" for k in range(10)],
+            "bins": [f"{upper * k / 10:g}–{upper * (k + 1) / 10:g}" for k in range(10)],
             "percent": {name: _histogram(per_sentence[metric][name], upper) for name in names},
         }
         if metric in LOWER_IS_BETTER:

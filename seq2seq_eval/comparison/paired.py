@@ -16,8 +16,13 @@ import numpy as np
 from ..errors import ConfigError, DataError, EvalError
 from ..scoring.results import ROUGE_KEYS, SEED
 
-METRICS = ("bleu", "chrf", "chrf++", "ter", "rouge")
+METRICS = ("bleu", "chrf", "chrf++", "ter", "rouge", "comet")
 """What --metrics accepts; "rouge" stands for all of ``ROUGE_KEYS``, which may also be named alone."""
+
+
+EXAMPLE_MEAN_METRICS = ("comet",)
+"""Metrics whose corpus score is the mean of per-example scores computed elsewhere (a model metric's
+values): tested as ROUGE is, over those per-example scores."""
 
 
 SACREBLEU_METRICS = ("bleu", "chrf", "chrf++", "ter")
@@ -79,7 +84,7 @@ def metric_names(spec: str | Sequence[str]) -> tuple[str, ...]:
             lowered = name.lower()
             if lowered == "rouge":
                 expanded: tuple[str, ...] = ROUGE_KEYS
-            elif lowered in SACREBLEU_METRICS:
+            elif lowered in SACREBLEU_METRICS or lowered in EXAMPLE_MEAN_METRICS:
                 expanded = (lowered,)
             elif name in ROUGE_KEYS:
                 expanded = (name,)

@@ -13,6 +13,7 @@ from ..scoring.rouge import rouge_example_scores
 from .paired import (
     ALPHA,
     AR_CONFIDENCE_SAMPLES,
+    EXAMPLE_MEAN_METRICS,
     SACREBLEU_METRICS,
     PairedResult,
     _check_samples,
@@ -63,13 +64,16 @@ def compare_systems(
     n_samples: int | None = None,
     seed: int = SEED,
     rouge_scores: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
+    example_scores: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Score every system and test each against the first (the baseline).
 
     ``systems``: name -> predictions, in example order, baseline first. ``refs``: reference
     streams (``[refs]`` for one reference per example). ``rouge_scores`` optionally gives
     per-example ROUGE already computed (name -> ``rouge_example_scores`` rows, e.g. a run's
-    ``metric_stats``), so they are not computed again.
+    ``metric_stats``), so they are not computed again. ``example_scores`` gives the per-example
+    values of EXAMPLE_MEAN_METRICS (COMET): metric -> ``{"values": {system name: values},
+    "signature": the metric's signature}``.
 
     Returns ``{"systems", "baseline", "metrics", "paired_test", "n_samples", "seed", "alpha",
     "n_examples", "n_references", "signatures", "results"}``, where
@@ -105,6 +109,21 @@ def compare_systems(
             for name in names[1:]:
                 results[name][key] = rouge_paired_test(columns[base], columns[name], paired_test, n_samples, seed)
             signatures[key] = _rouge_signature(len(refs), paired_test, n_samples, seed)
+    for metric in (m for m in metrics if m in EXAMPLE_MEAN_METRICS):
+        entry = (example_scores or {}).get(metric) or {}
+        given = entry.get("values") or {}
+        if any(name not in given for name in names):
+            raise ConfigError(f"--metrics {metric}: needs per-example {metric} scores of every system "
+                              "(compare: --sources and --comet_model; the API: example_scores)")
+        columns = {name: list(given[name]) for name in names}
+        for name, col in columns.items():
+            if len(col) != n:
+                raise DataError(f"system {name}: {len(col)} per-example {metric} scores for {n} examples")
+        results[names[0]][metric] = rouge_baseline_interval(columns[names[0]], paired_test, n_samples, seed)
+        for name in names[1:]:
+            results[name][metric] = rouge_paired_test(columns[names[0]], columns[name], paired_test, n_samples, seed)
+        parts = [str(entry.get("signature", metric)), f"{paired_test}:{n_samples}"]
+        signatures[metric] = "|".join(parts + ([f"bs:{AR_CONFIDENCE_SAMPLES}"] if paired_test == "ar" else []) + [f"seed:{seed}"])
     return {
         "systems": names,
         "baseline": names[0],
@@ -164,6 +183,7 @@ def compare(
     seed: int = SEED,
     rouge_scores: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
     reference_layout: str | None = None,
+    example_scores: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """`seq2seq_eval compare` over lists (the Python API's `seq2seq_eval.compare(...)`): every
     system scored, each tested against the first (the baseline). ``systems``: a dict (any
@@ -192,6 +212,7 @@ def compare(
     else:
         k = max(len(r) for r in rows)
         streams = [[r[j] if j < len(r) else None for r in rows] for j in range(k)]
-    comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores)
+    comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores,
+                                 example_scores=example_scores)
     comparison["task"] = task
     return comparison

@@ -31,7 +31,8 @@ def table_rows(comparison: Mapping[str, Any]) -> list[list[str]]:
         for name in comparison["systems"]:
             r = comparison["results"][name][metric]
             p = "baseline" if r["p_value"] is None else f"{r['p_value']:.4f}"
-            rows.append([name, metric, f"{r['score']:.2f}", f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]", p,
+            d = 4 if metric == "comet" else 2  # COMET lives on [0, 1]-ish, the others on [0, 100]
+            rows.append([name, metric, f"{r['score']:.{d}f}", f"[{r['ci_low']:.{d}f}, {r['ci_high']:.{d}f}]", p,
                          "*" if r["significant"] else ""])
     return rows
 

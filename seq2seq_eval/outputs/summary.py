@@ -41,7 +41,7 @@ def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, An
     """A short human summary; the JSON file holds the full figures."""
     width = 28
     lines = []
-    shown = [k for k in ("bleu", "chrf", "chrf++", "ter", "rouge1", "rouge2", "rougeL", "rougeLsum") if k in metrics]
+    shown = [k for k in ("bleu", "chrf", "chrf++", "ter", "rouge1", "rouge2", "rougeL", "rougeLsum", "comet") if k in metrics]
     for key in shown:
         ci = ""
         if f"{key}_ci_low" in metrics:

@@ -17,6 +17,7 @@ from ..outputs.summary import lowest_scoring_line, now_iso, package_versions, su
 from ..outputs.write import write_outputs
 from .dist import DistEnv
 from .journal import JournalIndex
+from .model_scores import WithModelScores, system_scores
 from .plan import assign_batches
 from .prepare import Prepared
 from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
@@ -109,7 +110,8 @@ def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path
 
 
 def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stats: dict[str, Any], t_start: float,
-            earlier: Any, abort: Any = None) -> Outcome:
+            earlier: Any, model_scores: dict[str, Any] | None = None, abort: Any = None) -> Outcome:
+    """`model_scores`: run.model_scores' values of the model metrics (COMET), when --metrics names one."""
     t_wait = time.perf_counter()
     paths = wait_for_rank_files(
         tmp_dir, env.world_size, cfg.sync_timeout,
@@ -123,6 +125,7 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
 
     def summarize(totals: metric_fns.MetricTotals | None) -> dict[str, Any]:
         metrics = totals.result(prep.store.sacrebleu_num_refs) if totals is not None else {}
+        metrics.update(system_scores(model_scores))
         if earlier is not None:
             metrics["comparison"] = _compare(cfg, prep, table, order, earlier)
         t_end = time.perf_counter()
@@ -157,6 +160,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
             },
             "per_rank": per_rank,
         }
+        if model_scores:
+            throughput["model_metrics"] = model_scores["stats"]  # COMET's batches and rank 0's time
         summary: dict[str, Any] = dict(metrics)
         summary.update({
             "n_obs": n,
@@ -188,7 +193,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
         return summary
 
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
-    written, summary, totals = write_outputs(cfg, prep.store, RowTaker(outputs), order, summarize, tail_since=t_merge)
+    rows: Any = RowTaker(outputs) if not model_scores else WithModelScores(RowTaker(outputs), order, model_scores)
+    written, summary, totals = write_outputs(cfg, prep.store, rows, order, summarize, tail_since=t_merge)
     # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
     table = outputs = None
     mark_done(tmp_dir)  # the other ranks may go now (runner._wait_for_main)

@@ -16,6 +16,7 @@ from ..errors import EvalError, Interrupted, RunFailed, RunStateError
 from ..outputs.locations import Role, check_output_locations, output_folders, run_inputs, try_folder
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
+from .model_scores import check_model_metrics, score_model_metrics
 from .prepare import Prepared, describe_plan, prepare
 from .rank import generate_rank
 from .tmpdir import (
@@ -81,6 +82,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             check_output_locations(cfg, also_writes, n_refs=prep.store.max_references)
             check_tmp_dir(tmp_dir, prep.manifest, cfg.resume)
             earlier_run(cfg, prep)
+            check_model_metrics(cfg)
             return Outcome(plan_text=describe_plan(prep, env.world_size))
     if model is not None:
         device = next(model.parameters()).device  # the caller's: its current device is set
@@ -102,6 +104,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             earlier: list[Any] = []  # --compare_to's run, checked before any generation
             _agree(env, pg, lambda: earlier.append(earlier_run(cfg, prep)))
+            _agree(env, pg, lambda: check_model_metrics(cfg))  # COMET's model is found before any generation
             engine = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
                                   generation_config=prep.generation_config, device=device, env=env, model=model)
             t_loaded = time.perf_counter()
@@ -110,11 +113,13 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
                         ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
             stats = generate_rank(cfg, env, prep, engine, device, tmp_dir,
                                    {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings})
+            engine = None  # its memory goes before a model metric's model comes
+            model_scores = score_model_metrics(cfg, env, prep, tmp_dir, device)
             if not env.is_main:
                 if process_group is None:  # evaluate() waits for rank 0's result instead
                     _wait_for_main(cfg, env, prep, tmp_dir)
                 return Outcome()
-            return finish(cfg, env, prep, tmp_dir, stats, t_start, earlier[0] if earlier else None,
+            return finish(cfg, env, prep, tmp_dir, stats, t_start, earlier[0] if earlier else None, model_scores,
                           abort=pg.peer_check)
     except BaseException as e:
         if env.is_main and lock is not None:

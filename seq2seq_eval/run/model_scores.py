@@ -1,0 +1,202 @@
+"""Model metrics (COMET) on the ranks, after generation: every rank reads the merged predictions,
+cuts the same length-sorted, token-budget batches from all examples, scores the batches dealt to
+it and journals each; rank 0 waits until every batch is journaled and gathers the values in data
+order. As for generation, a batch's members do not depend on the world size, so neither do the
+values; a resumed run rescores no journaled batch."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..config import EvalConfig
+from ..errors import SyncTimeoutError
+from ..scoring.model_metric import (
+    DEFAULT_MAX_TOKENS,
+    ModelMetric,
+    check_model_metric,
+    load_model_metric,
+    model_batches,
+    model_option,
+)
+from .dist import DistEnv
+from .journal import Journal
+from .plan import Batch, assign_batches, plan_digest
+from .prepare import Prepared
+from .rankfiles import read_rank_output, wait_for_rank_files
+
+logger = logging.getLogger("seq2seq_eval")
+
+POLL_S = 0.1
+"""How often rank 0 looks whether the other ranks have journaled their batches: a file stat per
+poll, well under 1% of a core."""
+
+
+def journal_path(tmp_dir: Path, rank: int) -> Path:
+    return tmp_dir / f"model_scores_rank_{rank}.jsonl"
+
+
+def check_model_metrics(cfg: EvalConfig) -> None:
+    """Before any work: every model metric's model can be found and is of a supported kind."""
+    for name in cfg.model_metric_names:
+        check_model_metric(name, _model_spec(cfg, name))
+
+
+def _model_spec(cfg: EvalConfig, name: str) -> str:
+    return str(getattr(cfg, model_option(name)))
+
+
+def _predictions(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path) -> list[str]:
+    """Every example's first prediction in data order, from the rank files (complete once present)."""
+    import pyarrow as pa
+
+    from ..outputs.merge import merge_by_id
+
+    paths = wait_for_rank_files(tmp_dir, env.world_size, cfg.sync_timeout)
+    outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
+    table, order = merge_by_id(outputs, prep.store)
+    preds = [p[0] for p in table.take(pa.array(order)).column("pred").to_pylist()]
+    del table, outputs  # the rank files are memory-mapped; let them go before cleanup removes them
+    return preds
+
+
+class _Journaled:
+    """Batches already scored for one metric, model and plan, by index, from every rank's journal.
+    Each `read()` parses only what was appended since the last: rank 0 polls while it waits."""
+
+    def __init__(self, tmp_dir: Path, key: dict[str, Any]) -> None:
+        self.tmp_dir, self.key = tmp_dir, key
+        self.found: dict[int, list[float]] = {}
+        self._offsets: dict[Path, int] = {}
+
+    def read(self) -> dict[int, list[float]]:
+        for path in sorted(self.tmp_dir.glob("model_scores_rank_*.jsonl")):
+            start = self._offsets.get(path, 0)
+            with open(path, "rb") as f:
+                f.seek(start)
+                data = f.read()
+            end = data.rfind(b"\n") + 1  # a line still being written (or torn by a crash) waits
+            self._offsets[path] = start + end
+            for line in data[:end].splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if all(entry.get(k) == v for k, v in self.key.items()) and isinstance(entry.get("values"), list):
+                    self.found[int(entry["batch"])] = [float(x) for x in entry["values"]]
+        return self.found
+
+
+def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, device: Any,
+                        loader: Callable[[str, str, Any], ModelMetric] = load_model_metric) -> dict[str, Any] | None:
+    """This rank's share of every model metric; on rank 0, {name: {"values" (in data order),
+    "score", "signature"}} plus "stats", None on the others (and when --metrics names no model
+    metric)."""
+    names = cfg.model_metric_names
+    if not names:
+        return None
+    preds = _predictions(cfg, env, prep, tmp_dir)
+    n = len(prep.store)
+    examples = prep.store.examples(range(n))
+    sources = [e.source for e in examples]
+    refs = [e.references for e in examples]
+    out: dict[str, Any] = {"stats": {}}
+    for name in names:
+        t0 = time.perf_counter()
+        metric = loader(name, _model_spec(cfg, name), device)
+        budget = cfg.comet_max_tokens or DEFAULT_MAX_TOKENS.get(getattr(device, "type", str(device)), DEFAULT_MAX_TOKENS["cpu"])
+        lengths = metric.lengths(sources, preds, refs)
+        # A batch's cost is its padded tokens, the encoder's work: what the deal balances.
+        batches = [Batch(i, members, lengths[members[0]], float(lengths[members[0]] * len(members)))
+                   for i, members in enumerate(model_batches(lengths, budget))]
+        key = {"metric": name, "model": metric.signature, "plan": plan_digest(batches)}
+        done = dict(_Journaled(tmp_dir, key).read())
+        mine = [i for i in assign_batches(batches, env.world_size)[env.rank] if i not in done]
+        journal = Journal(journal_path(tmp_dir, env.rank))
+        try:
+            for i in mine:
+                members = batches[i].members
+                values = metric.score([sources[m] for m in members], [preds[m] for m in members], [refs[m] for m in members])
+                journal.append({**key, "batch": i, "values": values})
+        finally:
+            journal.close()
+        seconds = time.perf_counter() - t0
+        logger.info("rank %d scored %s: %d batch(es) in %.1f s, %d journaled before", env.rank, name, len(mine), seconds, len(done))
+        if env.is_main:
+            values = _gather(cfg, tmp_dir, key, batches, n)
+            # The model goes with this loop; what finish needs of it is kept.
+            out[name] = {"values": values, "score": metric.aggregate(values), "signature": metric.signature}
+            out["stats"][name] = {"model": _model_spec(cfg, name), "batches": len(batches), "max_tokens": budget,
+                                  "resumed_batches": len(done), "rank0_scored_batches": len(mine),
+                                  "rank0_seconds": seconds}
+        del metric
+    return out if env.is_main else None
+
+
+def _gather(cfg: EvalConfig, tmp_dir: Path, key: dict[str, Any], batches: list[Batch], n: int) -> list[float]:
+    """Rank 0: every batch's values, once all ranks have journaled theirs, in data order."""
+    deadline = time.monotonic() + cfg.sync_timeout
+    journaled = _Journaled(tmp_dir, key)
+    while True:
+        done = journaled.read()
+        missing = [b.index for b in batches if b.index not in done]
+        if not missing:
+            break
+        if time.monotonic() >= deadline:
+            raise SyncTimeoutError(f"waited {cfg.sync_timeout:g} s (--sync_timeout) for {key['metric']} scores; "
+                                   f"{len(missing)} of {len(batches)} batches are not journaled in {tmp_dir}; "
+                                   "rerun with --resume to score only those")
+        time.sleep(POLL_S)
+    values = [0.0] * n
+    for b in batches:
+        for m, v in zip(b.members, done[b.index]):
+            values[m] = v
+    return values
+
+
+def system_scores(scored: dict[str, Any] | None) -> dict[str, Any]:
+    """The metric file's entries: each model metric's system score and signature."""
+    out: dict[str, Any] = {}
+    for name, entry in (scored or {}).items():
+        if name == "stats":
+            continue
+        out[name] = entry["score"]
+        out[f"{name}_signature"] = entry["signature"]
+    return out
+
+
+class WithModelScores:
+    """merge.RowTaker's rows, each example's line of {type_path}_examples.jsonl extended with the
+    model metrics' values (the rank that generated it wrote the line before they existed)."""
+
+    def __init__(self, rows: Any, order: Any, scored: dict[str, Any]) -> None:
+        import numpy as np
+
+        self._rows = rows
+        order = np.asarray(order, np.int64)
+        self._by_row = {}
+        for name, entry in scored.items():
+            if name == "stats":
+                continue
+            by_row = np.zeros(int(order.max()) + 1 if len(order) else 0, np.float64)
+            by_row[order] = entry["values"]
+            self._by_row[name] = by_row
+
+    def take(self, rows: Any) -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        part = self._rows.take(rows)
+        rows = np.asarray(rows, np.int64)
+        lines = part.column("out_example").to_pylist()
+        if any(line is None for line in lines):
+            return part  # no examples file: nothing to extend
+        extra = [b"".join(b', "%s": %s' % (name.encode(), json.dumps(float(v[r])).encode())
+                          for name, v in self._by_row.items()) for r in rows.tolist()]
+        # Every line is one JSON object ending in "}\n": the values go before its closing brace.
+        patched = [line[:-2] + e + b"}\n" for line, e in zip(lines, extra)]
+        return part.set_column(part.schema.get_field_index("out_example"), "out_example", pa.array(patched, pa.binary()))

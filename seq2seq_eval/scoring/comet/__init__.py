@@ -1,0 +1,112 @@
+"""COMET (Rei et al., 2020/2022) natively on transformers 5, from the published checkpoints
+(Unbabel/wmt22-comet-da, Unbabel/wmt20-comet-da): `load(name_or_path, device)` gives a
+ModelMetric whose per-example scores equal unbabel-comet's `predict` to 1e-5.
+`checkpoint` reads the published layout, `network` is the computation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..model_metric import ModelMetric
+from .checkpoint import DEFAULT_MODEL, encoder_source, load_state_dict, model_folder, read_hparams
+
+__all__ = ["DEFAULT_MODEL", "Comet", "check", "load"]
+
+
+class Comet(ModelMetric):
+    name = "comet"
+
+    def __init__(self, model_name: str, network: Any, tokenizer: Any, max_length: int, device: Any) -> None:
+        self.model_name = model_name
+        self.network = network
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.device = device
+
+    @property
+    def signature(self) -> str:
+        from ... import __version__
+
+        return f"model:{self.model_name}|refs:mean|seq2seq_eval:{__version__}"
+
+    def _ids(self, texts: Sequence[str]) -> list[list[int]]:
+        # COMET's prepare_sample: the tokenizer's special tokens, truncated to max_positions - 2.
+        return self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+
+    def lengths(self, sources: Sequence[str], predictions: Sequence[str],
+                references: Sequence[Sequence[str]]) -> list[int]:
+        flat = [r for refs in references for r in refs]
+        ref_lens = iter(len(x) for x in self._ids(flat))
+        src = self._ids(sources)
+        mt = self._ids(predictions)
+        return [max(len(s), len(m), *(next(ref_lens) for _ in refs)) for s, m, refs in zip(src, mt, references)]
+
+    def _embed(self, texts: Sequence[str]) -> Any:
+        import torch
+
+        ids = self._ids(texts)
+        width = max(len(x) for x in ids)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=self.device)
+        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids], device=self.device)
+        return self.network.embed(input_ids, mask)
+
+    def score(self, sources: Sequence[str], predictions: Sequence[str],
+              references: Sequence[Sequence[str]]) -> list[float]:
+        import torch
+
+        if not sources:
+            return []
+        counts = [len(r) for r in references]
+        if min(counts) < 1:
+            raise ValueError("COMET needs at least one reference per example")
+        with torch.inference_mode():
+            src = self._embed(sources)
+            mt = self._embed(predictions)
+            ref = self._embed([r for refs in references for r in refs])
+            # Each reference is scored with its example's source and translation, then averaged.
+            owner = torch.repeat_interleave(torch.arange(len(counts), device=src.device),
+                                            torch.tensor(counts, device=src.device))
+            scores = self.network.estimate(src[owner], mt[owner], ref).double().tolist()
+        out, start = [], 0
+        for n in counts:
+            out.append(sum(scores[start:start + n]) / n)
+            start += n
+        return out
+
+
+def check(name_or_path: str = DEFAULT_MODEL) -> None:
+    """The model's folder (or hub files) and its hparams.yaml, read and checked without loading it."""
+    read_hparams(model_folder(name_or_path), name_or_path)
+
+
+def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> Comet:
+    """A COMET regression model from a folder or hub name in COMET's published layout."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer
+
+    from ...errors import ModelError
+    from .network import RegressionNetwork
+
+    folder = model_folder(name_or_path)
+    hparams = read_hparams(folder, name_or_path)
+    source = encoder_source(folder, hparams)
+    try:
+        config = AutoConfig.from_pretrained(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"--comet_model {name_or_path}: the encoder's config and tokenizer ({source!r}, hparams.yaml's "
+                         f"pretrained_model) were not found; put them in a folder of that name beside hparams.yaml "
+                         f"(docs/metrics.md#comet)") from e
+    network = RegressionNetwork(config, hparams, tokenizer.pad_token_id)
+    # Buffers that are no parameters: position ids, the layer mix's dropout mask (training only).
+    state = {k: v for k, v in load_state_dict(folder).items()
+             if not k.endswith(("position_ids", "token_type_ids", "dropout_mask", "dropout_fill"))}
+    missing, unexpected = network.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]
+    if missing or unexpected:
+        raise ModelError(f"--comet_model {name_or_path}: the checkpoint does not match a RegressionMetric "
+                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    network.eval().to(device)
+    return Comet(str(name_or_path), network, tokenizer, config.max_position_embeddings - 4, torch.device(device))

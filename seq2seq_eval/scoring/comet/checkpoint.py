@@ -1,0 +1,102 @@
+"""COMET's published layout: a folder (or a hub repository) with `hparams.yaml` and
+`checkpoints/model.ckpt`, a Lightning checkpoint whose `state_dict` holds the encoder
+(`encoder.model.*`), the layer mix (`layerwise_attention.*`) and the estimator (`estimator.ff.*`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ...errors import ModelError
+
+DEFAULT_MODEL = "Unbabel/wmt22-comet-da"
+REGRESSION = "regression_metric"
+REFUSED = {
+    "unified_metric": "a unified model (XCOMET, CometKiwi)",
+    "xcomet_metric": "a unified model (XCOMET)",
+    "referenceless_regression_metric": "a reference-free model (COMET-QE)",
+}
+FILES = ("hparams.yaml", "checkpoints/model.ckpt")
+
+
+def model_folder(name_or_path: str) -> Path:
+    """A local folder as it is; otherwise a hub repository's two files, from the cache when
+    offline (HF_HUB_OFFLINE=1)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        for name in FILES:
+            if not (path / name).is_file():
+                raise ModelError(f"--comet_model {name_or_path}: {path / name} is missing; "
+                                 "expected COMET's layout (hparams.yaml and checkpoints/model.ckpt)")
+        return path
+    if path.is_absolute() or name_or_path.startswith("."):
+        raise ModelError(f"--comet_model {name_or_path}: no such folder")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name_or_path, allow_patterns=list(FILES)))
+    except Exception as e:  # the hub's errors have no common base worth naming
+        raise ModelError(f"--comet_model {name_or_path}: not a local folder and not found on the hub or in its cache "
+                         f"({type(e).__name__}); see docs/metrics.md#comet for offline use") from e
+
+
+def read_hparams(folder: Path, shown: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        hparams = yaml.safe_load((folder / "hparams.yaml").read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ModelError(f"--comet_model {shown}: cannot read {folder / 'hparams.yaml'} ({e})") from e
+    if not isinstance(hparams, dict):
+        raise ModelError(f"--comet_model {shown}: {folder / 'hparams.yaml'} is not a mapping")
+    kind = hparams.get("class_identifier", REGRESSION)
+    if kind in REFUSED:
+        raise ModelError(f"--comet_model {shown}: {REFUSED[kind]} ({kind}) is not supported; "
+                         "supported: regression models such as Unbabel/wmt22-comet-da and Unbabel/wmt20-comet-da")
+    if kind != REGRESSION:
+        raise ModelError(f"--comet_model {shown}: unknown class_identifier {kind!r}; expected {REGRESSION}")
+    if hparams.get("encoder_model", "XLM-RoBERTa") != "XLM-RoBERTa":
+        raise ModelError(f"--comet_model {shown}: encoder_model {hparams.get('encoder_model')!r} is not supported; "
+                         "expected XLM-RoBERTa")
+    if hparams.get("layer_transformation") == "sparsemax_patch":
+        hparams["layer_transformation"] = "softmax"  # what unbabel-comet >= 2.2.4 runs for it
+    return hparams
+
+
+def encoder_source(folder: Path, hparams: dict[str, Any]) -> str:
+    """Where the encoder's config and tokenizer come from: `pretrained_model` as an absolute path,
+    else a folder of that name beside hparams.yaml (offline use), else that hub name."""
+    name = str(hparams.get("pretrained_model", "xlm-roberta-large"))
+    if os.path.isabs(name):
+        return name
+    local = folder / name
+    return str(local) if local.is_dir() else name
+
+
+def load_state_dict(folder: Path) -> dict[str, Any]:
+    """The checkpoint's state dict. Read with weights_only=True (no code runs while reading) when
+    the checkpoint holds only containers and tensors; a checkpoint that pickled other objects
+    besides is read as unbabel-comet reads it (weights_only=False), with a warning: the user
+    chose the model, as with `comet-score`."""
+    import logging
+    import pickle
+
+    import torch
+
+    path = folder / "checkpoints" / "model.ckpt"
+    try:
+        try:
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            if "Weights only load failed" not in str(e):
+                raise
+            logging.getLogger("seq2seq_eval").warning(
+                "%s holds objects besides tensors; read with weights_only=False, as unbabel-comet does", path)
+            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
+        raise ModelError(f"{path}: not a readable checkpoint ({str(e).splitlines()[0]})") from e
+    state = ckpt.get("state_dict") if isinstance(ckpt, dict) else None
+    if not isinstance(state, dict):
+        raise ModelError(f"{path}: no state_dict; expected a Lightning checkpoint")
+    return state

@@ -1,0 +1,237 @@
+"""COMET natively on transformers 5: parity with unbabel-comet's own `predict` on tiny random
+checkpoints in the published layout (scripts/make_comet_fixture.py made them and their scores
+with unbabel-comet 2.2.7), the loader's refusals, and `--metrics comet` on the ranks: identical
+at 1, 2 and 3 ranks, under --engine ctranslate2, resumed without rescoring, refused early."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, _env, assert_ok, single, torchrun
+
+from seq2seq_eval.errors import ConfigError, ModelError
+
+DATA = REPO / "tests" / "data" / "comet_tiny"
+REFERENCE = json.loads((DATA / "reference_scores.json").read_text(encoding="utf-8"))
+SAMPLES = REFERENCE["samples"]
+TINY = DATA / "wmt22_like"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """As the runs (OMP_NUM_THREADS=1): on a shared 2-core machine more threads only contend."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module", params=["wmt22_like", "wmt20_like"])
+def variant(request):
+    from seq2seq_eval.scoring.comet import load
+
+    return request.param, load(str(DATA / request.param))
+
+
+@pytest.mark.parametrize("refs", ["ref", "ref2"])
+def test_scores_equal_unbabel_comet_predict(variant, refs):
+    from seq2seq_eval.scoring.model_metric import score_all
+
+    name, comet = variant
+    expected = REFERENCE["scores"][name][refs]
+    got = score_all(comet, SAMPLES["src"], SAMPLES["mt"], [(r,) for r in SAMPLES[refs]])
+    assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-5
+    assert abs(comet.aggregate(got) - sum(expected) / len(expected)) < 1e-6
+    # Scores move with the translation: the tiny models are not constant.
+    assert max(expected) - min(expected) > 1e-3
+
+
+def test_several_references_score_their_mean(variant):
+    name, comet = variant
+    both = comet.score(SAMPLES["src"], SAMPLES["mt"], list(zip(SAMPLES["ref"], SAMPLES["ref2"])))
+    expected = [(a + b) / 2 for a, b in zip(REFERENCE["scores"][name]["ref"], REFERENCE["scores"][name]["ref2"])]
+    assert max(abs(a - b) for a, b in zip(both, expected)) < 1e-5
+
+
+def test_the_wmt22_layer_mix_is_sparse():
+    import torch
+
+    from seq2seq_eval.scoring.comet.network import sparsemax
+
+    w = sparsemax(torch.tensor([0.2, -0.5, 0.4, 0.9]))
+    # Sorted 0.9, 0.4, 0.2, -0.5: the support is the top 3, tau = (1.5 - 1) / 3.
+    assert w.tolist() == pytest.approx([0.2 - 1 / 6, 0.0, 0.4 - 1 / 6, 0.9 - 1 / 6])
+    assert float(w.sum()) == pytest.approx(1.0)
+
+
+def _copy_model(tmp_path: Path, **hparams) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(TINY, folder)
+    text = (folder / "hparams.yaml").read_text(encoding="utf-8")
+    for key, value in hparams.items():
+        text = "\n".join(line for line in text.splitlines() if not line.startswith(f"{key}:")) + f"\n{key}: {value}\n"
+    (folder / "hparams.yaml").write_text(text, encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("identifier, named", [("unified_metric", "XCOMET, CometKiwi"), ("xcomet_metric", "XCOMET")])
+def test_unified_models_are_refused_by_name(tmp_path, identifier, named):
+    from seq2seq_eval.scoring.comet import load
+
+    with pytest.raises(ModelError, match=f"{named}.*not supported") as e:
+        load(str(_copy_model(tmp_path, class_identifier=identifier)))
+    assert "\n" not in str(e.value)
+
+
+def test_the_encoder_comes_from_an_absolute_path_or_the_folder_beside_hparams(tmp_path):
+    from seq2seq_eval.scoring.comet import load
+
+    encoder = tmp_path / "elsewhere"
+    folder = _copy_model(tmp_path, pretrained_model=str(encoder))
+    shutil.move(str(folder / "tiny-xlmr"), encoder)
+    got = load(str(folder)).score(SAMPLES["src"][:3], SAMPLES["mt"][:3], [(r,) for r in SAMPLES["ref"][:3]])
+    assert got == pytest.approx(REFERENCE["scores"]["wmt22_like"]["ref"][:3], abs=1e-5)
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(ModelError, match="hparams.yaml is missing"):
+        load(str(tmp_path / "bare"))
+
+
+def test_comet_without_references_is_refused_before_any_work(tmp_path):
+    src = tmp_path / "src.txt"
+    src.write_text("a b c\n", encoding="utf-8")
+    from seq2seq_eval.config import EvalConfig
+
+    with pytest.raises(ConfigError, match="needs references and sources"):
+        EvalConfig(input_path=str(src), metrics="bleu,comet")
+    proc = single(["--input_path", str(src), "--metrics", "comet", "--save_dir", str(tmp_path / "out"), "--dry_run"], tmp_path)
+    assert proc.returncode != 0 and "needs references and sources" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_a_missing_comet_model_is_refused_in_the_dry_run(tmp_path):
+    proc = single(["--metrics", "bleu,comet", "--comet_model", str(tmp_path / "nope"), "--n_obs", "8",
+                   "--save_dir", str(tmp_path / "out"), "--dry_run"], tmp_path)
+    assert proc.returncode != 0 and "no such folder" in proc.stderr, proc.stderr
+
+
+RUN = ["--metrics", "bleu,chrf,comet", "--comet_model", str(TINY), "--n_obs", "40", "--bs", "8", "--comet_max_tokens", "300"]
+
+
+def _outputs(save_dir: Path) -> dict[str, bytes]:
+    metric = json.loads((save_dir / "test_bleu.json").read_text())
+    return {"examples": (save_dir / "test_examples.jsonl").read_bytes(),
+            "generations": (save_dir / "test_generations.txt").read_bytes(),
+            "scores": json.dumps({k: metric[k] for k in ("bleu", "chrf", "comet", "comet_signature")}).encode()}
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    out = tmp_path_factory.mktemp("comet1") / "out"
+    assert_ok(single([*RUN, "--save_dir", str(out)], out.parent))
+    return out
+
+
+def test_comet_in_the_metric_file_and_examples(one_rank):
+    metric = json.loads((one_rank / "test_bleu.json").read_text())
+    rows = [json.loads(line) for line in (one_rank / "test_examples.jsonl").read_text().splitlines()]
+    assert len(rows) == 40 and all(isinstance(r["comet"], float) and "bleu" in r for r in rows)
+    assert metric["comet"] == pytest.approx(math.fsum(r["comet"] for r in rows) / 40, abs=1e-12)
+    assert str(TINY) in metric["comet_signature"]
+    # The same values as one process scoring the pairs directly (the run's predictions).
+    from seq2seq_eval.scoring.comet import load
+    from seq2seq_eval.scoring.model_metric import score_all
+
+    direct = score_all(load(str(TINY)), [r["source"] for r in rows], [r["prediction"] for r in rows],
+                       [tuple(r["references"]) for r in rows], max_tokens=300)
+    assert [r["comet"] for r in rows] == direct
+    assert not any(p.name.startswith("model_scores") for p in one_rank.parent.rglob("*"))  # cleaned up
+
+
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_identical_at_2_and_3_ranks(one_rank, tmp_path, nproc):
+    out = tmp_path / "out"
+    assert_ok(torchrun(nproc, [*RUN, "--save_dir", str(out)], tmp_path))
+    assert _outputs(out) == _outputs(one_rank)
+
+
+def test_under_ctranslate2(tmp_path):
+    pytest.importorskip("ctranslate2")
+    out = tmp_path / "out"
+    assert_ok(single([*RUN, "--engine", "ctranslate2", "--save_dir", str(out)], tmp_path))
+    rows = [json.loads(line) for line in (out / "test_examples.jsonl").read_text().splitlines()]
+    assert len(rows) == 40 and all("comet" in r for r in rows)
+
+
+def test_resume_after_a_kill_during_comet_rescoring_nothing_journaled(one_rank, tmp_path):
+    """One example per COMET batch, so scoring lasts long enough to be killed in the middle."""
+    args = [*RUN[:-1], "1", "--save_dir", str(tmp_path / "out"), "--debug"]
+    journal = tmp_path / "out_tmp" / "model_scores_rank_0.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "seq2seq_eval", *args], cwd=tmp_path, env=_env(None),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (journal.exists() and journal.read_bytes().count(b"\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "COMET scoring never started"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    before = journal.read_bytes()
+    kept = before[: before.rfind(b"\n") + 1].splitlines()
+    assert 1 <= len(kept) < 40, "the kill came after COMET scoring ended"
+    assert_ok(single([*args, "--resume"], tmp_path))
+    lines = journal.read_bytes().splitlines()
+    assert lines[: len(kept)] == kept
+    batches = [json.loads(line)["batch"] for line in lines]
+    assert sorted(batches) == list(range(40))  # each batch scored once: the journaled ones not again
+    rows = [json.loads(line) for line in (tmp_path / "out" / "test_examples.jsonl").read_text().splitlines()]
+    first = [json.loads(line) for line in (one_rank / "test_examples.jsonl").read_text().splitlines()]
+    assert [r["comet"] for r in rows] == pytest.approx([r["comet"] for r in first], abs=1e-5)
+
+
+def test_score_and_compare_over_files(one_rank, tmp_path):
+    from seq2seq_eval.api import score
+
+    rows = [json.loads(line) for line in (one_rank / "test_examples.jsonl").read_text().splitlines()]
+    src, pred, ref = ([r[k] for r in rows] for k in ("source", "prediction", "references"))
+    ref = [r[0] for r in ref]
+    got = score(pred, ref, metrics="comet", sources=src, comet_model=str(TINY))
+    assert set(got) == {"comet", "comet_signature"}
+    for name, lines in (("src", src), ("pred", pred), ("ref", ref), ("other", ref[1:] + ref[:1])):
+        (tmp_path / name).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    proc = single(["score", "--metrics", "bleu,comet", "--predictions", str(tmp_path / "pred"), "--references",
+                   str(tmp_path / "ref"), "--sources", str(tmp_path / "src"), "--comet_model", str(TINY)], tmp_path)
+    assert_ok(proc)
+    printed = json.loads(proc.stdout)
+    assert printed["comet"] == pytest.approx(got["comet"], abs=1e-6) and "bleu" in printed
+    refused = single(["score", "--metrics", "comet", "--predictions", str(tmp_path / "pred"), "--references",
+                      str(tmp_path / "ref")], tmp_path)
+    assert refused.returncode != 0 and "needs --sources" in refused.stderr
+    proc = single(["compare", "--task", "translation", "--metrics", "comet", "--predictions", str(tmp_path / "pred"),
+                   str(tmp_path / "other"), "--references", str(tmp_path / "ref"), "--sources", str(tmp_path / "src"),
+                   "--comet_model", str(TINY), "--json", "--report", str(tmp_path / "r.html")], tmp_path)
+    assert_ok(proc)
+    comparison = json.loads(proc.stdout.split("\nreport:")[0])
+    assert comparison["results"]["pred"]["comet"]["score"] == pytest.approx(got["comet"], abs=1e-6)
+    assert comparison["results"]["other"]["comet"]["p_value"] is not None
+    assert "comet" in (tmp_path / "r.html").read_text()
+
+
+def test_comet_in_evaluate(tmp_path):
+    from seq2seq_eval import evaluate
+
+    result = evaluate(str(REPO / "data_samples" / "model"), sources=SAMPLES["src"][:6], references=SAMPLES["ref"][:6],
+                      metrics="bleu,comet", comet_model=str(TINY), save_dir=str(tmp_path / "out"), return_examples=True)
+    assert 0 < abs(result.metrics["comet"]) < 1 and "comet_signature" in result.metrics
+    rows = [json.loads(line) for line in (tmp_path / "out" / "test_examples.jsonl").read_text().splitlines()]
+    assert result.metrics["comet"] == pytest.approx(math.fsum(r["comet"] for r in rows) / 6, abs=1e-12)
