@@ -44,11 +44,11 @@ def _refusals(spec):
 
 @pytest.mark.parametrize("spec, message", [
     ("bleu,bleu", "--metrics 'bleu,bleu': bleu is given twice"),
-    ("rougeL", "--metrics 'rougeL': unknown metric 'rougeL'; valid names: bleu, chrf, chrf++, ter, rouge; "
+    ("rougeL", "--metrics 'rougeL': unknown metric 'rougeL'; valid names: bleu, chrf, chrf++, ter, rouge, comet; "
                "rouge reports rouge1, rouge2, rougeL and rougeLsum"),
-    ("", "--metrics '': no metric given; valid names: bleu, chrf, chrf++, ter, rouge (leave --metrics out for "
+    ("", "--metrics '': no metric given; valid names: bleu, chrf, chrf++, ter, rouge, comet (leave --metrics out for "
          "the task's metric)"),
-    ("bleu,", "--metrics 'bleu,': unknown metric an empty name; valid names: bleu, chrf, chrf++, ter, rouge"),
+    ("bleu,", "--metrics 'bleu,': unknown metric an empty name; valid names: bleu, chrf, chrf++, ter, rouge, comet"),
 ])
 def test_run_score_and_compare_refuse_the_same_metric_names_alike(spec, message):
     assert _refusals(spec) == [message] * 3
