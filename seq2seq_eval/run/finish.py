@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..scoring import totals as metric_fns
 from ..config import EvalConfig
 from ..outputs.merge import RowTaker, merge_by_id
@@ -86,11 +88,12 @@ def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path
         missing_ranks = [r for r in range(env.world_size) if not rank_file(tmp_dir, r).exists()]
     done = JournalIndex(tmp_dir).finished()
     deal = assign_batches(prep.batches, env.world_size)
-    left = {
-        r: sum(len(prep.batches[i].members) for i in deal[r] if i not in done) for r in missing_ranks
-    }
+    sizes = prep.batches.sizes
+    open_ = np.ones(len(sizes), bool)
+    open_[[i for i in done if 0 <= i < len(sizes)]] = False
+    left = {r: int(sizes[deal[r]][open_[deal[r]]].sum()) for r in missing_ranks}
     per_rank = ", ".join(f"rank {r}: {n}" for r, n in left.items())
-    unfinished = sum(len(b.members) for b in prep.batches if b.index not in done)
+    unfinished = int(sizes[open_].sum())
     return (
         f"rank(s) {', '.join(map(str, missing_ranks)) or 'none'} did not finish ({per_rank} examples left); "
         f"{unfinished} of {len(prep.store)} examples still to generate ({len(done)} of {len(prep.batches)} "

@@ -36,7 +36,7 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
 
     shares = assign_batches(prep.batches, env.world_size)
     mine = shares[env.rank]
-    claims = Claims(tmp_dir, shares, env.rank, [b.cost for b in prep.batches], steal=not cfg.no_steal)
+    claims = Claims(tmp_dir, shares, env.rank, prep.batches.cost, steal=not cfg.no_steal)
     finished = JournalIndex(tmp_dir)
     journal = Journal(journal_file(tmp_dir, env.rank))
     writer = RankWriter(tmp_dir, env.rank)
@@ -48,7 +48,7 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
         "out_of_memory_errors": 0, **startup,
     }
     bar = tqdm(
-        total=sum(len(prep.batches[i].members) for i in mine),
+        total=int(prep.batches.sizes[mine].sum()),
         desc=f"rank {env.rank}", unit="ex", disable=not (env.is_main or cfg.debug), file=sys.stderr,
         leave=False,  # the summary table follows; an error line must stand alone
     )
