@@ -22,6 +22,7 @@ from .journal import JournalIndex
 from .plan import assign_batches
 from .prepare import Prepared
 from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
+from .sharedtail import missing_parts, wait_for_parts, write_my_part
 from .tmpdir import cleanup_tmp_dir, mark_done
 
 
@@ -86,6 +87,8 @@ def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: A
 def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
     if missing_ranks is None:
         missing_ranks = [r for r in range(env.world_size) if not rank_file(tmp_dir, r).exists()]
+    if not missing_ranks and env.world_size > 1 and missing_parts(tmp_dir, env.world_size):
+        return missing_tail_summary(env, tmp_dir)
     done = JournalIndex(tmp_dir).finished()
     deal = assign_batches(prep.batches, env.world_size)
     sizes = prep.batches.sizes
@@ -101,6 +104,12 @@ def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path
     )
 
 
+def missing_tail_summary(env: DistEnv, tmp_dir: Path, missing: list[int] | None = None) -> str:
+    missing = missing_parts(tmp_dir, env.world_size) if missing is None else missing
+    return (f"every rank finished generating, but rank(s) {', '.join(map(str, missing))} did not write their slice "
+            f"of the outputs; every batch is kept in {tmp_dir}; resume with: {resume_command(env)}")
+
+
 def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stats: dict[str, Any], t_start: float,
             earlier: Any) -> Outcome:
     t_wait = time.perf_counter()
@@ -110,8 +119,16 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
     )
     t_merge = time.perf_counter()
     outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
-    table, order = merge_by_id(outputs, prep.store)
     per_rank = [o.stats for o in outputs]
+    shared = env.world_size > 1
+    rows: Any = None
+    if shared:
+        # Rank 0's own slice, then the others': rank 0 only joins them (sharedtail.py).
+        write_my_part(cfg, env, prep.store, tmp_dir)
+        rows = wait_for_parts(cfg, env.world_size, tmp_dir, lambda missing: "; " + missing_tail_summary(env, tmp_dir, missing))
+    table = order = None
+    if not shared or earlier is not None:
+        table, order = merge_by_id(outputs, prep.store)
     n = len(prep.store)
 
     def summarize(totals: metric_fns.MetricTotals | None) -> dict[str, Any]:
@@ -177,7 +194,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
         return summary
 
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
-    written, summary, totals = write_outputs(cfg, prep.store, RowTaker(outputs), order, summarize, tail_since=t_merge)
+    written, summary, totals = write_outputs(cfg, prep.store, rows if shared else RowTaker(outputs), order, summarize,
+                                             tail_since=t_merge)
     # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
     table = outputs = None
     mark_done(tmp_dir)  # the other ranks may go now (runner._wait_for_main)
