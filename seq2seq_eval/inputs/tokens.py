@@ -132,5 +132,6 @@ def load_shards(cache: Path, ranges: Sequence[tuple[int, int]]) -> SourceTokens:
         offsets.append(np.r_[0, np.cumsum(blocks, dtype=np.int64)[:-1]].astype(np.int64) if len(lengths) else np.zeros(0, np.int64))
         lens.append(lengths)
         truncated += int(json.loads(meta_path.read_text())["truncated"])
-    return SourceTokens(np.asarray(starts, np.int64), flats, offsets,
-                        np.concatenate(lens) if lens else np.zeros(0, np.int32), truncated)
+    # One shard (a dry run, one process): its array as it is, not a copy.
+    all_lengths = lens[0] if len(lens) == 1 else np.concatenate(lens) if lens else np.zeros(0, np.int32)
+    return SourceTokens(np.asarray(starts, np.int64), flats, offsets, all_lengths, truncated)

@@ -37,10 +37,18 @@ def sort_by_length(lengths: Sequence[int]) -> list[int]:
     return _length_order(lengths).tolist()
 
 
+def _as_lengths(lengths: Any) -> np.ndarray:
+    """Lengths as int32 (what the token shards hold): no copy of an int32 array, and no 8-byte
+    copy of any, as the plan's transients are what a rank's peak memory grows by per example."""
+    array = np.asarray(lengths)
+    return array if array.dtype == np.int32 else array.astype(np.int32)
+
+
 def _length_order(lengths: Any) -> np.ndarray:
     """sort_by_length as an array: int32 positions while they fit (4 bytes an example)."""
-    lengths = np.asarray(lengths)
-    order = np.argsort(-lengths.astype(np.int64), kind="stable")
+    negated = np.negative(_as_lengths(lengths))
+    order = np.argsort(negated, kind="stable")
+    del negated
     return order.astype(np.int32) if len(order) < 2**31 else order
 
 
@@ -118,7 +126,7 @@ def make_batches(
     padded source tokens (an example longer than the budget gets a batch of its own)."""
     if (bs is None) == (max_tokens is None):
         raise ValueError("give exactly one of bs and max_tokens")
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = _as_lengths(lengths)
     order = _length_order(lengths)
     n = len(order)
     if bs is not None:
@@ -126,7 +134,7 @@ def make_batches(
     else:
         bounds = _cut_by_tokens(lengths[order], max_tokens)  # type: ignore[arg-type]
     # Sorted longest first: a batch's first member is its longest.
-    padded = lengths[order[bounds[:-1]]] if n else np.zeros(0, np.int64)
+    padded = lengths[order[bounds[:-1]]].astype(np.int64) if n else np.zeros(0, np.int64)
     sizes = np.diff(bounds)
     # The same float operations, in the same order, as estimate_cost on Python numbers, so the
     # costs (and the deal that sorts by them) are bit for bit what they were.
@@ -211,4 +219,4 @@ def padding_efficiency(batches: Sequence[Batch] | Plan, lengths: Sequence[int]) 
         padded = int(np.dot(batches.padded.astype(np.int64), batches.sizes))
     else:
         padded = sum(b.padded_tokens for b in batches)
-    return int(np.asarray(lengths, np.int64).sum()) / padded if padded else 1.0
+    return int(np.asarray(lengths).sum(dtype=np.int64)) / padded if padded else 1.0
