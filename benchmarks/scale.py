@@ -107,6 +107,12 @@ def tail_child(spec: dict[str, Any]) -> None:
 def tail_rank_child(spec: dict[str, Any]) -> None:
     from tail import run_tail_rank
 
+    # Every rank of a run is already up when the tail starts: each process marks itself ready
+    # after its imports and starts once all are, so no rank's start-up is counted as tail.
+    work = Path(spec["work"])
+    (work / f"ready_{spec['rank']}").write_text("")
+    while not all((work / f"ready_{r}").exists() for r in range(spec["ranks"])):
+        time.sleep(0.01)
     r = run_tail_rank(Path(spec["work"]), Path(spec["out"]), spec["rank"], spec["ranks"], candidates=2)
     print(json.dumps({"seconds": r["seconds"], "slice_seconds": r["slice_seconds"],
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -118,6 +124,8 @@ def shared_tail(py: str, work: Path, out: Path, ranks: int = 2) -> dict[str, Any
     from tail import clear_parts
 
     clear_parts(work)
+    for ready in work.glob("ready_*"):
+        ready.unlink()
     subprocess.run(["rm", "-rf", str(out)], check=True)
     procs = [subprocess.Popen([py, __file__, "--_tail_rank", json.dumps({"work": str(work), "out": str(out), "rank": r,
                                                                          "ranks": ranks})],
@@ -129,6 +137,8 @@ def shared_tail(py: str, work: Path, out: Path, ranks: int = 2) -> dict[str, Any
             raise SystemExit(e[-3000:])
         results.append(json.loads(o.strip().splitlines()[-1]))
     clear_parts(work)
+    for ready in work.glob("ready_*"):
+        ready.unlink()
     return {"seconds": results[0]["seconds"], "peak_rss_mb": max(r["peak_rss_mb"] for r in results)}
 
 

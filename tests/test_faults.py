@@ -142,7 +142,7 @@ def test_rank_killed_in_the_shared_tail_and_resume_completes(slow_case, tmp_path
     root, args, reference = slow_case
     save = tmp_path / "out"
     tag = uuid.uuid4().hex
-    proc = launch(2, args + ["--save_dir", str(save)], tmp_path, tag)
+    proc = launch(2, args + ["--save_dir", str(save), "--shared_tail"], tmp_path, tag)
     rank0, rank1 = find_worker(tag, 0), find_worker(tag, 1)
     tmp = Path(f"{save}_tmp")
     wait_for_lines(tmp / "journal_rank_0.jsonl", 2)
@@ -167,7 +167,7 @@ def test_rank_killed_in_the_shared_tail_and_resume_completes(slow_case, tmp_path
     assert not (save / "test_bleu.json").exists()
     lines = [line for line in err.splitlines() if line.startswith("seq2seq_eval: error:")]
     assert any("did not write their slice of the outputs" in x and "--resume" in x for x in lines), err[-4000:]
-    resumed = torchrun(2, args + ["--save_dir", str(save), "--resume"], cwd=tmp_path)
+    resumed = torchrun(2, args + ["--save_dir", str(save), "--resume", "--shared_tail"], cwd=tmp_path)
     assert_ok(resumed)
     same_result(save, reference)
     assert sum(r["resumed_batches"] for r in metrics_of(save)["throughput"]["per_rank"]) == 48

@@ -124,7 +124,7 @@ RUNS = {
     # name: (processes, arguments)
     "1 rank, scored, --bs 3": (1, ["--bs", "3"]),
     "2 ranks, pseudolabels, --max_tokens 60": (2, [*PSEUDO, "--max_tokens", "60", "--debug"]),
-    "3 ranks, scored, --max_tokens 60": (3, ["--max_tokens", "60"]),
+    "3 ranks, scored, --max_tokens 60": (3, ["--max_tokens", "60", "--shared_tail"]),
 }
 # sha256 of each output file as 600d40a wrote it (the metric and run-info files hold timings and dates).
 GEN = "25264536560c00cc4435a7e19950bd58dec42a2a377649681fa6fa8409abfe91"

@@ -90,8 +90,9 @@ def write_part(cfg: Any, rows: Any, order: Any, stem: Path) -> int:
                     f"{m}\t{s}\n" for m, s in zip(part.column("metric_stats").to_pylist(),
                                                    part.column("sentence_scores").to_pylist())).encode("utf-8"))
         for f in files.values():
+            # No fsync: a slice is read back by rank 0 within the run (from the page cache, or on
+            # a shared filesystem after close); after a crash --resume writes every slice again.
             f.flush()
-            os.fsync(f.fileno())
     except OSError as e:
         raise write_error(stem, e) from e
     finally:

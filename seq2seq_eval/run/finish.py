@@ -87,7 +87,7 @@ def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: A
 def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
     if missing_ranks is None:
         missing_ranks = [r for r in range(env.world_size) if not rank_file(tmp_dir, r).exists()]
-    if not missing_ranks and env.world_size > 1 and missing_parts(tmp_dir, env.world_size):
+    if not missing_ranks and env.world_size > 1 and cfg.shared_tail and missing_parts(tmp_dir, env.world_size):
         return missing_tail_summary(env, tmp_dir)
     done = JournalIndex(tmp_dir).finished()
     deal = assign_batches(prep.batches, env.world_size)
@@ -120,7 +120,7 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
     t_merge = time.perf_counter()
     outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
     per_rank = [o.stats for o in outputs]
-    shared = env.world_size > 1
+    shared = env.world_size > 1 and cfg.shared_tail
     rows: Any = None
     if shared:
         # Rank 0's own slice, then the others': rank 0 only joins them (sharedtail.py).

@@ -112,8 +112,9 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             stats = generate_rank(cfg, env, prep, engine, device, tmp_dir,
                                    {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings})
             if not env.is_main:
-                # Its slice of the outputs first (sharedtail.py), then, as before, stay for rank 0.
-                write_my_part(cfg, env, prep.store, tmp_dir, check=lambda: _main_alive(cfg, env, prep, tmp_dir))
+                # With --shared_tail its slice of the outputs first (sharedtail.py); then stay for rank 0.
+                if cfg.shared_tail:
+                    write_my_part(cfg, env, prep.store, tmp_dir, check=lambda: _main_alive(cfg, env, prep, tmp_dir))
                 if process_group is None:  # evaluate() waits for rank 0's result instead
                     _wait_for_main(cfg, env, prep, tmp_dir)
                 return Outcome()
