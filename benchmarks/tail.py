@@ -79,3 +79,37 @@ def run_tail(work: Path, out: Path, n_ranks: int, candidates: int = 1) -> tuple[
 
     _, summary, _ = write_outputs(cfg, store, RowTaker(outputs), order, summarize, tail_since=t0)
     return time.perf_counter() - t0, summary
+
+
+def run_tail_rank(work: Path, out: Path, rank: int, n_ranks: int, candidates: int = 1) -> dict[str, Any]:
+    """One rank of the shared tail on the files `make_rank_files` wrote, as a run's rank does it:
+    its slice of the outputs (run/sharedtail.py); rank 0 then waits for every slice and joins
+    them. Start one process per rank at once; returns this rank's seconds (rank 0: its whole
+    tail, its slice, the wait and the join) and, on rank 0, the metric file."""
+    from seq2seq_eval.outputs.parts import Parts
+    from seq2seq_eval.run.dist import DistEnv
+    from seq2seq_eval.run.sharedtail import wait_for_parts, write_my_part
+
+    cfg = _config(work, out, candidates)
+    env = DistEnv(rank=rank, world_size=n_ranks)
+    t0 = time.perf_counter()
+    store = ExampleStore(work / "examples.arrow", str(work))
+    write_my_part(cfg, env, store, work / "tmp")
+    result: dict[str, Any] = {"slice_seconds": time.perf_counter() - t0}
+    if rank == 0:
+        parts: Parts = wait_for_parts(cfg, n_ranks, work / "tmp")
+
+        def summarize(totals: metrics.MetricTotals | None) -> dict[str, Any]:
+            scores = totals.result(store.sacrebleu_num_refs) if totals is not None else {}
+            return {**scores, "n_obs": len(store), "throughput": {"time_breakdown": {}}}
+
+        _, summary, _ = write_outputs(cfg, store, parts, None, summarize, tail_since=t0)
+        result["summary"] = summary
+    result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+def clear_parts(work: Path) -> None:
+    """Removes the slices an earlier shared tail left beside the rank files."""
+    for path in (work / "tmp").glob("tail_*"):
+        path.unlink()

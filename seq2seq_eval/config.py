@@ -180,6 +180,8 @@ class EvalConfig:
     """Continue a run whose temp dir holds finished batches (same model, data and settings)."""
     no_steal: bool = False
     """Keep every rank to its planned share: no rank takes batches a slower rank has not started (stealing is on by default; this switch exists to measure what it gains, as benchmarks/steal.py does)."""
+    shared_tail: bool = False
+    """With several ranks: each rank writes its slice of the outputs (by data position) and rank 0 joins them, instead of rank 0 writing every output (docs/scale.md: on one machine it is slower, the outputs being written twice)."""
     dry_run: bool = False
     """Validate flags, data and model, print the batch plan, and exit without generating."""
     pseudo_target: bool = False
@@ -272,6 +274,10 @@ class EvalConfig:
             object.__setattr__(self, "metrics", ",".join(names))
         if self.comet_max_tokens is not None and self.comet_max_tokens < 1:
             raise ConfigError(f"--comet_max_tokens must be >= 1, got {self.comet_max_tokens}")
+        if self.shared_tail and self.model_metric_names:
+            # The ranks write their slices before rank 0 has the model metrics' values.
+            raise ConfigError(f"--shared_tail with --metrics {','.join(self.model_metric_names)}: the ranks' slices "
+                              "cannot hold the model metrics' values; leave out --shared_tail")
         object.__setattr__(self, "target_column", _target_columns(self.target_column))
         if self.dataset is None and any(
             v is not None

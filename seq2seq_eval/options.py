@@ -13,7 +13,7 @@ from dataclasses import MISSING, fields
 from .config import BACKENDS, COMPUTE_TYPES, DEVICES, ENGINE_NAMES, EvalConfig, field_docs, parse_value
 from .errors import ConfigError
 
-_FLAGS = {"fp16", "bf16", "debug", "resume", "no_steal", "dry_run", "pseudo_target", "no_examples_file"}
+_FLAGS = {"fp16", "bf16", "debug", "resume", "no_steal", "shared_tail", "dry_run", "pseudo_target", "no_examples_file"}
 
 
 def _field_type(name: str) -> type:

@@ -128,6 +128,52 @@ def test_rank_0_dying_after_every_other_rank_is_done_is_reported(slow_case, tmp_
     same_result(save, reference)
 
 
+def _wait_for(path: Path, proc: subprocess.Popen, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline and proc.poll() is None, what
+        time.sleep(0.05)
+
+
+def test_rank_killed_in_the_shared_tail_and_resume_completes(slow_case, tmp_path):
+    """Every batch is generated; rank 0 has written its slice of the outputs and waits for rank
+    1's, and rank 1 is killed in the tail: the run stops saying what is missing and how to
+    resume, and --resume (every batch from the journals) writes the same outputs."""
+    root, args, reference = slow_case
+    save = tmp_path / "out"
+    tag = uuid.uuid4().hex
+    proc = launch(2, args + ["--save_dir", str(save), "--shared_tail"], tmp_path, tag)
+    rank0, rank1 = find_worker(tag, 0), find_worker(tag, 1)
+    tmp = Path(f"{save}_tmp")
+    wait_for_lines(tmp / "journal_rank_0.jsonl", 2)
+    os.kill(rank0, signal.SIGSTOP)  # rank 1 takes every batch left, then waits in the tail
+    stopped = [rank0]
+    try:
+        _wait_for(tmp / "rank_1_output.json", proc, "rank 1 never finished generating")
+        os.kill(rank1, signal.SIGSTOP)  # in the shared tail: waiting for rank 0's rank file
+        stopped.append(rank1)
+        os.kill(rank0, signal.SIGCONT)
+        stopped.remove(rank0)
+        _wait_for(tmp / "tail_0.json", proc, "rank 0 never wrote its slice")
+        assert not (tmp / "tail_1.json").exists()
+        os.kill(rank1, signal.SIGKILL)
+        stopped.remove(rank1)
+    finally:
+        for pid in stopped:
+            if alive(pid):
+                os.kill(pid, signal.SIGCONT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert not (save / "test_bleu.json").exists()
+    lines = [line for line in err.splitlines() if line.startswith("seq2seq_eval: error:")]
+    assert any("did not write their slice of the outputs" in x and "--resume" in x for x in lines), err[-4000:]
+    resumed = torchrun(2, args + ["--save_dir", str(save), "--resume", "--shared_tail"], cwd=tmp_path)
+    assert_ok(resumed)
+    same_result(save, reference)
+    assert sum(r["resumed_batches"] for r in metrics_of(save)["throughput"]["per_rank"]) == 48
+    assert not Path(f"{save}_tmp").exists()
+
+
 def test_restarted_workers_resume_by_themselves(slow_case, tmp_path):
     """torchrun --max_restarts: a rank killed once costs its batch in flight; the run still
     ends with exit 0 and byte-identical outputs, without --resume."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import DataError
 from .examples import BLOCK_ROWS, Block, Example, ExampleId, Examples
+from .seen import SeenIds
 
 
 def read_lines(path: Path) -> list[str]:
@@ -240,7 +241,7 @@ def load_jsonl(path: Path, need_targets: bool) -> Examples:
 
 def iter_jsonl(path: Path, need_targets: bool) -> Iterator[Example]:
     """JSON Lines as a stream: {"id": ..., "source": ..., "target": ...} per line."""
-    seen: dict[ExampleId, int] = {}
+    seen = SeenIds()  # 8 bytes an id, not a dict entry (inputs/seen.py)
     for lineno, line in iter_lines(path):
         if not line.strip():
             continue
@@ -253,14 +254,32 @@ def iter_jsonl(path: Path, need_targets: bool) -> Iterator[Example]:
         ex_id = record.get("id", lineno - 1)
         if isinstance(ex_id, bool) or not isinstance(ex_id, (int, str)):
             raise DataError(f"{path} line {lineno}: field 'id' must be a string or an integer, got {ex_id!r}")
-        if ex_id in seen:
-            raise DataError(f"{path} line {lineno}: duplicated id {ex_id!r} (first on line {seen[ex_id]})")
-        seen[ex_id] = lineno
+        if seen.add(ex_id):
+            _check_duplicates(path, lineno)
         source = _field(record, "source", path, lineno, required=True)
         target = _target_field(record, path, lineno, required=need_targets)
         yield Example(ex_id, source, target)  # type: ignore[arg-type]
-    if not seen:
+    if seen.flush():
+        _check_duplicates(path, None)
+    if not seen.count:
         raise DataError(f"{path}: no records; expected one JSON object per line")
+
+
+def _check_duplicates(path: Path, upto: int | None) -> None:
+    """The first id of lines 1..upto (all lines: None) that repeats an earlier one, as an error
+    naming both lines; nothing when a suspected duplicate was two ids sharing a hash. Only
+    called on a suspicion (seen.py), so the dict here is the rare path's."""
+    first: dict[ExampleId, int] = {}
+    for lineno, line in iter_lines(path):
+        if upto is not None and lineno > upto:
+            return
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        ex_id = record.get("id", lineno - 1)
+        if ex_id in first:
+            raise DataError(f"{path} line {lineno}: duplicated id {ex_id!r} (first on line {first[ex_id]})")
+        first[ex_id] = lineno
 
 
 def _field(record: dict, name: str, path: Path, lineno: int, required: bool) -> str | None:

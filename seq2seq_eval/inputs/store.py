@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import mmap
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -102,17 +103,59 @@ def write_blocks(path: Path, blocks: Iterable[Block]) -> tuple[int, str]:
 
 
 class ExampleStore:
-    """Read access by position to a store file; nothing is loaded until asked for."""
+    """Read access by position to a store file; nothing is loaded until asked for.
+
+    Rows are taken record batch by record batch: Arrow's take on a chunked column concatenates
+    the whole column first (a million sources copied for each batch of 64), and every page read
+    is let go of once copied (madvise), so a rank's resident memory does not grow to the file's
+    size as tokenizing and generation walk through it (the pages stay in the page cache)."""
 
     def __init__(self, path: Path, origin: str, n_obs: int | None = None) -> None:
         self.path = path
         self.origin = origin  # where the examples came from, for messages
         # A memory map: the OS pages rows in as batches read them, and ranks on one node share them.
-        table = pa.ipc.open_file(pa.memory_map(str(path), "r")).read_all()
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else None
+        table = pa.ipc.open_file(pa.py_buffer(self._map) if self._map is not None else pa.memory_map(str(path))).read_all()
         self._table = table.slice(0, n_obs) if n_obs is not None else table
+        self._base = pa.py_buffer(self._map).address if self._map is not None else 0
+        lengths = [len(c) for c in self._table.column("id").chunks]
+        self._bounds = np.cumsum([0, *lengths], dtype=np.int64)
 
     def __len__(self) -> int:
         return self._table.num_rows
+
+    def release(self, arrays: Iterable[Any]) -> None:
+        """Let go of this process's mapping of the pages behind `arrays` (parts of the file)."""
+        if self._map is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        spans = [(buf.address, buf.address + buf.size) for array in arrays for column in _flat(array)
+                 for buf in column.buffers() if buf is not None and buf.size]
+        if not spans:
+            return
+        lo = (min(a for a, _ in spans) - self._base) // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = max(b for _, b in spans) - self._base
+        if 0 <= lo < hi <= len(self._map):
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
+    def _chunked_take(self, column: str, positions: Sequence[int]) -> pa.Array:
+        pos = np.asarray(positions, np.int64)
+        if len(pos) == 0:
+            return pa.array([], self._table.column(column).type)
+        chunks = self._table.column(column).chunks
+        which = np.searchsorted(self._bounds, pos, side="right") - 1
+        by_chunk = np.argsort(which, kind="stable")
+        grouped = which[by_chunk]
+        starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+        pieces = []
+        for a, b in zip(starts.tolist(), np.r_[starts[1:], len(pos)].tolist()):
+            k = int(grouped[a])
+            pieces.append(chunks[k].take(pa.array(pos[by_chunk[a:b]] - self._bounds[k])))
+            self.release([chunks[k]])
+        gathered = pa.concat_arrays(pieces)
+        inverse = np.empty_like(by_chunk)
+        inverse[by_chunk] = np.arange(len(pos))
+        return gathered.take(pa.array(inverse))
 
     @property
     def has_targets(self) -> bool:
@@ -123,13 +166,26 @@ class ExampleStore:
         """The ids as JSON text (an Arrow column), for vectorized checks."""
         return self._table.column("id")
 
+    def id_range(self, start: int, n: int) -> pa.Array:
+        """The ids of examples start..start+n-1 as one Arrow array (JSON text), copied out of the map."""
+        part = self._table.column("id").slice(start, n)
+        array = part.combine_chunks() if part.num_chunks != 1 else pa.concat_arrays([part.chunk(0)])
+        self.release(part.chunks)
+        return array
+
     @property
     def reference_counts(self) -> tuple[int, int]:
         """The fewest and the most references any example has (0, 0 without targets)."""
         import pyarrow.compute as pc
 
-        counts = pc.fill_null(pc.list_value_length(self._table.column("target")), 0)
-        low, high = pc.min(counts).as_py(), pc.max(counts).as_py()
+        low = high = None
+        for chunk in self._table.column("target").chunks:
+            counts = pc.fill_null(pc.list_value_length(chunk), 0)
+            lo, hi = pc.min(counts).as_py(), pc.max(counts).as_py()
+            if lo is not None:
+                low = lo if low is None else min(low, lo)
+                high = hi if high is None else max(high, hi)
+            self.release([chunk])
         return (low or 0, high or 0)
 
     @property
@@ -146,11 +202,13 @@ class ExampleStore:
         """Examples start..start+n-1, in data order."""
         part = self._table.slice(start, n)
         ids = [json.loads(i) for i in part.column("id").to_pylist()]
-        return [Example(i, s, target_of(t)) for i, s, t in
-                zip(ids, part.column("source").to_pylist(), part.column("target").to_pylist())]
+        examples = [Example(i, s, target_of(t)) for i, s, t in
+                    zip(ids, part.column("source").to_pylist(), part.column("target").to_pylist())]
+        self.release(c for name in ("id", "source", "target") for c in part.column(name).chunks)
+        return examples
 
     def _take(self, column: str, positions: Sequence[int]) -> list[Any]:
-        return self._table.column(column).take(pa.array(positions, pa.int64())).to_pylist()
+        return self._chunked_take(column, positions).to_pylist()
 
     def ids(self, positions: Sequence[int]) -> list[ExampleId]:
         return [json.loads(i) for i in self._take("id", positions)]
@@ -167,4 +225,15 @@ class ExampleStore:
 
     def iter_sources(self, start: int, end: int, rows: int) -> Iterator[list[str]]:
         for lo in range(start, end, rows):
-            yield self._table.column("source").slice(lo, min(rows, end - lo)).to_pylist()
+            part = self._table.column("source").slice(lo, min(rows, end - lo))
+            yield part.to_pylist()
+            self.release(part.chunks)
+
+
+def _flat(array: Any) -> list[Any]:
+    """An array and, for a list array, its values: the arrays whose buffers hold its bytes."""
+    if isinstance(array, pa.ChunkedArray):
+        return [a for chunk in array.chunks for a in _flat(chunk)]
+    if isinstance(array, pa.ListArray):
+        return [array, *_flat(array.values)]
+    return [array]

@@ -21,6 +21,7 @@ from .locations import (
     planned_outputs,
     stale_outputs,
 )
+from .parts import Parts, _concatenated, _join, _scores
 from .record import OutputRecord
 
 logger = logging.getLogger("seq2seq_eval")
@@ -91,21 +92,6 @@ def target_list(target: Any) -> list[str]:
     return [target] if isinstance(target, str) else list(target)
 
 
-def _concatenated(part: Any, column: str) -> memoryview:
-    """The values of a binary column, end to end, without a Python object per row."""
-    import numpy as np
-
-    array = part.column(column).combine_chunks()
-    if array.null_count:
-        raise RunStateError(f"rank files lack the serialized {column!r} of some examples; "
-                            "expected every row written with its output lines (outputs.write.output_lines)")
-    if len(array) == 0:
-        return memoryview(b"")
-    _, offsets_buf, data = array.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int32)[array.offset : array.offset + len(array) + 1]
-    return memoryview(data)[int(offsets[0]) : int(offsets[-1])]
-
-
 def write_outputs(
     cfg: EvalConfig,
     store: Any,
@@ -119,7 +105,8 @@ def write_outputs(
     leaves no half file behind. Per-example lines come serialized from the ranks (output_lines);
     the metrics are added up in the same pass; `summarize(totals)` then builds the metric file's
     content, written last: its presence means the run completed. `rows` (a merge.RowTaker) gives
-    rank file rows by the numbers in `order`. With `tail_since` (a perf_counter time), the
+    rank file rows by the numbers in `order`; or `rows` is the ranks' slices of the outputs
+    (Parts, written by write_part; `order` is then unused), which are joined. With `tail_since` (a perf_counter time), the
     seconds from then to just before that last write are recorded as time_breakdown.tail."""
     save_dir = Path(cfg.save_dir)
     try:
@@ -144,10 +131,13 @@ def write_outputs(
     refs_files = [files[next(names)] for _ in range(n_refs)] if cfg.debug else []
     examples_file = files[next(names)] if cfg.scored and not cfg.no_examples_file else None
     totals = MetricTotals(cfg.metric_names) if cfg.scored else None
+    n_rows = rows.rows if isinstance(rows, Parts) else len(order)
     try:
         if legacy is not None:
-            legacy.write(b"[" if len(order) else b"[]")
-        for start in range(0, len(order), ROWS_PER_CHUNK):
+            legacy.write(b"[" if n_rows else b"[]")
+        if isinstance(rows, Parts):
+            _join(rows, gen, pseudo, legacy, jsonl, examples_file, totals)
+        for start in range(0, len(order), ROWS_PER_CHUNK) if not isinstance(rows, Parts) else ():
             part = rows.take(order[start : start + ROWS_PER_CHUNK])
             generations = _concatenated(part, "out_gen")
             gen.write(generations)
@@ -157,19 +147,17 @@ def write_outputs(
                 elements = _concatenated(part, "out_legacy")
                 legacy.write(elements[1:] if start == 0 else elements)  # no comma before the first
                 jsonl.write(_concatenated(part, "out_jsonl"))
-            if refs_files:
-                examples = store.slice(start, part.num_rows)
-                for k, f in enumerate(refs_files):
-                    f.write("".join(_one_line(e.references[k] if k < len(e.references) else "") + "\n"
-                                    for e in examples).encode("utf-8"))
             if totals is not None:
-                stats = [json.loads(x) for x in part.column("metric_stats").to_pylist()]
-                sentence = [json.loads(x) for x in part.column("sentence_scores").to_pylist()]
-                totals.add(stats, sentence)
+                totals.add(*_scores(part))
                 if examples_file is not None:
                     examples_file.write(_concatenated(part, "out_example"))
+        for start in range(0, len(store), ROWS_PER_CHUNK) if refs_files else ():
+            examples = store.slice(start, min(ROWS_PER_CHUNK, len(store) - start))
+            for k, f in enumerate(refs_files):
+                f.write("".join(_one_line(e.references[k] if k < len(e.references) else "") + "\n"
+                                for e in examples).encode("utf-8"))
         if legacy is not None:
-            legacy.write(b"\n]\n" if len(order) else b"\n")
+            legacy.write(b"\n]\n" if n_rows else b"\n")
         summary = summarize(totals)
         for f in files.values():
             f.commit()

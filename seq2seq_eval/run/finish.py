@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..scoring import totals as metric_fns
 from ..config import EvalConfig
 from ..outputs.merge import RowTaker, merge_by_id
@@ -21,6 +23,7 @@ from .model_scores import WithModelScores, system_scores
 from .plan import assign_batches
 from .prepare import Prepared
 from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
+from .sharedtail import missing_parts, wait_for_parts, write_my_part
 from .tmpdir import cleanup_tmp_dir, mark_done
 
 
@@ -95,18 +98,27 @@ def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: A
 def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, missing_ranks: list[int] | None = None) -> str:
     if missing_ranks is None:
         missing_ranks = [r for r in range(env.world_size) if not rank_file(tmp_dir, r).exists()]
+    if not missing_ranks and env.world_size > 1 and cfg.shared_tail and missing_parts(tmp_dir, env.world_size):
+        return missing_tail_summary(env, tmp_dir)
     done = JournalIndex(tmp_dir).finished()
     deal = assign_batches(prep.batches, env.world_size)
-    left = {
-        r: sum(len(prep.batches[i].members) for i in deal[r] if i not in done) for r in missing_ranks
-    }
+    sizes = prep.batches.sizes
+    open_ = np.ones(len(sizes), bool)
+    open_[[i for i in done if 0 <= i < len(sizes)]] = False
+    left = {r: int(sizes[deal[r]][open_[deal[r]]].sum()) for r in missing_ranks}
     per_rank = ", ".join(f"rank {r}: {n}" for r, n in left.items())
-    unfinished = sum(len(b.members) for b in prep.batches if b.index not in done)
+    unfinished = int(sizes[open_].sum())
     return (
         f"rank(s) {', '.join(map(str, missing_ranks)) or 'none'} did not finish ({per_rank} examples left); "
         f"{unfinished} of {len(prep.store)} examples still to generate ({len(done)} of {len(prep.batches)} "
         f"batches are kept in {tmp_dir}); resume with: {resume_command(env)}"
     )
+
+
+def missing_tail_summary(env: DistEnv, tmp_dir: Path, missing: list[int] | None = None) -> str:
+    missing = missing_parts(tmp_dir, env.world_size) if missing is None else missing
+    return (f"every rank finished generating, but rank(s) {', '.join(map(str, missing))} did not write their slice "
+            f"of the outputs; every batch is kept in {tmp_dir}; resume with: {resume_command(env)}")
 
 
 def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stats: dict[str, Any], t_start: float,
@@ -119,8 +131,16 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
     )
     t_merge = time.perf_counter()
     outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
-    table, order = merge_by_id(outputs, prep.store)
     per_rank = [o.stats for o in outputs]
+    shared = env.world_size > 1 and cfg.shared_tail
+    rows: Any = None
+    if shared:
+        # Rank 0's own slice, then the others': rank 0 only joins them (sharedtail.py).
+        write_my_part(cfg, env, prep.store, tmp_dir)
+        rows = wait_for_parts(cfg, env.world_size, tmp_dir, lambda missing: "; " + missing_tail_summary(env, tmp_dir, missing))
+    table = order = None
+    if not shared or earlier is not None:
+        table, order = merge_by_id(outputs, prep.store)
     n = len(prep.store)
 
     def summarize(totals: metric_fns.MetricTotals | None) -> dict[str, Any]:
@@ -193,7 +213,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
         return summary
 
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
-    rows: Any = RowTaker(outputs) if not model_scores else WithModelScores(RowTaker(outputs), order, model_scores)
+    if not shared:
+        rows = RowTaker(outputs) if not model_scores else WithModelScores(RowTaker(outputs), order, model_scores)
     written, summary, totals = write_outputs(cfg, prep.store, rows, order, summarize, tail_since=t_merge)
     # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
     table = outputs = None

@@ -32,7 +32,7 @@ from ..atomic import write_json_atomic
 from ..inputs.store import ROWS_PER_BATCH, ExampleStore, write_blocks
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
-from .plan import Batch, assign_batches, batch_budget, make_batches, padding_efficiency, plan_digest
+from .plan import Plan, assign_batches, batch_budget, make_batches, padding_efficiency, plan_digest
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -47,7 +47,7 @@ class Prepared:
     generation_config: Any
     prefix: str
     tokens: SourceTokens
-    batches: list[Batch]
+    batches: Plan  # the batches as arrays; batches[i] makes batch i's Batch
     manifest: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per preparation step on this rank
 
@@ -161,7 +161,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     out_cap = gc.max_new_tokens or gc.max_length
     bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type, cfg.engine)
     batches = make_batches(
-        tokens.lengths.tolist(),
+        tokens.lengths,
         bs=bs,
         max_tokens=max_tokens,
         out_ratio=1.0 if cfg.task_family == "translation" else 0.25,
@@ -208,9 +208,10 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
         f"sources truncated to {prep.manifest['max_source_length']} tokens: {prep.tokens.truncated}"
         if prep.manifest["max_source_length"] is not None else "sources are not truncated (no model limit)",
     ]
+    sizes, costs = prep.batches.sizes, prep.batches.cost
     for rank, indices in enumerate(deal):
-        n = sum(len(prep.batches[i].members) for i in indices)
-        cost = sum(prep.batches[i].cost for i in indices)
+        n = int(sizes[indices].sum())
+        cost = float(costs[indices].sum())
         lines.append(f"rank {rank}: {len(indices)} batches, {n} examples, est. cost {cost:.0f}")
     lines.append("prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
     return "\n".join(lines)

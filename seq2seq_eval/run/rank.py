@@ -37,7 +37,7 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
 
     shares = assign_batches(prep.batches, env.world_size)
     mine = shares[env.rank]
-    claims = Claims(tmp_dir, shares, env.rank, [b.cost for b in prep.batches], steal=not cfg.no_steal)
+    claims = Claims(tmp_dir, shares, env.rank, prep.batches.cost, steal=not cfg.no_steal)
     finished = JournalIndex(tmp_dir)
     journal = Journal(journal_file(tmp_dir, env.rank))
     writer = RankWriter(tmp_dir, env.rank)
@@ -51,7 +51,7 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
         "torch_threads": torch.get_num_threads(),
     }
     bar = tqdm(
-        total=sum(len(prep.batches[i].members) for i in mine),
+        total=int(prep.batches.sizes[mine].sum()),
         desc=f"rank {env.rank}", unit="ex", disable=not (env.is_main or cfg.debug), file=sys.stderr,
         leave=False,  # the summary table follows; an error line must stand alone
     )

@@ -19,6 +19,7 @@ from .finish import Outcome, earlier_run, finish, missing_summary
 from .model_scores import check_model_metrics, score_model_metrics
 from .prepare import Prepared, describe_plan, prepare
 from .rank import generate_rank
+from .sharedtail import write_my_part
 from .tmpdir import (
     STOPPED,
     RunLock,
@@ -116,6 +117,9 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             engine = None  # its memory goes before a model metric's model comes
             model_scores = score_model_metrics(cfg, env, prep, tmp_dir, device)
             if not env.is_main:
+                # With --shared_tail its slice of the outputs first (sharedtail.py); then stay for rank 0.
+                if cfg.shared_tail:
+                    write_my_part(cfg, env, prep.store, tmp_dir, check=lambda: _main_alive(cfg, env, prep, tmp_dir))
                 if process_group is None:  # evaluate() waits for rank 0's result instead
                     _wait_for_main(cfg, env, prep, tmp_dir)
                 return Outcome()
@@ -167,6 +171,14 @@ def _wait_for_main(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path)
         if state == "stopped":
             raise Interrupted("rank 0 stopped the run")  # rank 0 (or another survivor) reports it
         time.sleep(MAIN_POLL_S)
+
+
+def _main_alive(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path) -> None:
+    state = main_rank_state(tmp_dir)
+    if state == "gone":
+        raise RunFailed(f"rank 0 is gone; {missing_summary(cfg, env, prep, tmp_dir)}")
+    if state == "stopped":
+        raise Interrupted("rank 0 stopped the run")
 
 
 def _agree(env: DistEnv, pg: ProcessGroup, check: Any) -> None:

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..atomic import resumable_write_error
 from ..errors import RunFailed
 
@@ -72,11 +74,10 @@ class Claims:
         self.shares, self.rank, self.steal = shares, rank, steal
         self._lo = [0] * len(shares)
         self._hi = [len(s) for s in shares]
-        # Cost of share[r][:k] for every k, so the cost left in [lo, hi) is one subtraction.
-        self._prefix = [[0.0] for _ in shares]
-        for r, share in enumerate(shares):
-            for i in share:
-                self._prefix[r].append(self._prefix[r][-1] + cost[i])
+        # Cost of share[r][:k] for every k, so the cost left in [lo, hi) is one subtraction
+        # (numpy's cumsum adds left to right, as the Python loop it replaced).
+        cost = np.asarray(cost, np.float64)
+        self._prefix = [np.r_[0.0, np.cumsum(cost[np.asarray(share, np.int64)])].tolist() for share in shares]
 
     def _path(self, index: int) -> Path:
         return self.dir / str(index)

@@ -45,6 +45,7 @@ MARKER = ".seq2seq_eval_tmp"
 OWN = re.compile(
     r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl"
     r"|rank_\d+_output\.(arrow|arrow\.partial|json)|claims/\d+"
+    r"|tail_\d+\.(json|out_gen|out_legacy|out_jsonl|out_example|scores)"
     r"|cache/examples\.(arrow|json)|cache/tokens_\d+_\d+\.(ids\.bin|lens\.npy|json))"
 )
 """Every file the tool makes in its temp dir, by path relative to it: what cleanup removes."""
@@ -264,7 +265,7 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
     journals = journal_files(tmp_dir)
     # Rank files are re-derived from the journals at the end of every run; an old one left by a
     # run with another world size must never be merged into this one.
-    for stale in [*tmp_dir.glob("rank_*_output.*"), tmp_dir / STOPPED, tmp_dir / DONE]:
+    for stale in [*tmp_dir.glob("rank_*_output.*"), *tmp_dir.glob("tail_*"), tmp_dir / STOPPED, tmp_dir / DONE]:
         if is_own(stale.name):
             stale.unlink(missing_ok=True)
     # Claims belong to one attempt: a batch claimed by a rank that died before journaling it

@@ -1,0 +1,73 @@
+"""The shared tail, rank by rank: once every rank file is there, each rank writes its slice of
+the outputs (outputs/parts.py); rank 0 waits for every slice and joins them (finish.py).
+
+A rank dying here is survived as one dying in generation: its slice is simply never marked
+complete, torchrun stops the group, rank 0 says what is missing; every batch is journaled, so
+`--resume` derives the rank files from the journals and writes the slices again (prepare_tmp_dir
+removes an attempt's slices with its rank files)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..atomic import dumps, write_atomic
+from ..errors import SyncTimeoutError
+from ..inputs.tokens import shard_range
+from ..outputs.merge import RowTaker, merge_by_id
+from ..outputs.parts import Parts, write_part
+from .rankfiles import rank_file, read_rank_output
+
+POLL_S = 0.1
+
+
+def part_stem(tmp_dir: Path, rank: int) -> Path:
+    return tmp_dir / f"tail_{rank}"
+
+
+def part_done(tmp_dir: Path, rank: int) -> Path:
+    return tmp_dir / f"tail_{rank}.json"
+
+
+def missing_parts(tmp_dir: Path, world_size: int) -> list[int]:
+    return [r for r in range(world_size) if not part_done(tmp_dir, r).exists()]
+
+
+def _wait(paths: list[Path], what: str, timeout_s: float, describe: Callable[[list[int]], str] | None,
+          check: Callable[[], None] | None) -> None:
+    """Poll until every path exists; `check` runs at each poll (a rank other than 0 looks
+    whether rank 0 is still there)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r, p in enumerate(paths) if not p.exists()]
+        if not missing:
+            return
+        if check is not None:
+            check()
+        if time.monotonic() >= deadline:
+            raise SyncTimeoutError(f"waited {timeout_s:g} s (--sync_timeout) for {what}; missing from rank(s) "
+                                   f"{', '.join(map(str, missing))}{describe(missing) if describe else ''}")
+        time.sleep(POLL_S)
+
+
+def write_my_part(cfg: Any, env: Any, store: Any, tmp_dir: Path, describe: Callable[[list[int]], str] | None = None,
+                  check: Callable[[], None] | None = None) -> None:
+    """This rank's slice of the outputs, once every rank file is there."""
+    _wait([rank_file(tmp_dir, r) for r in range(env.world_size)], "rank files", cfg.sync_timeout, describe, check)
+    outputs = [read_rank_output(rank_file(tmp_dir, r), r) for r in range(env.world_size)]
+    lo, hi = shard_range(len(store), env.rank, env.world_size)
+    _, order = merge_by_id(outputs, store, lo, hi)
+    rows = write_part(cfg, RowTaker(outputs), order, part_stem(tmp_dir, env.rank))
+    outputs = []  # the rank files are memory-mapped: let them go before they may be removed
+    write_atomic(part_done(tmp_dir, env.rank), dumps({"rank": env.rank, "start": lo, "end": hi, "rows": rows}))
+
+
+def wait_for_parts(cfg: Any, world_size: int, tmp_dir: Path, describe: Callable[[list[int]], str] | None = None) -> Parts:
+    """Rank 0: every rank's slice, in data order, once all are complete."""
+    _wait([part_done(tmp_dir, r) for r in range(world_size)], "the ranks' slices of the outputs", cfg.sync_timeout,
+          describe, None)
+    counts = [int(json.loads(part_done(tmp_dir, r).read_text())["rows"]) for r in range(world_size)]
+    return Parts([part_stem(tmp_dir, r) for r in range(world_size)], counts)

@@ -1,0 +1,201 @@
+"""The plan and the outputs of the code as it was before the plan moved into arrays (commit 600d40a):
+batches, their members, the deal and the output bytes must not change, so journals of a run
+started before still resume and outputs do not change by a byte.
+
+Two kinds of reference: a copy of that commit's planning functions, kept here only (compared on
+many inputs), and digests that commit's code computed (plans of fixed inputs, output files of
+real runs on the tiny model)."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import assert_ok, make_corpus, single, torchrun, write_legacy
+
+from seq2seq_eval.run.plan import assign_batches, make_batches, plan_digest
+
+
+# ---------------------------------------------------------------- 600d40a's planning, verbatim in effect
+
+
+def old_make_batches(lengths, *, bs=None, max_tokens=None, out_ratio=1.0, out_cap=None, beams=1):
+    order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable").tolist()
+    if bs is not None:
+        groups = [order[i : i + bs] for i in range(0, len(order), bs)]
+    else:
+        groups, current = [], []
+        for i in order:
+            width = lengths[current[0]] if current else lengths[i]
+            if current and (len(current) + 1) * width > max_tokens:
+                groups.append(current)
+                current = []
+            current.append(i)
+        if current:
+            groups.append(current)
+    batches = []
+    for index, members in enumerate(groups):
+        padded = max(lengths[i] for i in members)
+        out_len = padded * out_ratio if out_cap is None else min(padded * out_ratio, out_cap)
+        n = len(members)
+        cost = n * padded + n * beams * out_len * (1.0 + padded / 256.0)
+        batches.append((index, tuple(members), padded, cost))
+    return batches
+
+
+def old_assign(batches, world_size):
+    heap = [(0.0, rank) for rank in range(world_size)]
+    plan = [[] for _ in range(world_size)]
+    for index, _, _, cost in sorted(batches, key=lambda b: (-b[3], b[0])):
+        load, rank = heapq.heappop(heap)
+        plan[rank].append(index)
+        heapq.heappush(heap, (load + cost, rank))
+    return plan
+
+
+def old_digest(batches):
+    return hashlib.sha256(json.dumps([list(b[1]) for b in batches], separators=(",", ":")).encode()).hexdigest()
+
+
+def lengths_for(seed: int, n: int, spread: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randint(1, spread) for _ in range(n)]
+
+
+SETTINGS = [
+    {"bs": 1}, {"bs": 3}, {"bs": 8, "beams": 4}, {"bs": 64},
+    {"max_tokens": 1}, {"max_tokens": 30}, {"max_tokens": 64, "out_ratio": 0.25, "out_cap": 20, "beams": 2},
+    {"max_tokens": 500, "beams": 5, "out_cap": 7},
+]
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+@pytest.mark.parametrize("spread", [3, 60])  # few lengths (ties everywhere) and many
+def test_batches_members_and_deal_as_before(setting, spread):
+    for seed in range(6):
+        lengths = lengths_for(seed, 1 + seed * 37, spread)
+        old = old_make_batches(lengths, **setting)
+        new = make_batches(lengths, **setting)
+        assert len(new) == len(old)
+        for b, (index, members, padded, cost) in zip(new, old):
+            assert (b.index, tuple(b.members), b.padded_len) == (index, members, padded)
+            assert b.cost == pytest.approx(cost, rel=1e-12, abs=1e-9)
+        assert plan_digest(new) == old_digest(old)
+        for world in (1, 2, 3, 5, 8):
+            assert [list(s) for s in assign_batches(new, world)] == old_assign(old, world)
+
+
+# Computed by 600d40a's own make_batches, assign_batches and plan_digest on lengths_for(7, 500, 50):
+# the plan digest, then the first 16 hex digits of deal_digest for world sizes 1, 2, 3 and 8.
+GOLDEN_PLANS = {
+    "bs=3": ({"bs": 3}, "8fc4559cbdf97ee67f801ccf71762fd7c8b5730045d6bb2f60f3b7a67e41fbf5",
+             {1: "19dda6fe9db890e6", 2: "01d43cd63239088e", 3: "1cdf68187da2b0ec", 8: "ac3f6e71b2a6a58d"}),
+    "bs=16,beams=4": ({"bs": 16, "beams": 4}, "243de484d4b7749f44e8c555272d5b49b9df901d82ac08be65225158c7d4c597",
+                      {1: "c367e9db1f80ebb8", 2: "c394193fe03dac07", 3: "0a2bf6d2cb173846", 8: "343479f27022c4a8"}),
+    "max_tokens=64": ({"max_tokens": 64}, "4ee4ac90bd3d464b4e0f028d6f6d5333e7a9321c97a60921212dba10ae58a273",
+                      {1: "60d9d646ca8d26e2", 2: "892061a783b2a21b", 3: "4c676b023c6707a0", 8: "7e737135087c4ca5"}),
+    "max_tokens=1024,beams=2": ({"max_tokens": 1024, "out_cap": 200, "out_ratio": 0.25, "beams": 2},
+                                "679a7150a9c1ca48896838509854605dfdc1c9573d1997dcf10679a497bd69e2",
+                                {1: "74cc760a88d82773", 2: "d1936c9580648eb0", 3: "402ab6801e8c7585", 8: "42cd5f784f7b2545"}),
+}
+
+
+def deal_digest(deal) -> str:
+    return hashlib.sha256(json.dumps([[int(i) for i in s] for s in deal]).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_PLANS))
+def test_plan_and_deal_digests_as_600d40a_computed_them(name):
+    setting, digest, deals = GOLDEN_PLANS[name]
+    batches = make_batches(lengths_for(7, 500, 50), **setting)
+    assert plan_digest(batches) == digest
+    assert {w: deal_digest(assign_batches(batches, w))[:16] for w in deals} == deals
+
+
+# ---------------------------------------------------------------- outputs of real runs, byte for byte
+
+PSEUDO = ["--num_beams", "2", "--num_return_sequences", "2", "--pseudo_target"]
+RUNS = {
+    # name: (processes, arguments)
+    "1 rank, scored, --bs 3": (1, ["--bs", "3"]),
+    "2 ranks, pseudolabels, --max_tokens 60": (2, [*PSEUDO, "--max_tokens", "60", "--debug"]),
+    "3 ranks, scored, --max_tokens 60": (3, ["--max_tokens", "60", "--shared_tail"]),
+}
+# sha256 of each output file as 600d40a wrote it (the metric and run-info files hold timings and dates).
+GEN = "25264536560c00cc4435a7e19950bd58dec42a2a377649681fa6fa8409abfe91"
+EXAMPLES = "bb0ccbe33d7a196b45c987b70d8069df558d79c2d338896d7b9fb4359f2a5716"
+GOLDEN_OUTPUTS = {
+    "1 rank, scored, --bs 3": {"test_examples.jsonl": EXAMPLES, "test_generations.txt": GEN},
+    "2 ranks, pseudolabels, --max_tokens 60": {
+        "pseudolabel_results.json": "2bfb581dac4c6970352f9254e4909236fd7b991b2b488a548606d42645d8826c",
+        "test.pseudo.target": GEN, "test_generations.txt": GEN,
+        "test_pseudolabels.jsonl": "a4332ba115e10d4f9161fca422876a7d891dfee2f150900492aef6d3a29a3e2c",
+        "test_references.txt": "ee0af749784b005cc97c1e3f80fc0b666741ad3ed049859bd8056e9d974e5901",
+    },
+    "3 ranks, scored, --max_tokens 60": {"test_examples.jsonl": EXAMPLES, "test_generations.txt": GEN},
+}
+
+
+@pytest.fixture(scope="module")
+def golden_runs(tiny_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("golden")
+    src, tgt = make_corpus(41, seed=36)
+    data = write_legacy(root / "data", src, tgt)
+    saves = {}
+    for k, (name, (nproc, extra)) in enumerate(RUNS.items()):
+        save = root / f"out{k}"
+        args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--save_dir", str(save), *extra]
+        assert_ok(single(args, cwd=root) if nproc == 1 else torchrun(nproc, args, cwd=root))
+        saves[name] = (save, args)
+    return root, saves
+
+
+def digests(save: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(save.iterdir())
+            if p.is_file() and not p.name.endswith(("_bleu.json", "_run_info.json")) and not p.name.startswith(".")}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_output_bytes_as_600d40a_wrote_them(golden_runs, name):
+    _, saves = golden_runs
+    assert digests(saves[name][0]) == GOLDEN_OUTPUTS[name]
+
+
+def test_journal_of_600d40a_format_resumes_on_the_same_batches(golden_runs):
+    """The 2-rank run kept its temp dir (--debug): its journals, in the format 600d40a writes.
+    Every journaled record's candidates are replaced by a marker naming its batch, then the run
+    is resumed on one process: every example's line must be its batch's marker, batch by batch
+    as 600d40a planned them, so every journaled batch was reused as it was planned."""
+    root, saves = golden_runs
+    save, args = saves["2 ranks, pseudolabels, --max_tokens 60"]
+    tmp = Path(f"{save}_tmp")
+    journals = sorted(tmp.glob("journal_rank_*.jsonl"))
+    assert len(journals) == 2
+    for path in journals:
+        lines = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            entry = json.loads(line)
+            for r in entry["records"]:
+                r["pred"] = [f"journal batch {entry['batch']}", "second"]
+            lines.append(json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n")
+        path.write_text("".join(lines), encoding="utf-8")
+    assert_ok(single([*args, "--resume"], cwd=root))
+    src, _ = make_corpus(41, seed=36)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args[args.index("--model_name") + 1])
+    lengths = [len(ids) for ids in tok(src)["input_ids"]]
+    expected = [""] * len(src)
+    for index, members, _, _ in old_make_batches(lengths, max_tokens=60):
+        for m in members:
+            expected[m] = f"journal batch {index}"
+    got = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
+    assert got == expected
+    info = json.loads((save / "test_run_info.json").read_text())
+    assert sum(r["resumed_batches"] for r in info["throughput"]["per_rank"]) == len(
+        old_make_batches(lengths, max_tokens=60))
