@@ -39,8 +39,9 @@ class ModelMetric(ABC):
 
     @abstractmethod
     def score(self, sources: Sequence[str], predictions: Sequence[str],
-              references: Sequence[Sequence[str]]) -> list[float]:
-        """One batch: a value per example (with several references, their mean)."""
+              references: Sequence[Sequence[str]], max_tokens: int | None = None) -> list[float]:
+        """One batch: a value per example (with several references, their mean); the model's
+        forward passes over at most `max_tokens` padded tokens each."""
 
     def aggregate(self, values: Sequence[float]) -> float:
         """The system score: the mean, as comet-score prints it. math.fsum: the same value
@@ -51,14 +52,18 @@ class ModelMetric(ABC):
 
 
 DEFAULT_MAX_TOKENS = {"cpu": 4096, "cuda": 32768}
-"""Padded tokens per batch: one encoder pass per input kind (source, translation, each
-reference) over at most this many padded tokens."""
+"""Padded tokens per forward pass of the model (--comet_max_tokens)."""
+
+FORWARDS_PER_BATCH = 4
+"""A planned batch (what is dealt, stolen and journaled) holds the examples of about this many
+forward passes per input kind: within it the metric sorts all texts by length and pads little,
+while a run still has batches enough to share among ranks."""
 
 
 def model_batches(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, ...]]:
     """Example positions, longest first (ties by position), cut into batches of at most
-    `max_tokens` padded tokens (an example longer than that alone). Pure: the same cut on every
-    rank and in `score`/`compare`, whatever the world size."""
+    FORWARDS_PER_BATCH * `max_tokens` padded tokens (an example longer than that alone). Pure:
+    the same cut on every rank and in `score`/`compare`, whatever the world size."""
     import numpy as np
 
     order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable").tolist()
@@ -66,7 +71,7 @@ def model_batches(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, ..
     current: list[int] = []
     for i in order:
         # Longest first, so the first member fixes the batch's padded length.
-        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
+        if current and (len(current) + 1) * lengths[current[0]] > FORWARDS_PER_BATCH * max_tokens:
             batches.append(tuple(current))
             current = []
         current.append(i)
@@ -82,7 +87,7 @@ def score_all(metric: ModelMetric, sources: Sequence[str], predictions: Sequence
     values = [0.0] * len(sources)
     for members in model_batches(metric.lengths(sources, predictions, references), budget):
         scores = metric.score([sources[m] for m in members], [predictions[m] for m in members],
-                              [references[m] for m in members])
+                              [references[m] for m in members], max_tokens=budget)
         for m, v in zip(members, scores):
             values[m] = v
     return values
