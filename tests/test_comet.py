@@ -85,6 +85,29 @@ def _copy_model(tmp_path: Path, **hparams) -> Path:
     return folder
 
 
+def test_layers_above_the_last_one_the_mix_weighs_are_never_run(tmp_path, monkeypatch):
+    """Sparsemax gives the top layer a weight of exactly 0 here: it is dropped, and the scores
+    are those of the whole encoder."""
+    import torch
+
+    from seq2seq_eval.scoring.comet import load
+    from seq2seq_eval.scoring.comet.network import RegressionNetwork
+
+    folder = _copy_model(tmp_path)
+    ckpt = folder / "checkpoints" / "model.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    saved["state_dict"]["layerwise_attention.scalar_parameters.3"] = torch.tensor([-0.9])
+    torch.save(saved, ckpt)
+    refs = [(r,) for r in SAMPLES["ref"]]
+    dropped = load(str(folder))
+    assert len(dropped.network.encoder.model.encoder.layer) == 2
+    got = dropped.score(SAMPLES["src"], SAMPLES["mt"], refs)
+    monkeypatch.setattr(RegressionNetwork, "drop_unused_layers", lambda self: 3)
+    whole = load(str(folder))
+    assert len(whole.network.encoder.model.encoder.layer) == 3
+    assert got == whole.score(SAMPLES["src"], SAMPLES["mt"], refs)
+
+
 @pytest.mark.parametrize("identifier, named", [("unified_metric", "XCOMET, CometKiwi"), ("xcomet_metric", "XCOMET")])
 def test_unified_models_are_refused_by_name(tmp_path, identifier, named):
     from seq2seq_eval.scoring.comet import load
@@ -239,11 +262,16 @@ def test_score_and_compare_over_files(one_rank, tmp_path):
     assert set(got) == {"comet", "comet_signature"}
     for name, lines in (("src", src), ("pred", pred), ("ref", ref), ("other", ref[1:] + ref[:1])):
         (tmp_path / name).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
-    proc = single(["score", "--metrics", "bleu,comet", "--predictions", str(tmp_path / "pred"), "--references",
-                   str(tmp_path / "ref"), "--sources", str(tmp_path / "src"), "--comet_model", str(TINY)], tmp_path)
+    scoring = ["score", "--metrics", "bleu,comet", "--predictions", str(tmp_path / "pred"), "--references",
+               str(tmp_path / "ref"), "--sources", str(tmp_path / "src"), "--comet_model", str(TINY), "--comet_max_tokens", "1"]
+    proc = single(scoring, tmp_path)
     assert_ok(proc)
     printed = json.loads(proc.stdout)
     assert printed["comet"] == pytest.approx(got["comet"], abs=1e-6) and "bleu" in printed
+    # Under torchrun the ranks share COMET's batches (one per example here) and rank 0 prints.
+    ranks = torchrun(2, scoring, tmp_path)
+    assert_ok(ranks)
+    assert json.loads(ranks.stdout) == printed
     refused = single(["score", "--metrics", "comet", "--predictions", str(tmp_path / "pred"), "--references",
                       str(tmp_path / "ref")], tmp_path)
     assert refused.returncode != 0 and "needs --sources" in refused.stderr
