@@ -1,6 +1,7 @@
 """Model metrics (COMET) on the ranks, after generation: every rank reads the merged predictions,
 cuts the same length-sorted, token-budget batches from all examples, scores the batches dealt to
-it and journals each; rank 0 waits until every batch is journaled and gathers the values in data
+it (and, once out of work, those a slower rank has not started: steal.py's claims) and journals
+each; rank 0 waits until every batch is journaled and gathers the values in data
 order. As for generation, a batch's members do not depend on the world size, so neither do the
 values; a resumed run rescores no journaled batch."""
 
