@@ -14,8 +14,9 @@ translations of four kinds (as scripts/make_comet_fixture.py).
 
 Per round, in turns: unbabel-comet's `predict(batch_size=--bs, gpus=0)` in the side environment
 (scripts/make_comet_fixture.py says how to build it; its length batching sorts by source length),
-and the tool's `score_all` with a token budget of --bs times the mean padded length, so both
-make about the same number of batches. Both time scoring only (model loaded), with
+and the tool's `score_all` with a token budget of --bs times the mean padded length per forward
+pass, so a pass holds about as many tokens as one of unbabel-comet's (the tool's passes pad less
+and encode each distinct text once). Both time scoring only (model loaded), with
 torch.set_num_threads(--threads). Prints samples/s, the median ratio over rounds and the
 largest per-example difference; writes {out}/results.json. Without the side environment it
 says so and measures the tool alone.

@@ -46,7 +46,7 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
           metrics: str | Sequence[str] | None = CONFIG_FIELDS["metrics"].default,
           task: str = CONFIG_FIELDS["task"].default, reference_layout: str | None = None,
           sources: Sequence[str] | None = None,
-          comet_model: str = CONFIG_FIELDS["comet_model"].default) -> dict[str, Any]:
+          comet_model: str = CONFIG_FIELDS["comet_model"].default, comet_max_tokens: int | None = None) -> dict[str, Any]:
     """`seq2seq_eval score` over lists: corpus scores of `predictions` against `references`.
 
     `references`, as `evaluate` takes them: one text (or a list of texts) per prediction, or
@@ -54,7 +54,18 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
     `predictions`). A list of N lists of N texts fits both and is refused unless
     `reference_layout` ("examples" or "streams") says which (scoring.references). `metrics`: a
     comma list or a sequence of names from bleu, chrf, chrf++, ter, rouge, comet (default: the
-    task's); comet needs `sources` and runs `comet_model` here (the first GPU, else the CPU)."""
+    task's); comet needs `sources` and runs `comet_model` here (the first GPU, else the CPU), in
+    forward passes of at most `comet_max_tokens` padded tokens (default: 4096 on CPU, 32768 on a GPU)."""
+    return _score(predictions, references, metrics=metrics, task=task, reference_layout=reference_layout,
+                  sources=sources, comet_model=comet_model, comet_max_tokens=comet_max_tokens)
+
+
+def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
+           metrics: str | Sequence[str] | None, task: str, reference_layout: str | None,
+           sources: Sequence[str] | None, comet_model: str, comet_max_tokens: int | None = None,
+           ranks: Any = None) -> dict[str, Any]:
+    """`score`; `ranks` (model_metric.Ranks): `seq2seq_eval score` under torchrun, the model
+    metrics' batches shared among the ranks."""
     from .inputs.memory import texts
     from .scoring import totals as metric_fns
     from .scoring.names import parse_metric_names, split_metric_names
@@ -65,6 +76,8 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
     names = tuple(n for n in parsed if n not in model_names)  # with comet alone, nothing else
     if model_names and sources is None:
         raise ConfigError(f"metrics {','.join(model_names)}: needs sources, one per prediction")
+    if comet_max_tokens is not None and comet_max_tokens < 1:
+        raise ConfigError(f"comet_max_tokens must be >= 1, got {comet_max_tokens}")
     preds = texts(predictions, "predictions")
     if not preds:
         raise DataError("predictions: empty; expected one prediction per example")
@@ -74,7 +87,8 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
     if model_names:
         from .scoring.model_metric import corpus_scores
 
-        result.update(corpus_scores(model_names, comet_model, texts(sources, "sources"), preds, rows))
+        result.update(corpus_scores(model_names, comet_model, texts(sources, "sources"), preds, rows,
+                                    max_tokens=comet_max_tokens, ranks=ranks))
     return result
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from .config import TASKS, EvalConfig
 from .errors import ConfigError, DataError, EvalError, Interrupted, ModelError, RunStateError
 from .options import Parser, build_parser, parse_generate_kwargs
-from .run.dist import dist_env
+from .run.dist import DistEnv, dist_env
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -31,7 +31,7 @@ def build_config(argv: Sequence[str]) -> EvalConfig:
     return EvalConfig(**values)
 
 
-def score_main(argv: Sequence[str]) -> dict:
+def score_main(argv: Sequence[str], env: DistEnv | None = None) -> dict:
     from pathlib import Path
 
     from .api import score
@@ -51,6 +51,8 @@ def score_main(argv: Sequence[str]) -> dict:
     parser.add_argument("--sources", help="the sources, line-aligned with --predictions (needed by comet)")
     parser.add_argument("--comet_model", "--comet-model", default=CONFIG_FIELDS["comet_model"].default,
                         help=f"with --metrics comet: hub name or folder (default: {CONFIG_FIELDS['comet_model'].default})")
+    parser.add_argument("--comet_max_tokens", "--comet-max-tokens", type=int, default=None,
+                        help="with --metrics comet: padded tokens per forward pass (default 4096 on CPU, 32768 on a GPU)")
     args = parser.parse_args(argv)
     if "comet" in parse_metric_names(args.metrics, args.task) and not args.sources:  # before any file is read
         raise ConfigError("score --metrics comet needs --sources (one source per prediction line)")
@@ -59,8 +61,37 @@ def score_main(argv: Sequence[str]) -> dict:
         raise DataError(f"{args.predictions}: no lines; expected one prediction per line")
     streams = [read_references(Path(r), len(preds), args.predictions, "prediction") for r in args.references]
     sources = read_lines(Path(args.sources)) if args.sources else None  # score() checks the count
-    return score(preds, streams, metrics=args.metrics, task=args.task, reference_layout="streams", sources=sources,
-                 comet_model=args.comet_model)
+    kwargs = dict(metrics=args.metrics, task=args.task, reference_layout="streams", sources=sources,
+                  comet_model=args.comet_model, comet_max_tokens=args.comet_max_tokens)
+    if env is None or env.world_size == 1 or not _model_metrics(args.metrics, args.task):
+        return score(preds, streams, **kwargs)
+    return _score_on_ranks(env, preds, streams, kwargs)
+
+
+def _model_metrics(metrics: str, task: str) -> bool:
+    from .scoring.model_metric import is_model_metric
+    from .scoring.names import parse_metric_names
+
+    return any(is_model_metric(n) for n in parse_metric_names(metrics, task))
+
+
+def _score_on_ranks(env: DistEnv, preds: list[str], streams: list, kwargs: dict) -> dict:
+    """`score` under torchrun: the ranks share the model metrics' batches (gathered over gloo,
+    bounded by the default --sync_timeout); every rank gets the same result, rank 0 prints it."""
+    import torch
+
+    from .api import _score
+    from .config import CONFIG_FIELDS
+    from .run.dist import ProcessGroup, choose_device
+    from .scoring.model_metric import Ranks
+
+    kind, _ = choose_device("auto", "gloo", env, torch.cuda.device_count())
+    device = f"cuda:{env.local_rank % torch.cuda.device_count()}" if kind == "cuda" else "cpu"
+    group = ProcessGroup(env, "gloo", CONFIG_FIELDS["sync_timeout"].default)
+    try:
+        return _score(preds, streams, **kwargs, ranks=Ranks(env.rank, env.world_size, group.all_gather, device))
+    finally:
+        group.close()
 
 
 def _setup_logging(is_main: bool, debug: bool) -> None:
@@ -81,7 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     try:
         if argv[:1] == ["score"]:
-            print(json.dumps(score_main(argv[1:]), indent=1, sort_keys=True, ensure_ascii=False))
+            result = score_main(argv[1:], env)
+            if env.is_main:
+                print(json.dumps(result, indent=1, sort_keys=True, ensure_ascii=False))
             return 0
         if argv[:1] == ["compare"]:
             from .comparison.command import compare_main

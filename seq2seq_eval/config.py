@@ -137,7 +137,7 @@ class EvalConfig:
     comet_model: str = "Unbabel/wmt22-comet-da"
     """With --metrics comet: a COMET regression model, as a hub name or a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)."""
     comet_max_tokens: int | None = None
-    """With --metrics comet: padded tokens per COMET batch (default: 4096 on CPU, 32768 on a GPU)."""
+    """With --metrics comet: padded tokens per COMET forward pass (default: 4096 on CPU, 32768 on a GPU)."""
     bs: int | None = None
     """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --engine ctranslate2))."""
     max_tokens: int | None = None

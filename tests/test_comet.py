@@ -12,10 +12,11 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _env, assert_ok, single, torchrun
+from conftest import REPO, _env, assert_ok, metrics_of, single, torchrun
 
 from seq2seq_eval.errors import ConfigError, ModelError
 
@@ -84,6 +85,29 @@ def _copy_model(tmp_path: Path, **hparams) -> Path:
     return folder
 
 
+def test_layers_above_the_last_one_the_mix_weighs_are_never_run(tmp_path, monkeypatch):
+    """Sparsemax gives the top layer a weight of exactly 0 here: it is dropped, and the scores
+    are those of the whole encoder."""
+    import torch
+
+    from seq2seq_eval.scoring.comet import load
+    from seq2seq_eval.scoring.comet.network import RegressionNetwork
+
+    folder = _copy_model(tmp_path)
+    ckpt = folder / "checkpoints" / "model.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    saved["state_dict"]["layerwise_attention.scalar_parameters.3"] = torch.tensor([-0.9])
+    torch.save(saved, ckpt)
+    refs = [(r,) for r in SAMPLES["ref"]]
+    dropped = load(str(folder))
+    assert len(dropped.network.encoder.model.encoder.layer) == 2
+    got = dropped.score(SAMPLES["src"], SAMPLES["mt"], refs)
+    monkeypatch.setattr(RegressionNetwork, "drop_unused_layers", lambda self: 3)
+    whole = load(str(folder))
+    assert len(whole.network.encoder.model.encoder.layer) == 3
+    assert got == whole.score(SAMPLES["src"], SAMPLES["mt"], refs)
+
+
 @pytest.mark.parametrize("identifier, named", [("unified_metric", "XCOMET, CometKiwi"), ("xcomet_metric", "XCOMET")])
 def test_unified_models_are_refused_by_name(tmp_path, identifier, named):
     from seq2seq_eval.scoring.comet import load
@@ -124,7 +148,8 @@ def test_a_missing_comet_model_is_refused_in_the_dry_run(tmp_path):
     assert proc.returncode != 0 and "no such folder" in proc.stderr, proc.stderr
 
 
-RUN = ["--metrics", "bleu,chrf,comet", "--comet_model", str(TINY), "--n_obs", "40", "--bs", "8", "--comet_max_tokens", "300"]
+BUDGET = 40  # forward passes of 1 to 4 texts; 20 planned batches of 40 examples, enough to share and steal
+RUN = ["--metrics", "bleu,chrf,comet", "--comet_model", str(TINY), "--n_obs", "40", "--bs", "8", "--comet_max_tokens", str(BUDGET)]
 
 
 def _outputs(save_dir: Path) -> dict[str, bytes]:
@@ -152,15 +177,14 @@ def test_comet_in_the_metric_file_and_examples(one_rank):
     from seq2seq_eval.scoring.model_metric import score_all
 
     direct = score_all(load(str(TINY)), [r["source"] for r in rows], [r["prediction"] for r in rows],
-                       [tuple(r["references"]) for r in rows], max_tokens=300)
+                       [tuple(r["references"]) for r in rows], max_tokens=BUDGET)
     assert [r["comet"] for r in rows] == direct
     assert not any(p.name.startswith("model_scores") for p in one_rank.parent.rglob("*"))  # cleaned up
 
 
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_identical_at_2_and_3_ranks(one_rank, tmp_path, nproc):
+def test_identical_at_3_ranks(one_rank, tmp_path):
     out = tmp_path / "out"
-    assert_ok(torchrun(nproc, [*RUN, "--save_dir", str(out)], tmp_path))
+    assert_ok(torchrun(3, [*RUN, "--save_dir", str(out)], tmp_path))
     assert _outputs(out) == _outputs(one_rank)
 
 
@@ -199,6 +223,35 @@ def test_resume_after_a_kill_during_comet_rescoring_nothing_journaled(one_rank, 
     assert [r["comet"] for r in rows] == pytest.approx([r["comet"] for r in first], abs=1e-5)
 
 
+def test_identical_at_2_ranks_with_a_slow_rank_s_comet_batches_taken_over(one_rank, tmp_path):
+    """Rank 1 runs half the time once it has generated (stopped and continued from outside, as
+    on a shared node): rank 0 scores COMET batches dealt to rank 1, and the outputs are those of
+    one process."""
+    from faults import Throttle, find_worker, stop_all, wait_for_lines
+
+    out, tag = tmp_path / "out", uuid.uuid4().hex
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "seq2seq_eval",
+           *RUN, "--save_dir", str(out)]
+    with open(tmp_path / "log", "w+") as log:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env({"S2S_TEST_TAG": tag}), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        throttle = None
+        try:
+            pid = find_worker(tag, 1)
+            wait_for_lines(tmp_path / "out_tmp" / "rank_1_output.json", 0)  # rank 1 has generated its share
+            throttle = Throttle(pid)
+            throttle.start()
+            proc.wait(timeout=240)
+            log.seek(0)
+            assert proc.returncode == 0, log.read()[-5000:]
+        finally:
+            stop_all(proc, throttle)
+    stats = metrics_of(out)["throughput"]["model_metrics"]["comet"]
+    assert stats["batches"] == 20 and stats["rank0_stolen_batches"] > 0, stats
+    assert stats["rank0_scored_batches"] > stats["rank0_planned_batches"], stats
+    assert _outputs(out) == _outputs(one_rank)
+
+
 def test_score_and_compare_over_files(one_rank, tmp_path):
     from seq2seq_eval.api import score
 
@@ -209,11 +262,16 @@ def test_score_and_compare_over_files(one_rank, tmp_path):
     assert set(got) == {"comet", "comet_signature"}
     for name, lines in (("src", src), ("pred", pred), ("ref", ref), ("other", ref[1:] + ref[:1])):
         (tmp_path / name).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
-    proc = single(["score", "--metrics", "bleu,comet", "--predictions", str(tmp_path / "pred"), "--references",
-                   str(tmp_path / "ref"), "--sources", str(tmp_path / "src"), "--comet_model", str(TINY)], tmp_path)
+    scoring = ["score", "--metrics", "bleu,comet", "--predictions", str(tmp_path / "pred"), "--references",
+               str(tmp_path / "ref"), "--sources", str(tmp_path / "src"), "--comet_model", str(TINY), "--comet_max_tokens", "1"]
+    proc = single(scoring, tmp_path)
     assert_ok(proc)
     printed = json.loads(proc.stdout)
     assert printed["comet"] == pytest.approx(got["comet"], abs=1e-6) and "bleu" in printed
+    # Under torchrun the ranks share COMET's batches (one per example here) and rank 0 prints.
+    ranks = torchrun(2, scoring, tmp_path)
+    assert_ok(ranks)
+    assert json.loads(ranks.stdout) == printed
     refused = single(["score", "--metrics", "comet", "--predictions", str(tmp_path / "pred"), "--references",
                       str(tmp_path / "ref")], tmp_path)
     assert refused.returncode != 0 and "needs --sources" in refused.stderr

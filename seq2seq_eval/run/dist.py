@@ -216,6 +216,16 @@ class ProcessGroup:
                             f"--sync_timeout ({first_line(e)})") from e
         return box[0]
 
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if not self._active:
+            return [obj]
+        import torch.distributed as tdist
+
+        out: list[Any] = [None] * self.env.world_size
+        tdist.all_gather_object(out, obj, group=self._group)
+        return out
+
     def main_first(self, fn: Callable[[], T], error_type: type[EvalError]) -> T:
         """Run `fn` on rank 0 first, then on the others (e.g. to build a datasets cache once).
 

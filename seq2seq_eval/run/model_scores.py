@@ -1,6 +1,7 @@
 """Model metrics (COMET) on the ranks, after generation: every rank reads the merged predictions,
 cuts the same length-sorted, token-budget batches from all examples, scores the batches dealt to
-it and journals each; rank 0 waits until every batch is journaled and gathers the values in data
+it (and, once out of work, those a slower rank has not started: steal.py's claims) and journals
+each; rank 0 waits until every batch is journaled and gathers the values in data
 order. As for generation, a batch's members do not depend on the world size, so neither do the
 values; a resumed run rescores no journaled batch."""
 
@@ -28,6 +29,7 @@ from .journal import Journal
 from .plan import Batch, assign_batches, plan_digest
 from .prepare import Prepared
 from .rankfiles import read_rank_output, wait_for_rank_files
+from .steal import Claims
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -115,23 +117,35 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
                    for i, members in enumerate(model_batches(lengths, budget))]
         key = {"metric": name, "model": metric.signature, "plan": plan_digest(batches)}
         done = dict(_Journaled(tmp_dir, key).read())
-        mine = [i for i in assign_batches(batches, env.world_size)[env.rank] if i not in done]
+        # Dealt as generation's batches are, and claimed before scoring: a rank out of work takes
+        # the unstarted batches of the slowest share (steal.py). The plan fixes each batch's
+        # members, so whichever rank scores it, its values are the same.
+        shares = [[i for i in share if i not in done] for share in assign_batches(batches, env.world_size)]
+        claims = Claims(tmp_dir, shares, env.rank, [b.cost for b in batches], steal=not cfg.no_steal, prefix=f"{name}_")
+        scored = stolen = 0
         journal = Journal(journal_path(tmp_dir, env.rank))
         try:
-            for i in mine:
-                members = batches[i].members
-                values = metric.score([sources[m] for m in members], [preds[m] for m in members], [refs[m] for m in members])
-                journal.append({**key, "batch": i, "values": values})
+            for claimed in claims:
+                members = batches[claimed.index].members
+                values = metric.score([sources[m] for m in members], [preds[m] for m in members], [refs[m] for m in members],
+                                      max_tokens=budget)
+                entry = {**key, "batch": claimed.index, "values": values}
+                if claimed.stolen_by(env.rank):
+                    entry["from_rank"] = claimed.planned_rank
+                    stolen += 1
+                journal.append(entry)
+                scored += 1
         finally:
             journal.close()
         seconds = time.perf_counter() - t0
-        logger.info("rank %d scored %s: %d batch(es) in %.1f s, %d journaled before", env.rank, name, len(mine), seconds, len(done))
+        logger.info("rank %d scored %s: %d batch(es) (%d taken from slower ranks) in %.1f s, %d journaled before",
+                    env.rank, name, scored, stolen, seconds, len(done))
         if env.is_main:
             values = _gather(cfg, tmp_dir, key, batches, n)
             # The model goes with this loop; what finish needs of it is kept.
             out[name] = {"values": values, "score": metric.aggregate(values), "signature": metric.signature}
             out["stats"][name] = {"model": _model_spec(cfg, name), "batches": len(batches), "max_tokens": budget,
-                                  "resumed_batches": len(done), "rank0_scored_batches": len(mine),
+                                  "resumed_batches": len(done), "rank0_planned_batches": len(shares[env.rank]), "rank0_scored_batches": scored, "rank0_stolen_batches": stolen,
                                   "rank0_seconds": seconds}
         del metric
     return out if env.is_main else None

@@ -69,8 +69,11 @@ class Claims:
     NFS client's cached "no such file") only costs a failed O_EXCL claim, which moves the pointer."""
 
     def __init__(self, tmp_dir: Path, shares: Sequence[Sequence[int]], rank: int, cost: Sequence[float],
-                 steal: bool = True) -> None:
+                 steal: bool = True, prefix: str = "") -> None:
         self.dir = claims_dir(tmp_dir)
+        # Another phase's batches (a model metric's, after generation) claim under a prefix of
+        # their own, so their indices never meet generation's.
+        self.prefix = prefix
         self.shares, self.rank, self.steal = shares, rank, steal
         self._lo = [0] * len(shares)
         self._hi = [len(s) for s in shares]
@@ -80,7 +83,7 @@ class Claims:
         self._prefix = [np.r_[0.0, np.cumsum(cost[np.asarray(share, np.int64)])].tolist() for share in shares]
 
     def _path(self, index: int) -> Path:
-        return self.dir / str(index)
+        return self.dir / f"{self.prefix}{index}"
 
     def claim(self, index: int) -> bool:
         """True when this rank got batch `index`; False when another rank had it first. The file

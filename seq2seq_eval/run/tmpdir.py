@@ -12,7 +12,8 @@ Layout of {tmp_dir}:
                             (and, for a batch split after running out of memory, one line per
                             split and per finished sub-batch: see JournaledBatch); a batch taken
                             from another rank's share says whose ("from_rank")
-    claims/<batch>          which rank runs which batch in this attempt (steal.py)
+    claims/<batch>          which rank runs which batch in this attempt (steal.py); claims/<metric>_<batch>
+                            the same for a model metric's (COMET) batches (model_scores.py)
     model_scores_rank_<k>.jsonl  one line per model-metric (COMET) batch rank k scored (model_scores.py)
     rank_<k>_output.arrow   rank k's records, one Arrow record batch per planned batch, renamed into place when done
     rank_<k>_output.json    rank k's stats, written atomically last: its presence means rank k is done
@@ -44,7 +45,7 @@ DONE = "rank0.done"  # rank 0 wrote the outputs: the other ranks may exit (see r
 MARKER = ".seq2seq_eval_tmp"
 OWN = re.compile(
     r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl"
-    r"|rank_\d+_output\.(arrow|arrow\.partial|json)|claims/\d+"
+    r"|rank_\d+_output\.(arrow|arrow\.partial|json)|claims/([a-z]+_)?\d+"
     r"|tail_\d+\.(json|out_gen|out_legacy|out_jsonl|out_example|scores)"
     r"|cache/examples\.(arrow|json)|cache/tokens_\d+_\d+\.(ids\.bin|lens\.npy|json))"
 )

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
@@ -39,8 +40,9 @@ class ModelMetric(ABC):
 
     @abstractmethod
     def score(self, sources: Sequence[str], predictions: Sequence[str],
-              references: Sequence[Sequence[str]]) -> list[float]:
-        """One batch: a value per example (with several references, their mean)."""
+              references: Sequence[Sequence[str]], max_tokens: int | None = None) -> list[float]:
+        """One batch: a value per example (with several references, their mean); the model's
+        forward passes over at most `max_tokens` padded tokens each."""
 
     def aggregate(self, values: Sequence[float]) -> float:
         """The system score: the mean, as comet-score prints it. math.fsum: the same value
@@ -51,14 +53,18 @@ class ModelMetric(ABC):
 
 
 DEFAULT_MAX_TOKENS = {"cpu": 4096, "cuda": 32768}
-"""Padded tokens per batch: one encoder pass per input kind (source, translation, each
-reference) over at most this many padded tokens."""
+"""Padded tokens per forward pass of the model (--comet_max_tokens)."""
+
+FORWARDS_PER_BATCH = 4
+"""A planned batch (what is dealt, stolen and journaled) holds the examples of about this many
+forward passes per input kind: within it the metric sorts all texts by length and pads little,
+while a run still has batches enough to share among ranks."""
 
 
 def model_batches(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, ...]]:
     """Example positions, longest first (ties by position), cut into batches of at most
-    `max_tokens` padded tokens (an example longer than that alone). Pure: the same cut on every
-    rank and in `score`/`compare`, whatever the world size."""
+    FORWARDS_PER_BATCH * `max_tokens` padded tokens (an example longer than that alone). Pure:
+    the same cut on every rank and in `score`/`compare`, whatever the world size."""
     import numpy as np
 
     order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable").tolist()
@@ -66,7 +72,7 @@ def model_batches(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, ..
     current: list[int] = []
     for i in order:
         # Longest first, so the first member fixes the batch's padded length.
-        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
+        if current and (len(current) + 1) * lengths[current[0]] > FORWARDS_PER_BATCH * max_tokens:
             batches.append(tuple(current))
             current = []
         current.append(i)
@@ -75,35 +81,59 @@ def model_batches(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, ..
     return batches
 
 
+@dataclass(frozen=True)
+class Ranks:
+    """`score` under torchrun: this process's place among the ranks and a way to gather one
+    object from every rank (ProcessGroup.all_gather), so that they share a metric's batches."""
+
+    rank: int
+    world_size: int
+    gather: Callable[[Any], list[Any]]
+    device: str = "cpu"
+
+
 def score_all(metric: ModelMetric, sources: Sequence[str], predictions: Sequence[str],
-              references: Sequence[Sequence[str]], max_tokens: int | None = None, device_type: str = "cpu") -> list[float]:
-    """Every example's value in one process, in the batches the ranks would use."""
+              references: Sequence[Sequence[str]], max_tokens: int | None = None, device_type: str = "cpu",
+              ranks: Ranks | None = None) -> list[float]:
+    """Every example's value, in the batches the ranks of a run would use. With `ranks`, each
+    rank scores every world_size-th batch (longest first, so the shares cost about the same) and
+    every rank gets all values; a batch's values do not depend on which rank scored it."""
     budget = max_tokens or DEFAULT_MAX_TOKENS.get(device_type, DEFAULT_MAX_TOKENS["cpu"])
+    batches = model_batches(metric.lengths(sources, predictions, references), budget)
+    rank, world = (ranks.rank, ranks.world_size) if ranks is not None else (0, 1)
+    mine = {}
+    for i in range(rank, len(batches), world):
+        members = batches[i]
+        mine[i] = metric.score([sources[m] for m in members], [predictions[m] for m in members],
+                               [references[m] for m in members], max_tokens=budget)
+    scored = {k: v for part in ranks.gather(mine) for k, v in part.items()} if ranks is not None else mine
     values = [0.0] * len(sources)
-    for members in model_batches(metric.lengths(sources, predictions, references), budget):
-        scores = metric.score([sources[m] for m in members], [predictions[m] for m in members],
-                              [references[m] for m in members])
-        for m, v in zip(members, scores):
+    for i, members in enumerate(batches):
+        for m, v in zip(members, scored[i]):
             values[m] = v
     return values
 
 
 def corpus_scores(names: Sequence[str], model: str, sources: Sequence[str], predictions: Sequence[str],
-                  references: Sequence[Sequence[str]]) -> dict[str, Any]:
-    """`score`'s model metrics in one process (the first GPU, else the CPU): each system score
-    (the mean over examples of the mean over each example's `references`) and its signature."""
+                  references: Sequence[Sequence[str]], max_tokens: int | None = None,
+                  ranks: Ranks | None = None) -> dict[str, Any]:
+    """`score`'s model metrics (the first GPU, else the CPU; under torchrun, the rank's device
+    and a share of the batches): each system score (the mean over examples of the mean over each
+    example's `references`) and its signature."""
     import torch
 
     from ..errors import DataError
 
     if len(sources) != len(predictions):
         raise DataError(f"sources: {len(sources)} texts but {len(predictions)} predictions; expected one source per prediction")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = ranks.device if ranks is not None else "cuda" if torch.cuda.is_available() else "cpu"
+    device_type = torch.device(device).type
     per_example = [tuple(r) for r in references]
     out: dict[str, Any] = {}
     for name in names:
         metric = load_model_metric(name, model, device)
-        out[name] = metric.aggregate(score_all(metric, sources, predictions, per_example, device_type=device))
+        out[name] = metric.aggregate(score_all(metric, sources, predictions, per_example, max_tokens,
+                                               device_type=device_type, ranks=ranks))
         out[f"{name}_signature"] = metric.signature
     return out
 

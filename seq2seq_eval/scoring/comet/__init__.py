@@ -42,33 +42,56 @@ class Comet(ModelMetric):
         mt = self._ids(predictions)
         return [max(len(s), len(m), *(next(ref_lens) for _ in refs)) for s, m, refs in zip(src, mt, references)]
 
-    def _embed(self, texts: Sequence[str]) -> Any:
+    def _embed_distinct(self, ids: list[list[int]], max_tokens: int) -> Any:
+        """Every segment's embedding, one row each: the segments longest first, cut into forward
+        passes of at most `max_tokens` padded tokens, so a pass pads little (segments of every
+        role side by side, where per-role passes of an example batch pad each role to its longest)."""
         import torch
 
-        ids = self._ids(texts)
-        width = max(len(x) for x in ids)
+        order = sorted(range(len(ids)), key=lambda i: (-len(ids[i]), i))
         pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids], device=self.device)
-        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids], device=self.device)
-        return self.network.embed(input_ids, mask)
+        out: Any = None
+        start = 0
+        while start < len(order):
+            width = len(ids[order[start]])
+            stop = start + max(1, min(len(order) - start, max_tokens // max(width, 1)))
+            chunk = order[start:stop]
+            input_ids = torch.tensor([ids[i] + [pad] * (width - len(ids[i])) for i in chunk], device=self.device)
+            mask = torch.tensor([[1] * len(ids[i]) + [0] * (width - len(ids[i])) for i in chunk], device=self.device)
+            emb = self.network.embed(input_ids, mask)
+            if out is None:
+                out = emb.new_empty((len(ids), emb.size(1)))
+            out[torch.tensor(chunk, device=self.device)] = emb
+            start = stop
+        return out
 
     def score(self, sources: Sequence[str], predictions: Sequence[str],
-              references: Sequence[Sequence[str]]) -> list[float]:
+              references: Sequence[Sequence[str]], max_tokens: int | None = None) -> list[float]:
         import torch
+
+        from ..model_metric import DEFAULT_MAX_TOKENS
 
         if not sources:
             return []
         counts = [len(r) for r in references]
         if min(counts) < 1:
             raise ValueError("COMET needs at least one reference per example")
+        budget = max_tokens or DEFAULT_MAX_TOKENS.get(self.device.type, DEFAULT_MAX_TOKENS["cpu"])
+        flat = [r for refs in references for r in refs]
+        # One encoder pass per distinct text: a translation equal to its reference, or a source
+        # shared by several examples, is encoded once (the encoder sees each text alone).
+        texts = list(dict.fromkeys([*sources, *predictions, *flat]))
+        row = {t: i for i, t in enumerate(texts)}
         with torch.inference_mode():
-            src = self._embed(sources)
-            mt = self._embed(predictions)
-            ref = self._embed([r for refs in references for r in refs])
+            emb = self._embed_distinct(self._ids(texts), budget)
+
+            def rows(xs: Sequence[str]) -> Any:
+                return emb[torch.tensor([row[x] for x in xs], device=emb.device)]
+
             # Each reference is scored with its example's source and translation, then averaged.
-            owner = torch.repeat_interleave(torch.arange(len(counts), device=src.device),
-                                            torch.tensor(counts, device=src.device))
-            scores = self.network.estimate(src[owner], mt[owner], ref).double().tolist()
+            owner = [i for i, n in enumerate(counts) for _ in range(n)]
+            scores = self.network.estimate(rows([sources[i] for i in owner]), rows([predictions[i] for i in owner]),
+                                           rows(flat)).double().tolist()
         out, start = [], 0
         for n in counts:
             out.append(sum(scores[start:start + n]) / n)
@@ -108,5 +131,6 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> Comet:
     if missing or unexpected:
         raise ModelError(f"--comet_model {name_or_path}: the checkpoint does not match a RegressionMetric "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    network.drop_unused_layers()
     network.eval().to(device)
     return Comet(str(name_or_path), network, tokenizer, config.max_position_embeddings - 4, torch.device(device))

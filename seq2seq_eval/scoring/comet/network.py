@@ -35,12 +35,16 @@ class LayerMix(nn.Module):
         self.transformation = transformation
         self.layer_norm = layer_norm
 
-    def forward(self, layers: Sequence[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    def weights(self) -> torch.Tensor:
         weights = torch.cat(list(self.scalar_parameters))
-        normed = sparsemax(weights) if self.transformation == "sparsemax" else torch.softmax(weights, dim=0)
+        return sparsemax(weights) if self.transformation == "sparsemax" else torch.softmax(weights, dim=0)
+
+    def forward(self, layers: Sequence[torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        normed = self.weights()
         mask_float = mask.float()
         broadcast = mask_float.unsqueeze(-1)
         total: Any = 0  # summed in layer order, as COMET's sum(pieces)
+        # Layers above the encoder's last (dropped by drop_unused_layers) have weight 0: zip stops.
         for weight, h in zip(torch.split(normed, 1), layers):
             total = total + weight * (_masked_layer_norm(h, broadcast, mask_float) if self.layer_norm else h)
         return self.gamma * total
@@ -97,6 +101,22 @@ class RegressionNetwork(nn.Module):
         self.estimator = nn.Module()
         self.estimator.ff = feed_forward(encoder_config.hidden_size * 6, list(hparams.get("hidden_sizes", [3072, 1024])),
                                    str(hparams.get("activations", "Tanh")), hparams.get("final_activation"))
+
+    def drop_unused_layers(self) -> int:
+        """Removes the encoder layers above the highest one the embedding reads (sparsemax gives
+        the top layers a weight of exactly 0 in some models, and 0 * h adds exactly nothing), so
+        they are never run. Returns how many layers are left."""
+        layers = self.encoder.model.encoder.layer
+        if self.pool == "default":
+            return len(layers)  # reads the last layer's output
+        if self.layerwise_attention is not None:
+            with torch.no_grad():
+                top = int(self.layerwise_attention.weights().nonzero().max())
+        else:
+            top = int(self.layer) % (len(layers) + 1)
+            self.layer = str(top)  # a layer counted from the end: from the start, as layers go
+        del layers[top:]
+        return len(layers)
 
     def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         out = self.encoder.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
