@@ -283,6 +283,14 @@ def test_score_and_compare_over_files(one_rank, tmp_path):
     assert comparison["results"]["pred"]["comet"]["score"] == pytest.approx(got["comet"], abs=1e-6)
     assert comparison["results"]["other"]["comet"]["p_value"] is not None
     assert "comet" in (tmp_path / "r.html").read_text()
+    # The Python compare() takes the same two arguments and gives what the subcommand printed.
+    import seq2seq_eval
+
+    api = seq2seq_eval.compare({"pred": pred, "other": ref[1:] + ref[:1]}, ref, metrics="comet", sources=src,
+                               comet_model=str(TINY))
+    assert api["results"] == comparison["results"]
+    with pytest.raises(ConfigError, match="needs sources"):
+        seq2seq_eval.compare({"pred": pred, "other": pred}, ref, metrics="comet")
 
 
 def test_comet_in_evaluate(tmp_path):

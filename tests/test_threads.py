@@ -68,4 +68,13 @@ def test_threads_per_rank_are_recorded(runs):
     def threads(save: Path) -> list[int]:
         return json.loads((save / "test_run_info.json").read_text())["provenance"]["torch_threads_per_rank"]
 
-    assert (threads(runs["w1_t1"]), threads(runs["w2_t1"]), threads(runs["w1_t2"])) == ([1], [1, 1], [2])
+    # What torch gives a fresh interpreter with OMP_NUM_THREADS=2 here: 2 on a machine with 2
+    # cores free to this process; the record must say what the run really had.
+    import subprocess
+    import sys
+
+    from conftest import _env
+
+    two = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], check=True,
+                             capture_output=True, text=True, env=_env({"OMP_NUM_THREADS": "2"})).stdout)
+    assert (threads(runs["w1_t1"]), threads(runs["w2_t1"]), threads(runs["w1_t2"])) == ([1], [1, 1], [two])

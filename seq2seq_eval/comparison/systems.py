@@ -184,13 +184,17 @@ def compare(
     rouge_scores: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
     reference_layout: str | None = None,
     example_scores: Mapping[str, Mapping[str, Any]] | None = None,
+    sources: Sequence[str] | None = None,
+    comet_model: str = "Unbabel/wmt22-comet-da",
 ) -> dict[str, Any]:
     """`seq2seq_eval compare` over lists (the Python API's `seq2seq_eval.compare(...)`): every
     system scored, each tested against the first (the baseline). ``systems``: a dict (any
     mapping) of name -> predictions in example order, baseline first. ``references``: as
     `score` takes them (one text or list of texts per example, or reference streams;
-    ``reference_layout`` for the shape that fits both). ``metrics``: default the task's.
-    Returns what ``compare --json`` prints, less "inputs" (see compare_systems)."""
+    ``reference_layout`` for the shape that fits both). ``metrics``: default the task's; with
+    comet, ``sources`` (one per example) and ``comet_model`` score every system here, as
+    ``compare --metrics comet`` does. Returns what ``compare --json`` prints, less "inputs"
+    (see compare_systems)."""
     from ..scoring.names import parse_metric_names
     from ..scoring.references import per_example
 
@@ -212,6 +216,13 @@ def compare(
     else:
         k = max(len(r) for r in rows)
         streams = [[r[j] if j < len(r) else None for r in rows] for j in range(k)]
+    if "comet" in names and example_scores is None:
+        if sources is None:
+            raise ConfigError("compare(metrics=comet): needs sources, one per example")
+        from ..inputs.memory import texts
+        from .command import comet_values
+
+        example_scores = {"comet": comet_values(comet_model, texts(sources, "sources"), systems, streams)}
     comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores,
                                  example_scores=example_scores)
     comparison["task"] = task
