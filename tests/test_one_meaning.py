@@ -24,6 +24,8 @@ STREAMS = [[PER_EXAMPLE[0][0], PER_EXAMPLE[1][0]], [PER_EXAMPLE[0][1], PER_EXAMP
     ({"metrics": "bleu", "input_path": "sources.txt"},
      "--metrics 'bleu': --input_path without --reference_path has no references to score against"),
     ({"metrics": ""}, "--metrics '': no metric given"),
+    ({"metrics": "bleu,comet", "shared_tail": True},
+     "--shared_tail with --metrics comet: the ranks' slices cannot hold the model metrics' values"),
 ])
 def test_options_that_cannot_apply_are_refused(options, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
