@@ -26,6 +26,7 @@ from .runs import Run, check_same_examples, load_run
 from .systems import (
     _check_seed,
     _rouge_matrix,
+    comet_values,
     compare_systems,
 )
 from .table import format_table
@@ -173,21 +174,6 @@ def _is_report(path: Path) -> bool:
     except OSError:
         return False
     return f'<meta name="generator" content="{GENERATOR}">'.encode() in head
-
-
-def comet_values(model: str, sources: Sequence[str], predictions: Mapping[str, Sequence[str]],
-                 refs: Sequence[Sequence[str]]) -> dict[str, object]:
-    """Every system's per-example COMET (the mean over the reference streams), in one process on
-    the first GPU or the CPU, in length-sorted token-budget batches: {"values", "signature"}."""
-    import torch
-
-    from ..scoring.model_metric import load_model_metric, score_all
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    metric = load_model_metric("comet", model, device)
-    per_example = [tuple(s[i] for s in refs if s[i] is not None) for i in range(len(sources))]
-    values = {name: score_all(metric, sources, preds, per_example, device_type=device) for name, preds in predictions.items()}
-    return {"values": values, "signature": metric.signature}
 
 
 def compare_main(argv: Sequence[str]) -> str:

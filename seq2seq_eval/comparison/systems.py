@@ -220,10 +220,24 @@ def compare(
         if sources is None:
             raise ConfigError("compare(metrics=comet): needs sources, one per example")
         from ..inputs.memory import texts
-        from .command import comet_values
 
         example_scores = {"comet": comet_values(comet_model, texts(sources, "sources"), systems, streams)}
     comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores,
                                  example_scores=example_scores)
     comparison["task"] = task
     return comparison
+
+
+def comet_values(model: str, sources: Sequence[str], predictions: Mapping[str, Sequence[str]],
+                 refs: Sequence[Sequence[str]]) -> dict[str, object]:
+    """Every system's per-example COMET (the mean over the reference streams), in one process on
+    the first GPU or the CPU, in length-sorted token-budget batches: {"values", "signature"}."""
+    import torch
+
+    from ..scoring.model_metric import load_model_metric, score_all
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    metric = load_model_metric("comet", model, device)
+    per_example = [tuple(s[i] for s in refs if s[i] is not None) for i in range(len(sources))]
+    values = {name: score_all(metric, sources, preds, per_example, device_type=device) for name, preds in predictions.items()}
+    return {"values": values, "signature": metric.signature}

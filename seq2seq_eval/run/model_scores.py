@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import EvalConfig
-from ..errors import SyncTimeoutError
+from ..errors import RunFailed, SyncTimeoutError
 from ..scoring.model_metric import (
     DEFAULT_MAX_TOKENS,
     ModelMetric,
@@ -125,7 +125,7 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
         scored = stolen = 0
         journal = Journal(journal_path(tmp_dir, env.rank))
         try:
-            for claimed in claims:
+            for claimed in _until_main_is_done(claims, tmp_dir):
                 members = batches[claimed.index].members
                 values = metric.score([sources[m] for m in members], [preds[m] for m in members], [refs[m] for m in members],
                                       max_tokens=budget)
@@ -149,6 +149,25 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
                                   "rank0_seconds": seconds}
         del metric
     return out if env.is_main else None
+
+
+def _until_main_is_done(claims: Any, tmp_dir: Path) -> Any:
+    """The claimed batches, ending quietly when rank 0 has finished the run: it does so only once
+    every batch is journaled, and may then remove the temp dir (claims folder included) while a
+    slower rank is still looking for work."""
+    from .tmpdir import main_rank_state
+
+    it = iter(claims)
+    while True:
+        try:
+            claimed = next(it)
+        except StopIteration:
+            return
+        except RunFailed:
+            if main_rank_state(tmp_dir) == "done":
+                return
+            raise
+        yield claimed
 
 
 def _gather(cfg: EvalConfig, tmp_dir: Path, key: dict[str, Any], batches: list[Batch], n: int) -> list[float]:
