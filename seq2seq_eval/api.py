@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import CONFIG_FIELDS, EvalConfig
+from .config import CONFIG_FIELDS, EvalConfig, family_of
 from .errors import ConfigError, DataError, EvalError, first_line
 
 logger = logging.getLogger("seq2seq_eval")
@@ -72,7 +72,7 @@ def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequ
     from .scoring.references import per_example
 
     parsed = parse_metric_names(metrics, task)
-    model_names = split_metric_names(parsed, _family(task))[1]
+    model_names = split_metric_names(parsed, family_of(task) or "translation")[1]
     names = tuple(n for n in parsed if n not in model_names)  # with comet alone, nothing else
     if model_names and sources is None:
         raise ConfigError(f"metrics {','.join(model_names)}: needs sources, one per prediction")
@@ -90,10 +90,6 @@ def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequ
         result.update(corpus_scores(model_names, comet_model, texts(sources, "sources"), preds, rows,
                                     max_tokens=comet_max_tokens, ranks=ranks))
     return result
-
-
-def _family(task: str) -> str:
-    return "summarization" if "summarization" in task else "translation"
 
 
 def evaluate(
