@@ -72,6 +72,14 @@ def torchrun(nproc: int, args: list[str], cwd: Path, timeout: float = 240, env: 
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(env))
 
 
+def run_ranks(nproc: int, args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None,
+          script: str | Path | None = None) -> subprocess.CompletedProcess:
+    """Real ranks (nproc processes, gloo on CPU) forked from the interpreter that has imported
+    torch (tests/forked.py), for the tests where the launcher is not the point; `torchrun` starts
+    them the way a user does. `script`: `python SCRIPT ARGS` on each rank instead of the tool."""
+    return _fork_server().run(args, cwd, timeout, _env(env), ranks=nproc, script=str(script) if script else None)
+
+
 def single(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None,
            fresh: bool = False) -> subprocess.CompletedProcess:
     """`python -m seq2seq_eval` with no launcher: one process. Forked from an interpreter that

@@ -10,8 +10,13 @@ SystemExit made the exit code, any other exception printed by the interpreter's 
 code 1 (the same bytes as a fresh interpreter's, timings aside). What the imports themselves
 print would have appeared on every run's stderr: the server refuses to start if they print anything.
 
-Fresh interpreters remain wherever the launch is the point: torchrun's workers, run_eval.sh,
-the tests that signal or kill a process, and `single(..., fresh=True)`.
+The same server forks the ranks of a multi-process job (`run_ranks(n, ...)` in conftest): n
+children with the environment a launcher without an agent gives its workers (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR/PORT; rank 0 serves the store, as under srun), stopped together as
+torchrun stops its workers when one fails. The ranks are real processes talking over gloo; only
+their start is cheaper. Fresh interpreters remain wherever the launch is the point: torchrun
+itself (`torchrun(n, ...)`: its agent store, restarts and failure report), run_eval.sh, the
+tests that signal or kill a process, and `single(..., fresh=True)`.
 """
 
 from __future__ import annotations
@@ -49,11 +54,15 @@ class ForkServer:
         if first != "ready\n":
             raise RuntimeError(f"fork server did not start: {first}{self._proc.stdout.read()}{self._log.read_text()}")
 
-    def run(self, argv: list[str], cwd: Path, timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], cwd: Path, timeout: float, env: dict[str, str], ranks: int = 0,
+            script: str | None = None) -> subprocess.CompletedProcess:
+        """`python -m seq2seq_eval ARGV` (or `python SCRIPT ARGV`): one process, or with `ranks`
+        one process per rank of a job."""
         n = next(self._ids)
         out, err = (self._dir / f"{n}.{s}" for s in ("out", "err"))
-        request = {"argv": argv, "cwd": str(cwd), "env": env, "timeout": timeout, "out": str(out), "err": str(err)}
-        args = [sys.executable, "-m", "seq2seq_eval", *argv]
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "timeout": timeout, "out": str(out), "err": str(err),
+                   "ranks": ranks, "script": script}
+        args = [sys.executable, *([script] if script else ["-m", "seq2seq_eval"]), *argv]
         try:
             with socket.socket(socket.AF_UNIX) as conn:
                 conn.settimeout(timeout + 30)  # the run is killed at `timeout`; this is for a lost server
@@ -132,17 +141,56 @@ def _preload() -> None:
 
 
 def _handle(conn: socket.socket) -> None:
-    """Start one run, wait for it, answer with its exit code; never returns."""
+    """Start one run (or one process per rank), wait for it, answer with its exit code; never returns."""
     try:
         request = json.loads(conn.makefile().readline())
+        if request.get("ranks"):
+            code = _run_ranks(request, conn)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                conn.close()
+                _become_run(request)
+            _, status = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+        conn.sendall(json.dumps({"returncode": code}).encode() + b"\n")
+    finally:
+        os._exit(0)
+
+
+def _run_ranks(request: dict, conn: socket.socket) -> int:
+    """One forked process per rank, set up as a launcher without an agent sets them up (the
+    environment `init_process_group("env://")` reads; rank 0 serves the store), and treated as
+    torchrun treats its workers: the first rank that fails stops the others, and the job's exit
+    code is 1. Each rank's output is appended to the job's, rank by rank."""
+    n = int(request["ranks"])
+    with socket.socket() as probe:  # a free port for rank 0's store (torchrun --standalone does the same)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pids: dict[int, int] = {}
+    for rank in range(n):
+        env = {**request["env"], "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
+               "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _become_run(request)
-        _, status = os.waitpid(pid, 0)
-        conn.sendall(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
-    finally:
-        os._exit(0)
+            _become_run({**request, "env": env, "out": f"{request['out']}.{rank}", "err": f"{request['err']}.{rank}"})
+        pids[pid] = rank
+    failed = False
+    while pids:
+        pid, status = os.wait()
+        pids.pop(pid, None)
+        if os.waitstatus_to_exitcode(status) != 0 and not failed:
+            failed = True
+            for other in pids:
+                os.kill(other, signal.SIGTERM)
+    for stream in ("out", "err"):
+        with open(request[stream], "wb") as joined:
+            for rank in range(n):
+                part = Path(f"{request[stream]}.{rank}")
+                joined.write(part.read_bytes())
+                part.unlink()
+    return 1 if failed else 0
 
 
 def _become_run(request: dict) -> None:
@@ -164,12 +212,18 @@ def _become_run(request: dict) -> None:
             os.environ.clear()
             os.environ.update(request["env"])
             os.chdir(request["cwd"])
-            sys.path[0] = os.getcwd()  # -m puts the working directory first
-            sys.argv = ["-m", *request["argv"]]  # the module's path replaces "-m", as with -m
             main = types.ModuleType("__main__")  # a fresh __main__, not this script's
             main.__builtins__ = builtins
             sys.modules["__main__"] = main
-            runpy._run_module_as_main("seq2seq_eval")  # what `python -m` calls
+            script = request.get("script")
+            if script:  # `python SCRIPT ARGV`
+                sys.path[0] = os.path.dirname(os.path.abspath(script))
+                sys.argv = [script, *request["argv"]]
+                runpy.run_path(script, run_name="__main__")
+            else:
+                sys.path[0] = os.getcwd()  # -m puts the working directory first
+                sys.argv = ["-m", *request["argv"]]  # the module's path replaces "-m", as with -m
+                runpy._run_module_as_main("seq2seq_eval")  # what `python -m` calls
             code = 0
         except SystemExit as e:  # what the interpreter does with it
             if e.code is None or isinstance(e.code, int):

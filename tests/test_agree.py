@@ -1,4 +1,4 @@
-"""evaluate()'s ranks agree or fail together (tests/api_agree.py under torchrun, 2 gloo ranks):
+"""evaluate()'s ranks agree or fail together (tests/api_agree.py on 2 gloo ranks):
 different settings stop every rank naming the fields, a rank's refused arguments or its failure
 mid-run reach every rank with that rank's message, a rank that never calls is named, and the
 job's group and the next evaluate() work afterwards."""
@@ -6,14 +6,12 @@ job's group and the next evaluate() work afterwards."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from seq2seq_eval.config import EMBEDDED_DATA, EMBEDDED_MODEL
-from conftest import _env, assert_ok
+from conftest import assert_ok, run_ranks
 
 HERE = Path(__file__).resolve().parent
 
@@ -21,10 +19,8 @@ HERE = Path(__file__).resolve().parent
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("agree")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(HERE / "api_agree.py"), "--model", str(EMBEDDED_MODEL), "--data", str(EMBEDDED_DATA["translation"]),
-           "--out", str(out)]
-    assert_ok(subprocess.run(cmd, cwd=out, capture_output=True, text=True, timeout=300, env=_env(None)))
+    assert_ok(run_ranks(2, ["--model", str(EMBEDDED_MODEL), "--data", str(EMBEDDED_DATA["translation"]), "--out", str(out)],
+                    out, timeout=300, script=HERE / "api_agree.py"))
     return [json.loads((out / f"rank_{r}.json").read_text()) for r in (0, 1)]
 
 

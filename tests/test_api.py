@@ -1,11 +1,10 @@
-"""The Python API: evaluate() inside a DDP training job under torchrun (gloo, CPU), the Trainer
+"""The Python API: evaluate() inside a DDP training job on 2 gloo ranks (CPU), the Trainer
 callback, and score()/compare() over lists, each against the command line on the same input."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import pytest
 import seq2seq_eval
 from seq2seq_eval.config import EMBEDDED_DATA, EMBEDDED_MODEL
 from seq2seq_eval.errors import ConfigError, DataError
-from conftest import _env, assert_ok, metric_values, metrics_of, single
+from conftest import assert_ok, metric_values, metrics_of, run_ranks, single
 
 HERE = Path(__file__).resolve().parent
 DATA = EMBEDDED_DATA["translation"]
@@ -21,9 +20,8 @@ N_OBS = 11  # 3 batches of 4 on 2 ranks: an uneven deal and a short last batch
 
 
 def launch(nproc: int, script: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(HERE / script), "--model", str(EMBEDDED_MODEL), "--data", str(DATA), *args]
-    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=_env(None))
+    return run_ranks(nproc, ["--model", str(EMBEDDED_MODEL), "--data", str(DATA), *args], cwd, timeout=300,
+                 script=HERE / script)
 
 
 @pytest.fixture(scope="module")

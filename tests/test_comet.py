@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _env, assert_ok, metrics_of, single, torchrun
+from conftest import REPO, _env, assert_ok, metrics_of, run_ranks, single
 
 from seq2seq_eval.errors import ConfigError, ModelError
 
@@ -184,7 +184,7 @@ def test_comet_in_the_metric_file_and_examples(one_rank):
 
 def test_identical_at_3_ranks(one_rank, tmp_path):
     out = tmp_path / "out"
-    assert_ok(torchrun(3, [*RUN, "--save_dir", str(out)], tmp_path))
+    assert_ok(run_ranks(3, [*RUN, "--save_dir", str(out)], tmp_path))
     assert _outputs(out) == _outputs(one_rank)
 
 
@@ -268,10 +268,10 @@ def test_score_and_compare_over_files(one_rank, tmp_path):
     assert_ok(proc)
     printed = json.loads(proc.stdout)
     assert printed["comet"] == pytest.approx(got["comet"], abs=1e-6) and "bleu" in printed
-    # Under torchrun the ranks share COMET's batches (one per example here) and rank 0 prints.
-    ranks = torchrun(2, scoring, tmp_path)
-    assert_ok(ranks)
-    assert json.loads(ranks.stdout) == printed
+    # On 2 ranks the ranks share COMET's batches (one per example here) and rank 0 prints.
+    two = run_ranks(2, scoring, tmp_path)
+    assert_ok(two)
+    assert json.loads(two.stdout) == printed
     refused = single(["score", "--metrics", "comet", "--predictions", str(tmp_path / "pred"), "--references",
                       str(tmp_path / "ref")], tmp_path)
     assert refused.returncode != 0 and "needs --sources" in refused.stderr

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, single, torchrun
+from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, run_ranks, single
 from tiny_multilingual import CONVENTIONS, LANG_CODES, build_tiny_multilingual
 
 N = 9
@@ -95,10 +95,10 @@ def test_csv_equals_jsonl(tiny_model, files, env, reference, tmp_path):
     _same_results(tmp_path / "out", reference)
 
 
-def test_saved_folder_under_torchrun_2_ranks_equals_1_rank(tiny_model, files, env, reference, tmp_path):
+def test_saved_folder_at_2_ranks_equals_1_rank(tiny_model, files, env, reference, tmp_path):
     """A save_to_disk DatasetDict, split picked by --type_path, over 2 real ranks."""
     save = tmp_path / "out"
-    assert_ok(torchrun(2, ["--model_name", str(tiny_model), "--dataset", str(files["saved"]), *ARGS,
+    assert_ok(run_ranks(2, ["--model_name", str(tiny_model), "--dataset", str(files["saved"]), *ARGS,
                            "--save_dir", str(save)], cwd=tmp_path, env=env))
     _same_results(save, reference)
     m = metrics_of(save)

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _env, assert_ok, metric_values, metrics_of, torchrun
+from conftest import REPO, _env, assert_ok, metric_values, metrics_of, run_ranks
 
 MODEL = REPO / "data_samples" / "model"
 BARS = {"translation": ("bleu", 60.0), "summarization": ("rougeL", 60.0)}
@@ -44,7 +44,7 @@ def embedded_runs(request, tmp_path_factory):
             continue
         saves[n] = root / f"w{n}"
         # No --model_name/--data_dir: the embedded defaults for the task.
-        assert_ok(torchrun(n, ["--task", task, "--save_dir", str(saves[n])], cwd=root, timeout=300))
+        assert_ok(run_ranks(n, ["--task", task, "--save_dir", str(saves[n])], cwd=root, timeout=300))
     return task, saves
 
 

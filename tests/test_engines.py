@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _env, assert_ok, metric_values, metrics_of, single, torchrun
+from conftest import _env, assert_ok, metric_values, metrics_of, run_ranks, single
 from faults import wait_for_lines
 
 pytest.importorskip("ctranslate2", reason='the ctranslate2 extra is not installed (pip install -e ".[ctranslate2]")')
@@ -212,7 +212,7 @@ def embedded(request, cache, tmp_path_factory):
     assert_ok(single(["--task", task, "--save_dir", str(saves["hf"])], cwd=root))
     assert_ok(single(["--task", task, *CT2, "--save_dir", str(saves[1])], cwd=root, env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
     for n in (2, 3):
-        assert_ok(torchrun(n, ["--task", task, *CT2, "--save_dir", str(saves[n])], cwd=root,
+        assert_ok(run_ranks(n, ["--task", task, *CT2, "--save_dir", str(saves[n])], cwd=root,
                            env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
     return task, saves
 
@@ -253,7 +253,7 @@ def test_pseudolabels_from_ctranslate2(cache, tmp_path):
     assert all(r["scores"] == sorted(r["scores"], reverse=True) for r in rows)
     one, two = tmp_path / "one", tmp_path / "two"
     assert_ok(single([*CT2, *SAMPLE, "--save_dir", str(one)], cwd=tmp_path, env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
-    assert_ok(torchrun(2, [*CT2, *SAMPLE, "--save_dir", str(two)], cwd=tmp_path, env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
+    assert_ok(run_ranks(2, [*CT2, *SAMPLE, "--save_dir", str(two)], cwd=tmp_path, env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
     for name in ("pseudolabel_results.json", "test_pseudolabels.jsonl", "test_generations.txt"):
         assert (one / name).read_bytes() == (two / name).read_bytes()
     sampled = json.loads((one / "pseudolabel_results.json").read_text())

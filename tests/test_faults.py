@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
+from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, run_ranks, single, write_legacy
 from faults import alive, find_worker, wait_for_lines
 
 # 48 examples, one per batch, each forced to decode 30 steps: long enough (a few seconds per
@@ -89,7 +89,7 @@ def test_killed_rank_loses_only_its_batch_in_flight_and_resume_completes(slow_ca
     kept = journal.read_bytes().count(b"\n")
     assert kept >= 3  # what the dead rank finished is still there
     # Resume on a different world size: batches are global, so they carry over.
-    resumed = torchrun(3, args + ["--save_dir", str(save), "--resume"], cwd=tmp_path)
+    resumed = run_ranks(3, args + ["--save_dir", str(save), "--resume"], cwd=tmp_path)
     assert_ok(resumed)
     same_result(save, reference)
     per_rank = metrics_of(save)["throughput"]["per_rank"]
@@ -167,7 +167,7 @@ def test_rank_killed_in_the_shared_tail_and_resume_completes(slow_case, tmp_path
     assert not (save / "test_bleu.json").exists()
     lines = [line for line in err.splitlines() if line.startswith("seq2seq_eval: error:")]
     assert any("did not write their slice of the outputs" in x and "--resume" in x for x in lines), err[-4000:]
-    resumed = torchrun(2, args + ["--save_dir", str(save), "--resume", "--shared_tail"], cwd=tmp_path)
+    resumed = run_ranks(2, args + ["--save_dir", str(save), "--resume", "--shared_tail"], cwd=tmp_path)
     assert_ok(resumed)
     same_result(save, reference)
     assert sum(r["resumed_batches"] for r in metrics_of(save)["throughput"]["per_rank"]) == 48

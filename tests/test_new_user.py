@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _env, assert_ok, make_corpus, metrics_of, single, torchrun, write_legacy
+from conftest import REPO, _env, assert_ok, make_corpus, metrics_of, run_ranks, single, write_legacy
 from faults import wait_for_lines
 
 from seq2seq_eval.run.dist import DistEnv
@@ -83,7 +83,7 @@ def sampled(tiny_model, data, tmp_path_factory) -> dict[str, Path]:
     for name, extra, nproc in (("one", ["--seed", "7"], 1), ("two", ["--seed", "7"], 2), ("other", ["--seed", "8"], 1)):
         save = root / name
         args = base + extra + ["--save_dir", str(save)]
-        assert_ok(single(args, cwd=root) if nproc == 1 else torchrun(nproc, args, cwd=root))
+        assert_ok(single(args, cwd=root) if nproc == 1 else run_ranks(nproc, args, cwd=root))
         out[name] = save
     return out
 

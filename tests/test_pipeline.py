@@ -1,4 +1,4 @@
-"""End to end through real ranks: torchrun with gloo on CPU at 1, 2 and 3 processes."""
+"""End to end through real ranks: gloo on CPU at 1, 2 and 3 processes."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 from seq2seq_eval.run.rankfiles import read_rank_output
-from conftest import assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
+from conftest import assert_ok, make_corpus, metric_values, metrics_of, run_ranks, single, write_legacy
 
 
 @pytest.fixture(scope="module")
 def runs23(tiny_model, data23, tmp_path_factory):
-    """The same evaluation at world sizes 1, 2 and 3 (and once without torchrun)."""
+    """The same evaluation at world sizes 1, 2 and 3 (and once as one plain process)."""
     root = tmp_path_factory.mktemp("runs23")
     out = {}
     for n in (1, 2, 3):
         save = root / f"w{n}"
-        assert_ok(torchrun(n, ["--model_name", str(tiny_model), "--data_dir", str(data23), "--bs", "4",
+        assert_ok(run_ranks(n, ["--model_name", str(tiny_model), "--data_dir", str(data23), "--bs", "4",
                                "--save_dir", str(save)], cwd=root))
         out[n] = save
     save = root / "plain"
@@ -69,7 +69,7 @@ def test_more_ranks_than_batches(tiny_model, tmp_path):
     src, tgt = make_corpus(5, seed=3)
     data = write_legacy(tmp_path / "data", src, tgt)
     args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--bs", "4"]
-    assert_ok(torchrun(3, args + ["--save_dir", str(tmp_path / "w3"), "--debug", "--no_steal"], cwd=tmp_path))
+    assert_ok(run_ranks(3, args + ["--save_dir", str(tmp_path / "w3"), "--debug", "--no_steal"], cwd=tmp_path))
     assert_ok(single(args + ["--save_dir", str(tmp_path / "w1")], cwd=tmp_path))
     assert (tmp_path / "w3" / "test_generations.txt").read_bytes() == (tmp_path / "w1" / "test_generations.txt").read_bytes()
     rank2 = read_rank_output(tmp_path / "w3_tmp" / "rank_2_output.json", 2)

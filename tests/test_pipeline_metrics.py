@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from seq2seq_eval.run.rankfiles import read_rank_output
-from conftest import assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
+from conftest import assert_ok, make_corpus, metric_values, metrics_of, run_ranks, single, write_legacy
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 METRICS = "bleu,chrf,ter"
@@ -38,7 +38,7 @@ def two_refs(tiny_model, tmp_path_factory):
         save = root / f"w{n}"
         args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--bs", "4", "--metrics", METRICS,
                 "--save_dir", str(save)] + (["--debug"] if n == 3 else [])
-        proc = torchrun(n, args, cwd=root)
+        proc = run_ranks(n, args, cwd=root)
         assert_ok(proc)
         runs[n] = (save, proc)
     return {"root": root, "data": data, "refs": (tgt, tgt2), "runs": runs}

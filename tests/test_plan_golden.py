@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_ok, make_corpus, single, torchrun, write_legacy
+from conftest import assert_ok, make_corpus, run_ranks, single, write_legacy
 
 from seq2seq_eval.run.plan import assign_batches, make_batches, plan_digest
 
@@ -152,7 +152,7 @@ def golden_runs(tiny_model, tmp_path_factory):
     for k, (name, (nproc, extra)) in enumerate(RUNS.items()):
         save = root / f"out{k}"
         args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--save_dir", str(save), *extra]
-        assert_ok(single(args, cwd=root) if nproc == 1 else torchrun(nproc, args, cwd=root))
+        assert_ok(single(args, cwd=root) if nproc == 1 else run_ranks(nproc, args, cwd=root))
         saves[name] = (save, args)
     return root, saves
 
