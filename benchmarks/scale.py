@@ -328,6 +328,14 @@ def floor_point(py: str, folders: dict[int, Path], n: int, r: dict[str, Any], st
           flush=True)
 
 
+def _short(n: int) -> str:
+    """A size in the ratio column's header: 1k, 10M; small sizes as they are."""
+    for unit, name in ((1_000_000, "M"), (1000, "k")):
+        if n >= unit and n % unit == 0:
+            return f"{n // unit}{name}"
+    return f"{n:,}"
+
+
 def report(rows: dict[int, dict[str, Any]], sizes: list[int]) -> None:
     def fmt(v: Any) -> str:
         if v is None:
@@ -348,7 +356,7 @@ def report(rows: dict[int, dict[str, Any]], sizes: list[int]) -> None:
              ("start-up alone: s", "startup"), ("start-up + tokenizer floor: s", "first_floor")]
     big = sizes[-1]
     ref = 100_000 if 100_000 in rows and big != 100_000 else sizes[0]
-    head = f"{'phase':<40}" + "".join(f"{n:>12,}" for n in sizes) + f"{f'{big // 1000}k/{ref // 1000}k':>12}"
+    head = f"{'phase':<40}" + "".join(f"{n:>12,}" for n in sizes) + f"{f'{_short(big)}/{_short(ref)}':>12}"
     print("\n" + head + "\n" + "-" * len(head))
     for label, key in lines:
         cells = "".join(f"{fmt(rows[n].get(key)):>12}" for n in sizes)
