@@ -17,6 +17,12 @@ import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One thread per pytest process, as every run the tests start has (_env): the xdist workers share
+# the cores, and torch's default of one OpenMP thread per core in each made the in-process model
+# tests 3x slower on a 2-core machine (spinning threads fighting over the cores).
+os.environ["OMP_NUM_THREADS"] = "1"
+if "torch" in sys.modules:  # imported by a plugin before this file: the variable came too late
+    sys.modules["torch"].set_num_threads(1)
 # Models converted for --engine ctranslate2 go to a cache of the test session's own (never the
 # user's ~/.cache), shared by the runs this pytest process starts and removed at its exit.
 _CT2_CACHE = tempfile.mkdtemp(prefix="s2s_test_cache_")

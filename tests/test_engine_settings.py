@@ -8,6 +8,7 @@ shows the tables themselves.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -192,8 +193,19 @@ def ct2_cache(tmp_path_factory):
         yield
 
 
+_OUTPUTS: dict[str, list[str]] = {}
+
+
 def _outputs(engine_name: str, settings: tuple = ()) -> list[str]:
-    """Greedy texts of 16 embedded translation sources, through the engine as a run loads it."""
+    """Greedy texts of 16 embedded translation sources, through the engine as a run loads it
+    (each engine and settings once per module: the tests compare the same few several times)."""
+    key = json.dumps([engine_name, settings])
+    if key not in _OUTPUTS:
+        _OUTPUTS[key] = _generate_outputs(engine_name, settings)
+    return list(_OUTPUTS[key])
+
+
+def _generate_outputs(engine_name: str, settings: tuple) -> list[str]:
     cfg = EvalConfig(engine=engine_name, generate_kwargs=(("num_beams", 1), *settings))
     tok = model_settings.load_tokenizer(cfg)
     model_config, base = model_settings.load_model_config(cfg)

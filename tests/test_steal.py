@@ -19,7 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, single, torchrun, write_legacy
+from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, run_ranks, single, write_legacy
 from faults import Throttle, find_worker, stop_all, wait_for_lines
 
 from seq2seq_eval.run.tmpdir import prepare_tmp_dir
@@ -213,7 +213,7 @@ def test_killed_slow_rank_then_resume_generates_each_batch_once(case, tmp_path):
         stop_all(proc, throttle)
     before = _finished_lines(tmp)
     assert 0 < len(before) < N_BATCHES and set(before.values()) == {1}
-    assert_ok(torchrun(2, args + ["--save_dir", str(save), "--resume", "--debug"], cwd=tmp_path))
+    assert_ok(run_ranks(2, args + ["--save_dir", str(save), "--resume", "--debug"], cwd=tmp_path))
     # Journaled batches were reused, whoever had claimed them; the ones in flight ran once more.
     assert _finished_lines(tmp) == {i: 1 for i in range(N_BATCHES)}
     tp = metrics_of(save)["throughput"]
