@@ -1,9 +1,9 @@
 """benchmarks/throughput.py end to end on tiny data: each kind of method runs and every column prints.
 
 No timing is asserted: on a shared CI machine the figures say nothing; the point is that the
-real multi-process jobs (both baseline workers, seq2seq_eval on each engine, the bare
-CTranslate2 loop), the tail micro-benchmark and the report all work. (c), (f) and (h) are (d)
-and (e) with other flags.
+real torchrun jobs (both baseline workers, seq2seq_eval on each engine, the bare CTranslate2
+loop; one worker each here, as each start costs a few seconds of imports), the tail
+micro-benchmark and the report all work. (c), (f) and (h) are (d) and (e) with other flags.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_benchmark_prints_every_column(tiny_model, tmp_path):
     below on figures made up for it."""
     pytest.importorskip("ctranslate2")  # methods e and g run the CTranslate2 engine
     out = tmp_path / "bench"
-    proc = bench("throughput.py", ["--model", str(tiny_model), "--n", "30", "--nproc", "2", "--bs", "4", "--num_beams", "2",
+    proc = bench("throughput.py", ["--model", str(tiny_model), "--n", "30", "--nproc", "1", "--bs", "4", "--num_beams", "2",
                                    "--tail_records", "200", "--rounds", "1", "--methods", "abdeg", "--out", str(out)],
                  tmp_path, timeout=600)
     lines = proc.stdout.splitlines()

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _env, assert_ok, metric_values, metrics_of, run_ranks
+from conftest import REPO, _env, assert_ok, metric_values, metrics_of, run_ranks, single
 
 MODEL = REPO / "data_samples" / "model"
 BARS = {"translation": ("bleu", 60.0), "summarization": ("rougeL", 60.0)}
@@ -81,3 +81,44 @@ def test_quickstart_command(quickstart_run):
     assert "bleu" in proc.stdout
     m = metrics_of(save)
     assert m["bleu"] >= 60 and m["n_gpus"] == 2
+
+
+# ---------------------------------------------------------------- the CTranslate2 engine on the same sets
+
+CT2 = ["--engine", "ctranslate2"]
+
+
+@pytest.fixture(scope="module")
+def ct2_runs(embedded_runs, tmp_path_factory):
+    """CTranslate2 at 1, 2 and 3 ranks on the task's embedded sample set, beside the HF engine's
+    1-rank run above (conversions in the test session's cache, conftest)."""
+    pytest.importorskip("ctranslate2", reason='the ctranslate2 extra is not installed (pip install -e ".[ctranslate2]")')
+    task, hf_saves = embedded_runs
+    root = tmp_path_factory.mktemp(f"ct2_{task}")
+    saves = {"hf": hf_saves[1], 1: root / "w1", 2: root / "w2", 3: root / "w3"}
+    assert_ok(single(["--task", task, *CT2, "--save_dir", str(saves[1])], cwd=root))
+    for n in (2, 3):
+        assert_ok(run_ranks(n, ["--task", task, *CT2, "--save_dir", str(saves[n])], cwd=root, timeout=300))
+    return task, saves
+
+
+def test_ctranslate2_agrees_with_hf_on_the_embedded_model(ct2_runs):
+    task, saves = ct2_runs
+    hf = (saves["hf"] / "test_generations.txt").read_text().splitlines()
+    ours = (saves[1] / "test_generations.txt").read_text().splitlines()
+    assert len(ours) == len(hf)
+    assert sum(a == b for a, b in zip(hf, ours)) >= 0.95 * len(hf)
+    key = "bleu" if task == "translation" else "rougeL"
+    m_hf, m_ours = metrics_of(saves["hf"], METRIC_FILE[task]), metrics_of(saves[1], METRIC_FILE[task])
+    assert abs(m_hf[key] - m_ours[key]) <= 0.3
+    assert m_ours["provenance"]["engine"]["name"] == "ctranslate2"
+    assert m_ours["provenance"]["engine"]["compute_type"] == "default"
+    assert m_hf["provenance"]["engine"] == {"name": "hf"}
+
+
+def test_ctranslate2_outputs_are_identical_at_any_world_size(ct2_runs):
+    task, saves = ct2_runs
+    gens = {n: (saves[n] / "test_generations.txt").read_bytes() for n in (1, 2, 3)}
+    assert gens[1] == gens[2] == gens[3]
+    values = {n: metric_values(metrics_of(saves[n], METRIC_FILE[task])) for n in (1, 2, 3)}
+    assert values[1] == values[2] == values[3]

@@ -1,7 +1,8 @@
 """The CTranslate2 engine (--engine ctranslate2) against the HF engine, and what it shares with it.
 
-Runs go through the real CLI (forked interpreters and torchrun ranks); the settings table calls
-the engines directly on the embedded model. Converted models go to a cache of this module's own,
+Runs go through the real CLI (forked interpreters and ranks); the settings table calls
+the engines directly on the embedded model (the engine on the whole embedded sample sets is in
+test_embedded.py, beside the HF engine's runs). Converted models go to a cache of this module's own,
 so that what a test says about conversion (once, reused on resume) is about its own runs.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _env, assert_ok, metric_values, metrics_of, run_ranks, single
+from conftest import _env, assert_ok, metrics_of, run_ranks, single
 from faults import wait_for_lines
 
 pytest.importorskip("ctranslate2", reason='the ctranslate2 extra is not installed (pip install -e ".[ctranslate2]")')
@@ -30,7 +31,6 @@ from seq2seq_eval.engines import ct2  # noqa: E402
 from seq2seq_eval.errors import ConfigError  # noqa: E402
 
 CT2 = ["--engine", "ctranslate2"]
-METRIC_FILE = {"translation": "test_bleu.json", "summarization": "test_rouge.json"}
 
 
 @pytest.fixture(scope="module")
@@ -198,45 +198,6 @@ def test_sampling_is_seeded_per_batch(cache):
     first, again, other = engine.generate(batches[0], 4), engine.generate(batches[0], 4), engine.generate(batches[0], 5)
     assert first == again and first.preds != other.preds
     assert all(len(set(p)) > 1 for p in first.preds)  # three draws, not one text three times
-
-
-# ---------------------------------------------------------------- runs on the embedded model
-
-
-@pytest.fixture(scope="module", params=["translation", "summarization"])
-def embedded(request, cache, tmp_path_factory):
-    """Each engine on the task's embedded sample set: HF at 1 rank, CTranslate2 at 1, 2 and 3."""
-    task = request.param
-    root = tmp_path_factory.mktemp(f"ct2_{task}")
-    saves = {"hf": root / "hf", 1: root / "w1", 2: root / "w2", 3: root / "w3"}
-    assert_ok(single(["--task", task, "--save_dir", str(saves["hf"])], cwd=root))
-    assert_ok(single(["--task", task, *CT2, "--save_dir", str(saves[1])], cwd=root, env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
-    for n in (2, 3):
-        assert_ok(run_ranks(n, ["--task", task, *CT2, "--save_dir", str(saves[n])], cwd=root,
-                           env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
-    return task, saves
-
-
-def test_ctranslate2_agrees_with_hf_on_the_embedded_model(embedded):
-    task, saves = embedded
-    hf = (saves["hf"] / "test_generations.txt").read_text().splitlines()
-    ours = (saves[1] / "test_generations.txt").read_text().splitlines()
-    assert len(ours) == len(hf)
-    assert sum(a == b for a, b in zip(hf, ours)) >= 0.95 * len(hf)
-    key = "bleu" if task == "translation" else "rougeL"
-    m_hf, m_ours = metrics_of(saves["hf"], METRIC_FILE[task]), metrics_of(saves[1], METRIC_FILE[task])
-    assert abs(m_hf[key] - m_ours[key]) <= 0.3
-    assert m_ours["provenance"]["engine"]["name"] == "ctranslate2"
-    assert m_ours["provenance"]["engine"]["compute_type"] == "default"
-    assert m_hf["provenance"]["engine"] == {"name": "hf"}
-
-
-def test_ctranslate2_outputs_are_identical_at_any_world_size(embedded):
-    task, saves = embedded
-    gens = {n: (saves[n] / "test_generations.txt").read_bytes() for n in (1, 2, 3)}
-    assert gens[1] == gens[2] == gens[3]
-    values = {n: metric_values(metrics_of(saves[n], METRIC_FILE[task])) for n in (1, 2, 3)}
-    assert values[1] == values[2] == values[3]
 
 
 SAMPLE = ["--do_sample", "true", "--num_beams", "1", "--num_return_sequences", "3", "--n_obs", "24", "--bs", "4",
