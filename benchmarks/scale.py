@@ -227,6 +227,7 @@ def main() -> int:
     p.add_argument("--jsonl", action="store_true", help="also a dry run on the same examples as one JSON Lines file")
     p.add_argument("--no_run", action="store_true", help="skip the 2-rank run")
     p.add_argument("--no_floor", action="store_true", help="skip the tokenizer-alone floor")
+    p.add_argument("--startup_runs", type=int, default=2, help="fresh interpreters timed for the start-up floor (best of)")
     a = p.parse_args()
     sizes = sorted(int(x) for x in a.sizes.split(","))
     root = Path(a.out).resolve()
@@ -234,7 +235,7 @@ def main() -> int:
     print(f"sizes {sizes}; data under {root}", flush=True)
     folders = make_data(root, sizes)
     py = sys.executable
-    startup = startup_seconds(py)
+    startup = startup_seconds(py, a.startup_runs)
     print(f"start-up alone (interpreter, imports, model load) {startup:.1f} s", flush=True)
     rows: dict[int, dict[str, Any]] = {}
     for n in sizes:

@@ -34,10 +34,11 @@ import tempfile
 from pathlib import Path
 
 # What every run that gets past its flags imports (the model's libraries, the metrics' and the
-# rank files'), the bulk of its start-up. Not `datasets`: it reads its cache location from the
-# environment when imported, and runs set their own.
+# rank files', this package's own, and pandas, which pyarrow imports on its first table), the bulk
+# of its start-up. Not `datasets`: it reads its cache location from the environment when
+# imported, and runs set their own.
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers.generation", "sacrebleu",
-           "rouge_score.rouge_scorer", "pyarrow")
+           "rouge_score.rouge_scorer", "pyarrow", "pandas", "seq2seq_eval.cli", "seq2seq_eval.run.runner")
 
 
 class ForkServer:

@@ -22,7 +22,7 @@ PHASES = ("dry run: wall s", "dry run: peak RSS MB", "prepare: examples s", "pre
 def test_small_run_prints_every_phase(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--sizes", "200", "--full_run_max", "200",
-         "--out", str(tmp_path / "bench")],
+         "--startup_runs", "1", "--out", str(tmp_path / "bench")],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=_env(None),
     )
     assert_ok(proc)

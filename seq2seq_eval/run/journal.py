@@ -37,7 +37,9 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._drop_torn_tail()
-        self._f = open(path, "ab")
+        # Unbuffered: after a failed write nothing of the line may stay in a buffer, where a later
+        # flush (at close, once the truncation below has freed some space) would append its tail.
+        self._f = open(path, "ab", buffering=0)
 
     def _drop_torn_tail(self) -> None:
         # A crash mid-write leaves a last line without its newline; appending after it would
@@ -54,8 +56,9 @@ class Journal:
         line = json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
         start = self._f.tell()
         try:
-            self._f.write(line)
-            self._f.flush()
+            view = memoryview(line)
+            while view:
+                view = view[self._f.write(view):]
             os.fsync(self._f.fileno())
         except OSError as e:
             # Cut a partly written line off, so the journal ends on a whole batch for --resume
