@@ -107,6 +107,19 @@ def _fork_server() -> ForkServer:
         return _FORK_SERVER[0]
 
 
+# The files that take longest (measured on a 2-core machine), started first: pytest-xdist hands
+# whole files to its 2 workers in collection order (--dist loadfile), and a long file handed out
+# last leaves one worker alone at the end while the other core idles.
+LONGEST_FIRST = ("test_faults.py", "test_embedded.py", "test_benchmark_smoke.py", "test_steal.py", "test_engines.py",
+                 "test_comet.py", "test_new_user.py", "test_ecosystem.py", "test_scale_benchmark.py",
+                 "test_metrics_more.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 def pytest_sessionfinish(session):
     for server in _FORK_SERVER:
         server.close()
