@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _env, assert_ok, metrics_of, run_ranks, single
+from conftest import REPO, _env, assert_ok, metrics_of, run_ranks, single, torchrun
 
 from seq2seq_eval.errors import ConfigError, ModelError
 
@@ -268,8 +268,8 @@ def test_score_and_compare_over_files(one_rank, tmp_path):
     assert_ok(proc)
     printed = json.loads(proc.stdout)
     assert printed["comet"] == pytest.approx(got["comet"], abs=1e-6) and "bleu" in printed
-    # On 2 ranks the ranks share COMET's batches (one per example here) and rank 0 prints.
-    two = run_ranks(2, scoring, tmp_path)
+    # Under torchrun the ranks share COMET's batches (one per example here) and rank 0 prints.
+    two = torchrun(2, scoring, tmp_path)
     assert_ok(two)
     assert json.loads(two.stdout) == printed
     refused = single(["score", "--metrics", "comet", "--predictions", str(tmp_path / "pred"), "--references",
