@@ -195,7 +195,7 @@ def _run_ranks(request: dict, conn: socket.socket) -> int:
 
 
 def _become_run(request: dict) -> None:
-    """Turn this fork into `python -m seq2seq_eval ARGV`; never returns."""
+    """Turn this fork into `python -m seq2seq_eval ARGV` (or `python SCRIPT ARGV`); never returns."""
     import atexit
     import builtins
     import runpy
