@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from forked import ForkServer  # noqa: E402
+from forked import ForkServer, free_port  # noqa: E402,F401  (free_port: for the tests)
 from tiny_model import build_tiny_t5  # noqa: E402
 
 WORDS = (

@@ -41,6 +41,13 @@ PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers
            "rouge_score.rouge_scorer", "pyarrow", "pandas", "seq2seq_eval.cli", "seq2seq_eval.run.runner")
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (a rendezvous or store port)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class ForkServer:
     def __init__(self, env: dict[str, str]) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="s2s_fork_"))  # short: a socket path is at most 107 bytes
@@ -165,9 +172,7 @@ def _run_ranks(request: dict, conn: socket.socket) -> int:
     torchrun treats its workers: the first rank that fails stops the others, and the job's exit
     code is 1. Each rank's output is appended to the job's, rank by rank."""
     n = int(request["ranks"])
-    with socket.socket() as probe:  # a free port for rank 0's store (torchrun --standalone does the same)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # for rank 0's store (torchrun --standalone does the same)
     pids: dict[int, int] = {}
     for rank in range(n):
         env = {**request["env"], "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),

@@ -14,14 +14,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, run_ranks, single
+from conftest import _env, assert_ok, free_port, make_corpus, metric_values, metrics_of, run_ranks, single
 from tiny_multilingual import CONVENTIONS, LANG_CODES, build_tiny_multilingual
 
 N = 9
@@ -305,12 +304,6 @@ LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_
                  "TORCHELASTIC_RESTART_COUNT")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch_together(commands: list[tuple[list[str], dict]], cwd: Path, timeout: float = 240) -> list[subprocess.CompletedProcess]:
     """Start every command at once (they rendezvous with each other), then wait for all.
     Output goes to files, not pipes: a full pipe would block one process while we wait on another."""
@@ -339,7 +332,7 @@ def _launch_together(commands: list[tuple[list[str], dict]], cwd: Path, timeout:
 
 def test_two_torchrun_nodes_equal_one_process(tiny_model, files, env, reference, tmp_path):
     """Two torchrun agents as two "nodes" (c10d rendezvous on loopback), one rank each."""
-    endpoint, run_id = f"127.0.0.1:{_free_port()}", f"eco-{uuid.uuid4().hex[:8]}"
+    endpoint, run_id = f"127.0.0.1:{free_port()}", f"eco-{uuid.uuid4().hex[:8]}"
     args = ["--model_name", str(tiny_model), "--dataset", str(files["jsonl"]), *ARGS,
             "--save_dir", str(tmp_path / "out"), "--tmp_dir", str(tmp_path / "work")]
     commands = [
@@ -357,7 +350,7 @@ def test_two_torchrun_nodes_equal_one_process(tiny_model, files, env, reference,
 
 def test_srun_without_torchrun_equals_one_process(tiny_model, files, env, reference, tmp_path):
     """What `srun --ntasks 2 python -m seq2seq_eval` starts: SLURM_* variables, no torchrun ones."""
-    master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     args = ["--model_name", str(tiny_model), "--dataset", str(files["jsonl"]), *ARGS, "--save_dir", str(tmp_path / "out")]
     commands = [
         ([sys.executable, "-m", "seq2seq_eval", *args],

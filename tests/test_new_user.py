@@ -13,14 +13,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _env, assert_ok, make_corpus, metrics_of, run_ranks, single, write_legacy
+from conftest import REPO, _env, assert_ok, free_port, make_corpus, metrics_of, run_ranks, single, write_legacy
 from faults import wait_for_lines
 
 from seq2seq_eval.run.dist import DistEnv
@@ -284,14 +283,8 @@ def test_resume_command_names_the_whole_launch(env, expected):
     assert resume_command(env, ["--bs", "4", "--resume"]) == expected
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_rank_that_never_joins_is_named(tiny_model, data, tmp_path):
-    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     start = time.monotonic()
     proc = single(["--model_name", str(tiny_model), "--data_dir", str(data), "--save_dir", str(tmp_path / "o"),
                    "--sync_timeout", "3"], cwd=tmp_path, timeout=120, env=env)

@@ -10,7 +10,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import _env, assert_ok, make_corpus, metric_values, metrics_of, run_ranks, single, write_legacy
+from conftest import _env, assert_ok, free_port, make_corpus, metric_values, metrics_of, run_ranks, single, write_legacy
 from faults import Throttle, find_worker, stop_all, wait_for_lines
 
 from seq2seq_eval.run.tmpdir import prepare_tmp_dir
@@ -134,19 +133,13 @@ def _finished_lines(tmp_dir: Path) -> Counter:
     return seen
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_fast_rank_on_another_node_takes_over_a_slow_ranks_work(case, tmp_path):
     """Two torchrun agents as two "nodes" (c10d rendezvous on loopback), one rank each; node 1's
     rank runs half the time. Rank 0 takes batches from the end of rank 1's share through claim
     files in the shared temp dir, and the outputs are those of one undisturbed process."""
     root, args, reference = case
     save, tag = tmp_path / "out", uuid.uuid4().hex
-    endpoint, run_id = f"127.0.0.1:{_free_port()}", f"steal-{tag[:8]}"
+    endpoint, run_id = f"127.0.0.1:{free_port()}", f"steal-{tag[:8]}"
     procs = []
     for node in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),

@@ -24,7 +24,11 @@ from ..errors import RunStateError
 COPY_BYTES = 16 << 20
 """Bytes copied at a time while joining: memory stays at this, whatever the slices' size."""
 
-ROWS_PER_CHUNK = 20_000  # as write.ROWS_PER_CHUNK: rows taken from the rank files at a time
+ROWS_PER_CHUNK = 20_000
+"""Examples taken from the rank files at a time while writing, in data order (here and in
+write.py). Each chunk costs a call per record batch of the rank files (merge.RowTaker), so the
+number of calls grows with (N / chunk) * N; at 5,000 those calls were half of rank 0's tail on a million pseudolabels.
+20,000 such rows are about 50 MB."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ def line_columns(cfg: Any) -> list[str]:
     return columns
 
 
-def _concatenated(part: Any, column: str) -> memoryview:
+def concatenated(part: Any, column: str) -> memoryview:
     """The values of a binary column, end to end, without a Python object per row."""
     import numpy as np
 
@@ -64,7 +68,7 @@ def _concatenated(part: Any, column: str) -> memoryview:
     return memoryview(data)[int(offsets[0]) : int(offsets[-1])]
 
 
-def _scores(part: Any) -> tuple[list[Any], list[Any]]:
+def scores_of(part: Any) -> tuple[list[Any], list[Any]]:
     stats = [json.loads(x) for x in part.column("metric_stats").to_pylist()]
     sentence = [json.loads(x) for x in part.column("sentence_scores").to_pylist()]
     return stats, sentence
@@ -84,7 +88,7 @@ def write_part(cfg: Any, rows: Any, order: Any, stem: Path) -> int:
         for start in range(0, len(order), ROWS_PER_CHUNK):
             part = rows.take(order[start : start + ROWS_PER_CHUNK])
             for column in columns:
-                files[column].write(_concatenated(part, column))
+                files[column].write(concatenated(part, column))
             if cfg.scored:
                 files["scores"].write("".join(
                     f"{m}\t{s}\n" for m, s in zip(part.column("metric_stats").to_pylist(),
@@ -114,7 +118,7 @@ def _copy(path: Path, sink: Any, skip: int = 0) -> int:
     return copied
 
 
-def _join(parts: Parts, gen: Any, pseudo: Any, legacy: Any, jsonl: Any, examples_file: Any, totals: Any) -> None:
+def join_parts(parts: Parts, gen: Any, pseudo: Any, legacy: Any, jsonl: Any, examples_file: Any, totals: Any) -> None:
     """Rank 0's part of the shared tail: the slices end to end, and the metric added up in order."""
     legacy_started = False
     for stem in parts.stems:

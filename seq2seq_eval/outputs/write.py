@@ -13,7 +13,7 @@ from typing import Any
 
 from ..atomic import AtomicFile, dumps, write_atomic
 from ..config import EvalConfig
-from ..errors import OutputError, RunStateError
+from ..errors import OutputError
 from ..inputs.examples import Example
 from ..scoring.totals import MetricTotals
 from .locations import (
@@ -21,17 +21,10 @@ from .locations import (
     planned_outputs,
     stale_outputs,
 )
-from .parts import Parts, _concatenated, _join, _scores
+from .parts import ROWS_PER_CHUNK, Parts, concatenated, join_parts, scores_of
 from .record import OutputRecord
 
 logger = logging.getLogger("seq2seq_eval")
-
-
-ROWS_PER_CHUNK = 20_000
-"""Examples taken from the rank files at a time while writing, in data order. Each chunk costs a
-call per record batch of the rank files (merge.RowTaker), so the number of calls grows with
-(N / chunk) * N; at 5,000 those calls were half of rank 0's tail on a million pseudolabels.
-20,000 such rows are about 50 MB."""
 
 
 # One encoder for every record: json.dumps builds a new JSONEncoder per call when given options,
@@ -136,21 +129,21 @@ def write_outputs(
         if legacy is not None:
             legacy.write(b"[" if n_rows else b"[]")
         if isinstance(rows, Parts):
-            _join(rows, gen, pseudo, legacy, jsonl, examples_file, totals)
+            join_parts(rows, gen, pseudo, legacy, jsonl, examples_file, totals)
         for start in range(0, len(order), ROWS_PER_CHUNK) if not isinstance(rows, Parts) else ():
             part = rows.take(order[start : start + ROWS_PER_CHUNK])
-            generations = _concatenated(part, "out_gen")
+            generations = concatenated(part, "out_gen")
             gen.write(generations)
             if pseudo is not None:
                 pseudo.write(generations)
             if legacy is not None and jsonl is not None:
-                elements = _concatenated(part, "out_legacy")
+                elements = concatenated(part, "out_legacy")
                 legacy.write(elements[1:] if start == 0 else elements)  # no comma before the first
-                jsonl.write(_concatenated(part, "out_jsonl"))
+                jsonl.write(concatenated(part, "out_jsonl"))
             if totals is not None:
-                totals.add(*_scores(part))
+                totals.add(*scores_of(part))
                 if examples_file is not None:
-                    examples_file.write(_concatenated(part, "out_example"))
+                    examples_file.write(concatenated(part, "out_example"))
         for start in range(0, len(store), ROWS_PER_CHUNK) if refs_files else ():
             examples = store.slice(start, min(ROWS_PER_CHUNK, len(store) - start))
             for k, f in enumerate(refs_files):

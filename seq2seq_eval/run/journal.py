@@ -68,7 +68,7 @@ class Journal:
             raise resumable_write_error(self.path, e) from e
 
     def close(self) -> None:
-        # A full disk can also fail the final flush of an already failed journal.
+        # Nothing is buffered to flush, but close(2) itself may report a deferred write error (NFS).
         with contextlib.suppress(OSError):
             self._f.close()
 
