@@ -12,7 +12,6 @@ statistics in data order, exactly the bytes and the arithmetic of writing them i
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
