@@ -76,6 +76,9 @@ METHOD_NAMES = {
     "b": "(b) legacy split",
     "d": "(d) s2s --max_tokens",
     "d0": "(d0) d, generate()'s cache",
+    "db": "(db) s2s --bs",
+    "dk": "(dk) d, cuDNN attention allowed",
+    "ax": "(ax) a, no cuDNN attention",
 }
 DTYPE_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 MIN_STEP_S = 20  # a step with less time left than this is skipped, not started
@@ -141,6 +144,34 @@ def own_cache():
         hf.beam_cache = saved
 
 
+@contextlib.contextmanager
+def cudnn_attention_allowed():
+    """seq2seq_eval's HF engine as it was before it kept generate() off cuDNN's attention kernels
+    (its HF engine looks attention_backends up at call time)."""
+    from seq2seq_eval.engines import hf
+
+    saved = hf.attention_backends
+    hf.attention_backends = lambda device: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        hf.attention_backends = saved
+
+
+def no_cudnn_attention(device: str) -> Any:
+    """The tutorial loop with the attention kernels seq2seq_eval's HF engine allows."""
+    import torch
+
+    from seq2seq_eval.engines import hf
+
+    return hf.attention_backends(torch.device(device))
+
+
+# The context each method runs in, beyond its own code.
+METHOD_CONTEXT = {"d0": lambda device: own_cache(), "dk": lambda device: cudnn_attention_allowed(),
+                  "ax": no_cudnn_attention}
+
+
 def fresh_memory(device: str) -> None:
     """Between methods: nothing of the previous one left, and the peak counter restarted, so each
     method's peak is its own (model weights included)."""
@@ -175,8 +206,8 @@ def peak_counted(key: str, device: str) -> bool:
 ENGINE_OF = {"d": "hf", "e32": "ctranslate2", "e16": "ctranslate2", "e8": "ctranslate2"}
 
 
-def s2s_config(spec: dict[str, Any], model: Path, data_dir: Path, save: Path, max_tokens: int,
-               compute_type: str | None = None) -> Any:
+def s2s_config(spec: dict[str, Any], model: Path, data_dir: Path, save: Path, max_tokens: int | None,
+               compute_type: str | None = None, bs: int | None = None) -> Any:
     from seq2seq_eval.config import EvalConfig
 
     engine = {"engine": "ctranslate2", "compute_type": compute_type} if compute_type else {}
@@ -186,7 +217,7 @@ def s2s_config(spec: dict[str, Any], model: Path, data_dir: Path, save: Path, ma
         gen.append(("max_new_tokens", spec["max_new_tokens"]))
     return EvalConfig(
         model_name=str(model), data_dir=str(data_dir), task=tp.TASK, save_dir=str(save), tmp_dir=f"{save}_tmp",
-        max_tokens=max_tokens, device=spec["device"], fp16=spec["dtype"] == "float16" and not compute_type,
+        max_tokens=None if bs else max_tokens, bs=bs, device=spec["device"], fp16=spec["dtype"] == "float16" and not compute_type,
         bf16=spec["dtype"] == "bfloat16" and not compute_type,
         debug=True,  # --debug keeps the journals collect_seq2seq_eval reads
         generate_kwargs=tuple(gen), **engine,
@@ -202,21 +233,24 @@ def run_method(key: str, spec: dict[str, Any], model: Path, data_dir: Path, wher
 
     save = tp.fresh(where / f"{key}")
     fresh_memory(spec["device"])
-    if key in ("a", "b"):
+    context = METHOD_CONTEXT.get(key, lambda device: contextlib.nullcontext())(spec["device"])
+    if key in ("a", "b", "ax"):
         args = argparse.Namespace(
             model=str(model), data_dir=str(data_dir), save_dir=str(save), bs=spec["bs"], num_beams=spec["num_beams"],
             device=spec["device"], dtype=spec["dtype"], max_new_tokens=spec.get("max_new_tokens"),
         )
         t0 = time.perf_counter()
-        with group_of_one():
+        with group_of_one(), context:
             worker = tp.Worker(args)
-            (tp.run_tutorial if key == "a" else tp.run_legacy)(worker)
-        result = tp.collect_baseline(key, save, time.perf_counter() - t0, None)
+            (tp.run_legacy if key == "b" else tp.run_tutorial)(worker)
+        result = tp.collect_baseline("a" if key == "ax" else key, save, time.perf_counter() - t0, None)
+        result.key, result.name = key, method_name(key, spec["device"])
     else:
         tp.fresh(Path(f"{save}_tmp"))
-        cfg = s2s_config(spec, model, data_dir, save, max_tokens, CT2_COMPUTE[spec["device"]].get(key))
+        cfg = s2s_config(spec, model, data_dir, save, max_tokens, CT2_COMPUTE[spec["device"]].get(key),
+                         bs=spec["bs"] if key == "db" else None)
         t0 = time.perf_counter()
-        with own_cache() if key == "d0" else contextlib.nullcontext():
+        with context:
             runner.run(cfg, DistEnv())
         result = tp.collect_seq2seq_eval("d", str(model), save, Path(f"{save}_tmp"), time.perf_counter() - t0, None,
                                          max_tokens)
@@ -257,7 +291,8 @@ def warm_up(spec: dict[str, Any], model: Path, data_dir: Path, where: Path) -> N
 
 def profile_batch(spec: dict[str, Any], model: Path, data_dir: Path, max_tokens: int, out: Path) -> dict[str, Any]:
     """seq2seq_eval's costliest planned batch under torch.profiler, with its beam cache and with
-    generate()'s own: wall seconds of an unprofiled call each, and the top operators by self time."""
+    generate()'s own (fp32), or with and without cuDNN's attention kernels (fp16/bf16): wall seconds
+    of an unprofiled call each, and the top operators by self time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -282,7 +317,10 @@ def profile_batch(spec: dict[str, Any], model: Path, data_dir: Path, max_tokens:
     sort_key = "self_device_time_total" if cuda else "self_cpu_time_total"
     found: dict[str, Any] = {"rows": len(ids), "padded_len": batch.padded_len, "seconds": {}, "top": {}, "files": []}
     slug = f"{spec['model']}_{DTYPE_SHORT[spec['dtype']]}"
-    for label, patch in (("beam_cache", contextlib.nullcontext), ("own_cache", own_cache)):
+    # fp32 never reaches cuDNN's attention: there the question is the beam cache's worth.
+    variants = ((("beam_cache", contextlib.nullcontext), ("own_cache", own_cache)) if spec["dtype"] == "float32"
+                else (("no_cudnn_attention", contextlib.nullcontext), ("cudnn_attention", cudnn_attention_allowed)))
+    for label, patch in variants:
         with patch():
             gen.generate(ids, 0)  # warm
             t0 = time.perf_counter()
@@ -475,6 +513,10 @@ def plan_configs(a: argparse.Namespace, out: Path, data: Path) -> list[dict[str,
                     "methods": common["methods"] + ct2, "sweep_methods": ["d"] + ct2[:1]}]
     if a.configs:
         configs = [c for c in configs if c["name"] in a.configs]
+    if a.methods:
+        # The CTranslate2 methods only where the configuration had them (fp32, package there).
+        for c in configs:
+            c["methods"] = [m for m in a.methods if m in METHOD_NAMES or m in c["methods"]]
     for c in configs:
         c["out"] = str(out / "configs" / re.sub(r"[^A-Za-z0-9]+", "_", c["name"]))
     return configs
@@ -621,13 +663,15 @@ def render(tests: dict[str, Any] | None, results: list[dict[str, Any]], a: argpa
         summary["suggested_max_tokens"] = suggestions
     profiles = [e for e in summary["configs"] if e.get("profile")]
     if profiles:
-        lines += ["", "one planned batch (the costliest), seq2seq_eval's beam cache vs generate()'s own"]
+        lines += ["", "one planned batch (the costliest), unprofiled seconds per variant (fp32: seq2seq_eval's beam "
+                  "cache vs generate()'s own; fp16/bf16: without and with cuDNN's attention)"]
         for e in profiles:
             p = e["profile"]
-            top = p["top"]["beam_cache"][0] if p["top"].get("beam_cache") else ["-", 0.0]
-            lines.append(f"{e['name']:<20}{p['rows']} rows x {p['padded_len']} tokens: beam cache "
-                         f"{p['seconds']['beam_cache']:.2f} s, own cache {p['seconds']['own_cache']:.2f} s; "
-                         f"top op {top[0]} {top[1]:.2f} s (see profile_*.txt)")
+            first = next(iter(p["seconds"]))
+            top = p["top"][first][0] if p["top"].get(first) else ["-", 0.0]
+            seconds = ", ".join(f"{label} {value:.2f} s" for label, value in p["seconds"].items())
+            lines.append(f"{e['name']:<20}{p['rows']} rows x {p['padded_len']} tokens: {seconds}; "
+                         f"top op ({first}) {top[0]} {top[1]:.2f} s (see profile_*.txt)")
     lines.append("")
     for text, ok in verdicts:
         lines.append(f"{'PASS' if ok else 'MISS'}  {text}")
@@ -703,6 +747,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="for the embedded model (default: its own max_length 120; it stops at EOS)")
     p.add_argument("--configs", type=lambda text: [x.strip() for x in text.split(",") if x.strip()], default=None,
                    help="only these configurations, by name, comma-separated (e.g. 'embedded fp32,marian-opus fp32')")
+    p.add_argument("--methods", type=lambda text: [x.strip() for x in text.split(",") if x.strip()], default=None,
+                   help="comma-separated methods for every configuration, in this order (default a,b,d,d0 and the "
+                        "CTranslate2 ones): " + ", ".join(sorted(METHOD_NAMES)) + ", e32, e16, e8")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.tiny:
@@ -710,6 +757,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         a.rounds, a.bs, a.num_beams, a.max_new_tokens = 1, 4, 2, 6
         a.n_embedded = a.n_marian = a.n_sweep_embedded = a.n_sweep = 12
         a.sweep, a.sweep_embedded = [32, 96], []
+    unknown = [m for m in a.methods or () if m not in METHOD_NAMES and m not in CT2_COMPUTE["cuda"]]
+    if unknown:
+        p.error(f"--methods: unknown {', '.join(unknown)}; expected some of {', '.join([*METHOD_NAMES, *CT2_COMPUTE['cuda']])}")
     for flag in ("rounds", "bs", "num_beams", "n_embedded", "n_marian", "n_sweep", "n_sweep_embedded"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag} must be >= 1, got {getattr(a, flag)}")

@@ -225,3 +225,22 @@ def test_a_backend_that_cannot_select_into_a_view_reorders_as_usual(monkeypatch,
     assert spare_slot_appends["spare"] == 0
     assert torch.equal(ours.sequences, theirs.sequences)
     assert torch.equal(ours.sequences_scores, theirs.sequences_scores)
+
+
+def test_generation_on_cuda_keeps_off_cudnn_attention_and_cpu_is_left_alone():
+    """cuDNN's attention builds a plan per input shape, and beam search brings new shapes at every
+    step: the engine's generate() runs with every other backend on CUDA (docs/gpu.md, "Half
+    precision"), and with the default choice elsewhere. The flags come back as they were."""
+    from seq2seq_eval.engines.hf import attention_backends
+
+    pytest.importorskip("torch.nn.attention")
+    backends = torch.backends.cuda
+    before = (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled(),
+              backends.math_sdp_enabled())
+    with attention_backends(torch.device("cuda")):
+        assert not backends.cudnn_sdp_enabled()
+        assert backends.flash_sdp_enabled() and backends.mem_efficient_sdp_enabled() and backends.math_sdp_enabled()
+    assert (backends.cudnn_sdp_enabled(), backends.flash_sdp_enabled(), backends.mem_efficient_sdp_enabled(),
+            backends.math_sdp_enabled()) == before
+    with attention_backends(torch.device("cpu")):
+        assert backends.cudnn_sdp_enabled() == before[0]

@@ -188,6 +188,33 @@ def test_beam_cache_on_cuda_is_bit_identical_to_generates_own(family, dtype, opt
     assert ((steps >= 0) & (steps != steps[:, :1])).any()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_generation_calls_no_cudnn_attention(dtype):
+    """In fp16/bf16 torch may pick cuDNN's attention, which plans anew for every shape beam search
+    brings (a new key length each step): the HF engine keeps generate() off it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from seq2seq_eval.engines.hf import HFEngine
+    from seq2seq_eval.inputs.files import read_lines
+    from seq2seq_eval.model import settings as model_settings
+
+    cfg = EvalConfig(model_name=str(EMBEDDED_MODEL), generate_kwargs=(("num_beams", 4),))
+    tokenizer = model_settings.load_tokenizer(cfg)
+    model_config, base = model_settings.load_model_config(cfg)
+    gc = model_settings.generation_config_for(model_config, base, tokenizer, cfg)
+    device = torch.device("cuda")
+    model = model_settings.load_model(cfg, device).to(getattr(torch, dtype))
+    sources = read_lines(EMBEDDED_DATA["translation"] / "test.source")[:16]
+    ids, _ = model_settings.encode_sources(tokenizer, sources, "translate: ", 128)
+    engine = HFEngine(model, tokenizer, gc, device)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = engine.generate(ids, 0)
+    names = {e.key for e in prof.key_averages()}
+    assert any("scaled_dot_product" in n for n in names), sorted(names)  # attention ran through SDPA
+    assert not [n for n in names if "cudnn_attention" in n]
+    assert len(out.preds) == len(ids)
+
+
 # ---------------------------------------------------------------- out of memory, for real
 
 

@@ -56,6 +56,21 @@ class OncePerRun(logging.Filter):
                 handler.removeFilter(self)
 
 
+def attention_backends(device: Any) -> Any:
+    """The scaled-dot-product attention kernels generate() may use on `device`: on CUDA, every
+    backend but cuDNN's. cuDNN builds an execution plan for each new input shape, and beam search
+    brings a new one at every decoding step (the self-attention keys grow by one token) and with
+    every batch of another size; only fp16/bf16 run on it, which made half precision slower than
+    fp32 (docs/gpu.md, "Half precision"). Elsewhere nothing is restricted."""
+    if getattr(device, "type", str(device)) != "cuda":
+        return contextlib.nullcontext()
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3 has no cuDNN attention to avoid
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 class HFEngine:
     """Generates one batch at a time with `model.generate()` on one device."""
 
@@ -106,7 +121,8 @@ class HFEngine:
         if cache is not None and self.shrink:
             extra["custom_generate"] = shrink.shrinking_beam_search
         try:
-            with torch.inference_mode(), self._once.on(logging.getLogger("transformers")):
+            with torch.inference_mode(), self._once.on(logging.getLogger("transformers")), \
+                    attention_backends(self.device):
                 out = self.model.generate(
                     input_ids=input_ids.to(self.device, non_blocking=True),
                     attention_mask=attention.to(self.device, non_blocking=True),
