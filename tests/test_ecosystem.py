@@ -390,6 +390,17 @@ def test_provenance_same_inputs_same_file_but_timings(tiny_model, files, env, re
     assert p["generation"]["num_beams"] == 2 and p["generation"]["max_length"] == 12
     assert set(p["versions"]) >= {"torch", "transformers", "datasets", "sacrebleu", "rouge-score", "seq2seq_eval"}
     assert all(v != "not installed" for v in p["versions"].values())
+    import seq2seq_eval
+
+    # The running code's own version, also where the package has no installed metadata (a checkout
+    # on PYTHONPATH); installed, the metadata says the same.
+    assert p["versions"]["seq2seq_eval"] == seq2seq_eval.__version__
+    from importlib import metadata
+
+    try:
+        assert metadata.version("seq2seq_eval") == seq2seq_eval.__version__
+    except metadata.PackageNotFoundError:
+        pass
     assert len(p["model"]["weights_sha256"]) == 64 and p["model"]["name"] == str(tiny_model)
     assert len(p["data"]["sha256"]) == 64 and p["data"]["n_examples"] == N
     assert p["date"] and p["world_size"] == 1 and p["device_type"] == "cpu"

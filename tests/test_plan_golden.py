@@ -162,10 +162,35 @@ def digests(save: Path) -> dict[str, str]:
             if p.is_file() and not p.name.endswith(("_bleu.json", "_run_info.json")) and not p.name.startswith(".")}
 
 
+# The releases the digests were computed with. The examples and pseudolabel files hold floats (sentence
+# scores, beam scores) that other releases may compute to other last digits: on the GPU machine
+# (torch 2.11, transformers 5.17) those two files differed while every text file was identical.
+# There only the text files are compared.
+RECORDED_WITH = {"torch": "2.13.0", "transformers": "5.24.0", "tokenizers": "0.23.3", "sacrebleu": "2.6.0"}
+TEXT_FILES = ("test_generations.txt", "test.pseudo.target", "test_references.txt")
+
+
+def same_releases() -> bool:
+    from importlib import metadata
+
+    def release(name: str) -> str:
+        try:
+            return metadata.version(name).split("+")[0]
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return all(release(name) == version for name, version in RECORDED_WITH.items())
+
+
 @pytest.mark.parametrize("name", list(RUNS))
 def test_output_bytes_as_600d40a_wrote_them(golden_runs, name):
     _, saves = golden_runs
-    assert digests(saves[name][0]) == GOLDEN_OUTPUTS[name]
+    got, expected = digests(saves[name][0]), GOLDEN_OUTPUTS[name]
+    if not same_releases():
+        got = {k: v for k, v in got.items() if k in TEXT_FILES}
+        expected = {k: v for k, v in expected.items() if k in TEXT_FILES}
+        assert expected  # every run has a text file to compare
+    assert got == expected
 
 
 def test_journal_of_600d40a_format_resumes_on_the_same_batches(golden_runs):

@@ -15,8 +15,15 @@ VERSIONED = ("torch", "transformers", "datasets", "sacrebleu", "rouge-score", "s
 
 
 def package_versions() -> dict[str, str]:
+    from .. import __version__
+
     versions = {}
     for name in VERSIONED:
+        if name == "seq2seq_eval":
+            # The code that ran, also from a checkout on PYTHONPATH (no installed metadata there),
+            # and not another installed copy's.
+            versions[name] = __version__
+            continue
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
