@@ -99,6 +99,40 @@ class AtomicFile:
             self._tmp.unlink()
 
 
+class AdoptedFile:
+    """A complete, fsynced file written elsewhere (the shared tail's outputs, assembled in the
+    temp dir) that `commit` moves over the target, as AtomicFile does its temporary; across
+    filesystems, where no rename reaches, it is copied beside the target first."""
+
+    def __init__(self, path: Path, source: Path) -> None:
+        self.path = path
+        self.source = source
+
+    def commit(self) -> None:
+        try:
+            os.replace(self.source, self.path)
+            _fsync_dir(self.path.parent)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise write_error(self.path, e) from e
+            copy = AtomicFile(self.path)
+            try:
+                with open(self.source, "rb") as f:
+                    while block := f.read(COPY_BYTES):
+                        copy.write(block)
+            except OSError as e:
+                copy.discard()
+                raise write_error(self.path, e) from e
+            copy.commit()
+
+    def discard(self) -> None:
+        """Nothing to undo: the source stays in the temp dir, whose cleanup removes it."""
+
+
+COPY_BYTES = 16 << 20
+"""Bytes copied at a time across filesystems: memory stays at this, whatever the file's size."""
+
+
 def dumps(obj: Any) -> bytes:
     return (json.dumps(obj, ensure_ascii=False, sort_keys=True, indent=1) + "\n").encode("utf-8")
 

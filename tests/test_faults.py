@@ -136,9 +136,9 @@ def _wait_for(path: Path, proc: subprocess.Popen, what: str, timeout: float = 12
 
 
 def test_rank_killed_in_the_shared_tail_and_resume_completes(slow_case, tmp_path):
-    """Every batch is generated; rank 0 has written its slice of the outputs and waits for rank
-    1's, and rank 1 is killed in the tail: the run stops saying what is missing and how to
-    resume, and --resume (every batch from the journals) writes the same outputs."""
+    """Every batch is generated; rank 0 has said the sizes of its slice of the outputs and waits
+    for rank 1's, and rank 1 is killed in the tail: the run stops saying what is missing and how
+    to resume, and --resume (every batch from the journals) writes the same outputs."""
     root, args, reference = slow_case
     save = tmp_path / "out"
     tag = uuid.uuid4().hex
@@ -154,8 +154,8 @@ def test_rank_killed_in_the_shared_tail_and_resume_completes(slow_case, tmp_path
         stopped.append(rank1)
         os.kill(rank0, signal.SIGCONT)
         stopped.remove(rank0)
-        _wait_for(tmp / "tail_0.json", proc, "rank 0 never wrote its slice")
-        assert not (tmp / "tail_1.json").exists()
+        _wait_for(tmp / "tail_0.sizes", proc, "rank 0 never said its slice's sizes")
+        assert not (tmp / "tail_1.sizes").exists() and not (tmp / "tail_0.json").exists()
         os.kill(rank1, signal.SIGKILL)
         stopped.remove(rank1)
     finally:
@@ -166,7 +166,7 @@ def test_rank_killed_in_the_shared_tail_and_resume_completes(slow_case, tmp_path
     assert proc.returncode != 0
     assert not (save / "test_bleu.json").exists()
     lines = [line for line in err.splitlines() if line.startswith("seq2seq_eval: error:")]
-    assert any("did not write their slice of the outputs" in x and "--resume" in x for x in lines), err[-4000:]
+    assert any("rank(s) 1 did not write their slice of the outputs" in x and "--resume" in x for x in lines), err[-4000:]
     resumed = run_ranks(2, args + ["--save_dir", str(save), "--resume", "--shared_tail"], cwd=tmp_path)
     assert_ok(resumed)
     same_result(save, reference)

@@ -109,3 +109,67 @@ def test_rank_files_without_serialized_lines_are_refused(tmp_path):
     with pytest.raises(RunStateError, match=r"rank files lack the serialized 'out_gen' of some examples"):
         write_outputs(cfg, store, RowTaker(outputs), order, _summary)
     assert not (tmp_path / "out" / "test_generations.txt").exists()  # nothing half-written is left
+
+
+@pytest.mark.parametrize("n, world, chunk", [(1, 2, 20_000), (2, 5, 20_000), (53, 3, 7), (53, 2, 1)])
+def test_shared_tail_in_place_writes_the_one_rank_bytes(tmp_path, monkeypatch, n, world, chunk):
+    """The ranks' slices written in place at the offsets their sizes give (every rank at once,
+    some slices empty when there are more ranks than examples) make exactly the files one rank
+    writes alone, the legacy list's brackets and first comma included."""
+    import threading
+
+    from seq2seq_eval.outputs import parts
+    from seq2seq_eval.run.dist import DistEnv
+    from seq2seq_eval.run.sharedtail import wait_for_parts, write_my_part
+
+    monkeypatch.setattr(parts, "ROWS_PER_CHUNK", chunk)
+    examples = _examples(n)
+    alone, shared = tmp_path / "alone", tmp_path / "shared"
+    cfg = EvalConfig(save_dir=str(alone), task="translation", data_dir=str(tmp_path), num_return_sequences=2,
+                     pseudo_target=True, sync_timeout=60)
+    store, outputs = _rank_files(tmp_path, cfg, examples, world)
+    _, order = merge_by_id(outputs, store)
+    write_outputs(cfg, store, RowTaker(outputs), order, _summary)
+    tmp = tmp_path / "tmp"
+    cfg = EvalConfig(save_dir=str(shared), task="translation", data_dir=str(tmp_path), num_return_sequences=2,
+                     pseudo_target=True, sync_timeout=60)
+    errors = []
+
+    def rank(k: int) -> None:
+        try:
+            write_my_part(cfg, DistEnv(rank=k, world_size=world), ExampleStore(tmp_path / "examples.arrow", "d"), tmp)
+        except Exception as e:  # reported below: a thread's exception would be lost
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(k,)) for k in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    write_outputs(cfg, store, wait_for_parts(cfg, world, tmp), None, _summary)
+    names = sorted(p.name for p in alone.iterdir() if not p.name.startswith("."))
+    assert names == sorted(p.name for p in shared.iterdir() if not p.name.startswith("."))
+    for name in names:
+        assert (shared / name).read_bytes() == (alone / name).read_bytes(), name
+    assert not list(tmp.glob("tail_out.*"))  # moved into place, not copied
+
+
+def test_layout_places_slices_end_to_end():
+    from seq2seq_eval.outputs.parts import SliceInfo, layout
+
+    slices = [SliceInfo(0, 0, 0, 0, {"out_gen": 0, "out_legacy": 0}), SliceInfo(1, 0, 2, 2, {"out_gen": 7, "out_legacy": 30}),
+              SliceInfo(2, 2, 3, 1, {"out_gen": 4, "out_legacy": 12})]
+    placements, lengths = layout(slices, ["gen", "legacy"])
+    assert [p["gen"] for p in placements] == [parts_placement(0, 0), parts_placement(0, 0), parts_placement(7, 0)]
+    # "[" first; the first non-empty slice leaves out its leading comma; "\n]\n" last.
+    assert [p["legacy"] for p in placements] == [parts_placement(1, 0), parts_placement(1, 1), parts_placement(30, 0)]
+    assert lengths == {"gen": 11, "legacy": 1 + 29 + 12 + 3}
+    _, empty = layout([SliceInfo(0, 0, 0, 0, {"out_gen": 0, "out_legacy": 0})], ["gen", "legacy"])
+    assert empty == {"gen": 0, "legacy": len(b"[]\n")}
+
+
+def parts_placement(offset: int, skip: int):
+    from seq2seq_eval.outputs.parts import Placement
+
+    return Placement(offset, skip)

@@ -1,27 +1,29 @@
-"""The shared tail: each rank writes one slice of the outputs, rank 0 joins the slices.
+"""The shared tail: each rank writes its slice of the outputs in place, rank 0 completes them.
 
 Once every rank file is there, rank k takes the examples at places [N*k/W, N*(k+1)/W) from all
-rank files (merge_by_id on that range: the same checks), and writes their bytes for each
-per-example output file, in data order, into {tmp_dir}/tail_<k>.<column>, and for a scored run
-each example's metric statistics and sentence scores (one line each, JSON and JSON separated by a
-tab) into tail_<k>.scores; tail_<k>.json, written last, says the slice is complete. Rank 0 then
-only joins: it copies the slices' bytes end to end into the output files and adds up the metric
-statistics in data order, exactly the bytes and the arithmetic of writing them itself.
+rank files (merge_by_id on that range: the same checks) and first says how many bytes its slice
+adds to each per-example output file (slice_sizes, from the rank files' offsets alone), in
+{tmp_dir}/tail_<k>.sizes. Once every rank has, each knows where its bytes go (layout, a pure
+function of the sizes) and writes them at those offsets into the output files being assembled in
+the temp dir, {tmp_dir}/tail_out.<role>; a scored run's rank also writes each example's metric
+statistics and sentence scores (one line each, JSON and JSON separated by a tab) into
+tail_<k>.scores. tail_<k>.json, written last, says the slice is complete. Rank 0 then writes the
+files' first and last bytes (the legacy list's brackets), adds up the metric statistics in data
+order and moves the files into --save_dir: exactly the bytes and the arithmetic of writing them
+itself, with every byte written once, by the rank that holds it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..atomic import write_error
 from ..errors import RunStateError
-
-COPY_BYTES = 16 << 20
-"""Bytes copied at a time while joining: memory stays at this, whatever the slices' size."""
 
 ROWS_PER_CHUNK = 20_000
 """Examples taken from the rank files at a time while writing, in data order (here and in
@@ -30,41 +32,122 @@ number of calls grows with (N / chunk) * N; at 5,000 those calls were half of ra
 20,000 such rows are about 50 MB."""
 
 
+# Per-example output files, by role: the rank-file column whose bytes each holds.
+ROLE_COLUMNS = {"gen": "out_gen", "pseudo": "out_gen", "legacy": "out_legacy", "jsonl": "out_jsonl",
+                "example": "out_example"}
+
+
+def roles(cfg: Any) -> list[str]:
+    """The per-example output files this run writes, by role (see ROLE_COLUMNS)."""
+    names = ["gen"]
+    if cfg.pseudolabels:
+        names += ["legacy", "jsonl"] + (["pseudo"] if cfg.pseudo_target else [])
+    if cfg.scored and not cfg.no_examples_file:
+        names.append("example")
+    return names
+
+
+def line_columns(cfg: Any) -> list[str]:
+    """The rank-file columns whose bytes this run's per-example output files hold."""
+    return list(dict.fromkeys(ROLE_COLUMNS[r] for r in roles(cfg)))
+
+
+def legacy_ends(n_rows: int) -> tuple[bytes, bytes]:
+    """pseudolabel_results.json's first and last bytes around its elements (json.dumps of a list,
+    indent=1): an empty list is "[]" and a newline."""
+    return (b"[", b"\n]\n") if n_rows else (b"[]", b"\n")
+
+
+@dataclass(frozen=True)
+class SliceInfo:
+    """What a rank's slice adds to the outputs: its places [start, end), rows, bytes per column."""
+
+    rank: int
+    start: int
+    end: int
+    rows: int
+    sizes: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one slice's bytes go in one output file: at `offset`, less the first `skip` bytes
+    (the comma before the legacy list's first element)."""
+
+    offset: int
+    skip: int
+
+
+def layout(slices: Sequence[SliceInfo], role_names: Sequence[str]) -> tuple[list[dict[str, Placement]], dict[str, int]]:
+    """Each slice's placement in each output file (slices in data order), and each file's length:
+    the slices' bytes end to end after the file's first bytes, then its last bytes."""
+    n_rows = sum(s.rows for s in slices)
+    head, tail = legacy_ends(n_rows)
+    placements: list[dict[str, Placement]] = [{} for _ in slices]
+    lengths: dict[str, int] = {}
+    for role in role_names:
+        column = ROLE_COLUMNS[role]
+        at = len(head) if role == "legacy" else 0
+        before = 0
+        for k, s in enumerate(slices):
+            skip = 1 if role == "legacy" and before == 0 and s.rows else 0
+            placements[k][role] = Placement(at, skip)
+            at += s.sizes[column] - skip
+            before += s.rows
+        lengths[role] = at + (len(tail) if role == "legacy" else 0)
+    return placements, lengths
+
+
 @dataclass(frozen=True)
 class Parts:
-    """The slices of a run's outputs, in data order: each slice's file stem (tail_<k>) and rows."""
+    """The ranks' slices of a run's outputs, complete: the output files assembled in the temp dir
+    (by role) and their lengths, and each slice's file stem (tail_<k>, whose .scores a scored run
+    adds up) and rows, in data order."""
 
     stems: Sequence[Path]
     counts: Sequence[int]
+    assembled: Mapping[str, Path]
+    lengths: Mapping[str, int]
 
     @property
     def rows(self) -> int:
         return sum(self.counts)
 
 
-def line_columns(cfg: Any) -> list[str]:
-    """The rank-file columns whose bytes this run's per-example output files hold."""
-    columns = ["out_gen"]
-    if cfg.pseudolabels:
-        columns += ["out_legacy", "out_jsonl"]
-    if cfg.scored and not cfg.no_examples_file:
-        columns.append("out_example")
-    return columns
+def _offsets(array: Any, column: str) -> Any:
+    import numpy as np
+
+    if array.null_count:
+        raise RunStateError(f"rank files lack the serialized {column!r} of some examples; "
+                            "expected every row written with its output lines (outputs.write.output_lines)")
+    _, offsets_buf, _ = array.buffers()
+    return np.frombuffer(offsets_buf, np.int32)[array.offset : array.offset + len(array) + 1]
 
 
 def concatenated(part: Any, column: str) -> memoryview:
     """The values of a binary column, end to end, without a Python object per row."""
-    import numpy as np
-
     array = part.column(column).combine_chunks()
-    if array.null_count:
-        raise RunStateError(f"rank files lack the serialized {column!r} of some examples; "
-                            "expected every row written with its output lines (outputs.write.output_lines)")
     if len(array) == 0:
         return memoryview(b"")
-    _, offsets_buf, data = array.buffers()
-    offsets = np.frombuffer(offsets_buf, np.int32)[array.offset : array.offset + len(array) + 1]
-    return memoryview(data)[int(offsets[0]) : int(offsets[-1])]
+    offsets = _offsets(array, column)
+    return memoryview(array.buffers()[2])[int(offsets[0]) : int(offsets[-1])]
+
+
+def slice_sizes(outputs: Sequence[Any], lo: int, hi: int, columns: Sequence[str]) -> dict[str, int]:
+    """Bytes the examples at places [lo, hi) hold in each column of the rank files, from the
+    columns' offsets alone (no value is read), record batch by record batch."""
+    import numpy as np
+
+    sizes = dict.fromkeys(columns, 0)
+    for out in outputs:
+        for batch in out.table.to_batches():
+            positions = batch.column("position").to_numpy()
+            mine = (positions >= lo) & (positions < hi)
+            if mine.any():
+                for column in columns:
+                    sizes[column] += int(np.diff(_offsets(batch.column(column), column))[mine].sum())
+            out.releaser(batch)()
+    return sizes
 
 
 def scores_of(part: Any) -> tuple[list[Any], list[Any]]:
@@ -73,71 +156,81 @@ def scores_of(part: Any) -> tuple[list[Any], list[Any]]:
     return stats, sentence
 
 
-def write_part(cfg: Any, rows: Any, order: Any, stem: Path) -> int:
-    """This rank's slice: the rows `order` names (data order), taken from `rows` (a merge.RowTaker)
-    a chunk at a time, their bytes appended to stem.<column> and, when scored, their statistics to
-    stem.scores. Returns the number of rows. The caller marks the slice complete afterwards."""
-    columns = line_columns(cfg)
-    names = [*columns, *(["scores"] if cfg.scored else [])]
-    paths = {name: stem.with_name(f"{stem.name}.{name}") for name in names}
-    files: dict[str, Any] = {}
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        done = os.pwrite(fd, data, offset)
+        data, offset = data[done:], offset + done
+
+
+def write_slice(cfg: Any, rows: Any, order: Any, targets: Mapping[str, tuple[Path, Placement]], stem: Path) -> int:
+    """This rank's slice, in place: the rows `order` names (data order), taken from `rows` (a
+    merge.RowTaker) a chunk at a time, their bytes written into each assembled output file at its
+    placement (`targets`, by role) and, when scored, their statistics into stem.scores. Returns
+    the number of rows. The caller marks the slice complete afterwards."""
+    fds: dict[str, int] = {}
+    scores = None
+    at = {role: placement.offset for role, (_, placement) in targets.items()}
+    skip = {role: placement.skip for role, (_, placement) in targets.items()}
+    path = stem
     try:
-        for name, path in paths.items():
-            files[name] = open(path, "wb")
+        for role, (path, _) in targets.items():
+            # No O_TRUNC: the other ranks write their slices into the same file at the same time.
+            fds[role] = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
+        if cfg.scored:
+            path = stem.with_name(f"{stem.name}.scores")
+            scores = open(path, "wb")
         for start in range(0, len(order), ROWS_PER_CHUNK):
             part = rows.take(order[start : start + ROWS_PER_CHUNK])
-            for column in columns:
-                files[column].write(concatenated(part, column))
-            if cfg.scored:
-                files["scores"].write("".join(
+            for role, fd in fds.items():
+                data = concatenated(part, ROLE_COLUMNS[role])[skip[role]:]
+                skip[role] = 0
+                path = targets[role][0]
+                _pwrite_all(fd, data, at[role])
+                at[role] += len(data)
+            if scores is not None:
+                path = scores.name
+                scores.write("".join(
                     f"{m}\t{s}\n" for m, s in zip(part.column("metric_stats").to_pylist(),
                                                    part.column("sentence_scores").to_pylist())).encode("utf-8"))
-        for f in files.values():
-            # No fsync: a slice is read back by rank 0 within the run (from the page cache, or on
-            # a shared filesystem after close); after a crash --resume writes every slice again.
-            f.flush()
+        # No fsync: rank 0 reads the files back within the run (from the page cache, or on a
+        # shared filesystem after close) and fsyncs them before they become outputs; after a
+        # crash --resume writes every slice again.
     except OSError as e:
-        raise write_error(stem, e) from e
+        raise write_error(Path(path), e) from e
     finally:
-        for f in files.values():
-            f.close()
+        for fd in fds.values():
+            os.close(fd)
+        if scores is not None:
+            scores.close()
     return len(order)
 
 
-def _copy(path: Path, sink: Any, skip: int = 0) -> int:
-    """Copy a slice file into an output file a block at a time; returns the bytes copied. The
-    first `skip` bytes are left out (the legacy list's comma before its first element)."""
-    copied = 0
-    with open(path, "rb") as f:
-        if skip:
-            f.seek(skip)
-        while block := f.read(COPY_BYTES):
-            sink.write(block)
-            copied += len(block)
-    return copied
+def complete(parts: Parts) -> None:
+    """Rank 0, once every slice is written: each assembled file's first and last bytes, its exact
+    length (whatever an earlier attempt left there) and an fsync, before it is moved into place."""
+    head, tail = legacy_ends(parts.rows)
+    for role, path in parts.assembled.items():
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
+            try:
+                if role == "legacy":
+                    _pwrite_all(fd, memoryview(head), 0)
+                    _pwrite_all(fd, memoryview(tail), parts.lengths[role] - len(tail))
+                os.ftruncate(fd, parts.lengths[role])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise write_error(path, e) from e
 
 
-def join_parts(parts: Parts, gen: Any, pseudo: Any, legacy: Any, jsonl: Any, examples_file: Any, totals: Any) -> None:
-    """Rank 0's part of the shared tail: the slices end to end, and the metric added up in order."""
-    legacy_started = False
+def add_scores(parts: Parts, totals: Any) -> None:
+    """A scored run's metric statistics, slice by slice in data order, added to `totals`."""
     for stem in parts.stems:
-        def path(column: str, stem: Path = stem) -> Path:
-            return stem.with_name(f"{stem.name}.{column}")
-
-        _copy(path("out_gen"), gen)
-        if pseudo is not None:
-            _copy(path("out_gen"), pseudo)
-        if legacy is not None and jsonl is not None:
-            # No comma before the first element of the whole list.
-            legacy_started = _copy(path("out_legacy"), legacy, skip=0 if legacy_started else 1) > 0 or legacy_started
-            _copy(path("out_jsonl"), jsonl)
-        if examples_file is not None:
-            _copy(path("out_example"), examples_file)
-        if totals is not None:
-            with open(path("scores"), encoding="utf-8") as f:
-                while True:
-                    lines = [line for _, line in zip(range(ROWS_PER_CHUNK), f)]
-                    if not lines:
-                        break
-                    pairs = [line.rstrip("\n").split("\t") for line in lines]
-                    totals.add([json.loads(m) for m, _ in pairs], [json.loads(s) for _, s in pairs])
+        with open(stem.with_name(f"{stem.name}.scores"), encoding="utf-8") as f:
+            while True:
+                lines = [line for _, line in zip(range(ROWS_PER_CHUNK), f)]
+                if not lines:
+                    break
+                pairs = [line.rstrip("\n").split("\t") for line in lines]
+                totals.add([json.loads(m) for m, _ in pairs], [json.loads(s) for _, s in pairs])

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import AtomicFile, dumps, write_atomic
+from ..atomic import AdoptedFile, AtomicFile, dumps, write_atomic
 from ..config import EvalConfig
 from ..errors import OutputError
 from ..inputs.examples import Example
@@ -21,7 +21,7 @@ from .locations import (
     planned_outputs,
     stale_outputs,
 )
-from .parts import ROWS_PER_CHUNK, Parts, concatenated, join_parts, scores_of
+from .parts import ROWS_PER_CHUNK, Parts, add_scores, complete, concatenated, legacy_ends, scores_of
 from .record import OutputRecord
 
 logger = logging.getLogger("seq2seq_eval")
@@ -99,7 +99,8 @@ def write_outputs(
     the metrics are added up in the same pass; `summarize(totals)` then builds the metric file's
     content, written last: its presence means the run completed. `rows` (a merge.RowTaker) gives
     rank file rows by the numbers in `order`; or `rows` is the ranks' slices of the outputs
-    (Parts, written by write_part; `order` is then unused), which are joined. With `tail_since` (a perf_counter time), the
+    (Parts: the files the ranks wrote in place, parts.write_slice; `order` is then unused), which
+    are completed and moved into place. With `tail_since` (a perf_counter time), the
     seconds from then to just before that last write are recorded as time_breakdown.tail."""
     save_dir = Path(cfg.save_dir)
     try:
@@ -114,23 +115,33 @@ def write_outputs(
     for path in removed:
         path.unlink()
         logger.info("removed %s: an earlier run's result, not written by this run", path)
-    files = {path: AtomicFile(path) for path in planned[:-1]}
     names = iter(planned)
-    gen = files[next(names)]
-    legacy = jsonl = pseudo = None
+    paths = {"gen": next(names)}
     if cfg.pseudolabels:
-        legacy, jsonl = files[next(names)], files[next(names)]
-        pseudo = files[next(names)] if cfg.pseudo_target else None
-    refs_files = [files[next(names)] for _ in range(n_refs)] if cfg.debug else []
-    examples_file = files[next(names)] if cfg.scored and not cfg.no_examples_file else None
+        paths["legacy"], paths["jsonl"] = next(names), next(names)
+        if cfg.pseudo_target:
+            paths["pseudo"] = next(names)
+    refs_paths = [next(names) for _ in range(n_refs)] if cfg.debug else []
+    if cfg.scored and not cfg.no_examples_file:
+        paths["example"] = next(names)
+    shared = isinstance(rows, Parts)
+    if shared:
+        complete(rows)
+    files: dict[str, Any] = {}
+    refs_files: list[AtomicFile] = []
     totals = MetricTotals(cfg.metric_names) if cfg.scored else None
-    n_rows = rows.rows if isinstance(rows, Parts) else len(order)
     try:
-        if legacy is not None:
-            legacy.write(b"[" if n_rows else b"[]")
-        if isinstance(rows, Parts):
-            join_parts(rows, gen, pseudo, legacy, jsonl, examples_file, totals)
-        for start in range(0, len(order), ROWS_PER_CHUNK) if not isinstance(rows, Parts) else ():
+        for role, path in paths.items():
+            files[role] = AdoptedFile(path, rows.assembled[role]) if shared else AtomicFile(path)
+        refs_files = [AtomicFile(path) for path in refs_paths]
+        gen, legacy, jsonl = files["gen"], files.get("legacy"), files.get("jsonl")
+        pseudo, examples_file = files.get("pseudo"), files.get("example")
+        if shared:
+            if totals is not None:
+                add_scores(rows, totals)
+        elif legacy is not None:
+            legacy.write(b"[" if len(order) else b"[]")
+        for start in range(0, len(order), ROWS_PER_CHUNK) if not shared else ():
             part = rows.take(order[start : start + ROWS_PER_CHUNK])
             generations = concatenated(part, "out_gen")
             gen.write(generations)
@@ -149,13 +160,13 @@ def write_outputs(
             for k, f in enumerate(refs_files):
                 f.write("".join(_one_line(e.references[k] if k < len(e.references) else "") + "\n"
                                 for e in examples).encode("utf-8"))
-        if legacy is not None:
-            legacy.write(b"\n]\n" if n_rows else b"\n")
+        if legacy is not None and not shared:
+            legacy.write(legacy_ends(len(order))[1])
         summary = summarize(totals)
-        for f in files.values():
+        for f in [*files.values(), *refs_files]:
             f.commit()
     except BaseException:
-        for f in files.values():
+        for f in [*files.values(), *refs_files]:
             f.discard()
         raise
     summary["provenance"] = {**summary.get("provenance", {}),

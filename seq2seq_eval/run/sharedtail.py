@@ -1,5 +1,6 @@
-"""The shared tail, rank by rank: once every rank file is there, each rank writes its slice of
-the outputs (outputs/parts.py); rank 0 waits for every slice and joins them (finish.py).
+"""The shared tail, rank by rank: once every rank file is there, each rank says how many bytes its
+slice of the outputs holds, and once every rank has, writes them in place (outputs/parts.py);
+rank 0 waits for every slice and completes the files (finish.py).
 
 A rank dying here is survived as one dying in generation: its slice is simply never marked
 complete, torchrun stops the group, rank 0 says what is missing; every batch is journaled, so
@@ -18,7 +19,7 @@ from ..atomic import dumps, write_atomic
 from ..errors import SyncTimeoutError
 from ..inputs.tokens import shard_range
 from ..outputs.merge import RowTaker, merge_by_id
-from ..outputs.parts import Parts, write_part
+from ..outputs.parts import Parts, SliceInfo, layout, line_columns, roles, slice_sizes, write_slice
 from .rankfiles import rank_file, read_rank_output
 
 POLL_S = 0.1
@@ -28,12 +29,28 @@ def part_stem(tmp_dir: Path, rank: int) -> Path:
     return tmp_dir / f"tail_{rank}"
 
 
+def part_sizes(tmp_dir: Path, rank: int) -> Path:
+    return tmp_dir / f"tail_{rank}.sizes"
+
+
 def part_done(tmp_dir: Path, rank: int) -> Path:
     return tmp_dir / f"tail_{rank}.json"
 
 
+def assembled(tmp_dir: Path, role: str) -> Path:
+    return tmp_dir / f"tail_out.{role}"
+
+
+def _slices(tmp_dir: Path, world_size: int) -> list[SliceInfo]:
+    infos = [json.loads(part_sizes(tmp_dir, r).read_text()) for r in range(world_size)]
+    return [SliceInfo(i["rank"], i["start"], i["end"], i["rows"], i["sizes"]) for i in infos]
+
+
 def missing_parts(tmp_dir: Path, world_size: int) -> list[int]:
-    return [r for r in range(world_size) if not part_done(tmp_dir, r).exists()]
+    """The ranks holding the shared tail up: those that have not said their slice's sizes (every
+    rank waits for all of them before writing), else those that have not finished writing."""
+    unsized = [r for r in range(world_size) if not part_sizes(tmp_dir, r).exists()]
+    return unsized or [r for r in range(world_size) if not part_done(tmp_dir, r).exists()]
 
 
 def _wait(paths: list[Path], what: str, timeout_s: float, describe: Callable[[list[int]], str] | None,
@@ -55,12 +72,20 @@ def _wait(paths: list[Path], what: str, timeout_s: float, describe: Callable[[li
 
 def write_my_part(cfg: Any, env: Any, store: Any, tmp_dir: Path, describe: Callable[[list[int]], str] | None = None,
                   check: Callable[[], None] | None = None) -> None:
-    """This rank's slice of the outputs, once every rank file is there."""
+    """This rank's slice of the outputs, once every rank file is there: its sizes, then, once
+    every rank's are known, its bytes in place."""
     _wait([rank_file(tmp_dir, r) for r in range(env.world_size)], "rank files", cfg.sync_timeout, describe, check)
     outputs = [read_rank_output(rank_file(tmp_dir, r), r) for r in range(env.world_size)]
     lo, hi = shard_range(len(store), env.rank, env.world_size)
     _, order = merge_by_id(outputs, store, lo, hi)
-    rows = write_part(cfg, RowTaker(outputs), order, part_stem(tmp_dir, env.rank))
+    sizes = slice_sizes(outputs, lo, hi, line_columns(cfg))
+    write_atomic(part_sizes(tmp_dir, env.rank),
+                 dumps({"rank": env.rank, "start": lo, "end": hi, "rows": len(order), "sizes": sizes}))
+    _wait([part_sizes(tmp_dir, r) for r in range(env.world_size)], "the sizes of the ranks' slices of the outputs",
+          cfg.sync_timeout, describe, check)
+    placements, _ = layout(_slices(tmp_dir, env.world_size), roles(cfg))
+    targets = {role: (assembled(tmp_dir, role), placement) for role, placement in placements[env.rank].items()}
+    rows = write_slice(cfg, RowTaker(outputs), order, targets, part_stem(tmp_dir, env.rank))
     outputs = []  # the rank files are memory-mapped: let them go before they may be removed
     write_atomic(part_done(tmp_dir, env.rank), dumps({"rank": env.rank, "start": lo, "end": hi, "rows": rows}))
 
@@ -69,5 +94,8 @@ def wait_for_parts(cfg: Any, world_size: int, tmp_dir: Path, describe: Callable[
     """Rank 0: every rank's slice, in data order, once all are complete."""
     _wait([part_done(tmp_dir, r) for r in range(world_size)], "the ranks' slices of the outputs", cfg.sync_timeout,
           describe, None)
-    counts = [int(json.loads(part_done(tmp_dir, r).read_text())["rows"]) for r in range(world_size)]
-    return Parts([part_stem(tmp_dir, r) for r in range(world_size)], counts)
+    slices = _slices(tmp_dir, world_size)
+    names = roles(cfg)
+    _, lengths = layout(slices, names)
+    return Parts([part_stem(tmp_dir, r) for r in range(world_size)], [s.rows for s in slices],
+                 {role: assembled(tmp_dir, role) for role in names}, lengths)

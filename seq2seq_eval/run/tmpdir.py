@@ -46,7 +46,7 @@ MARKER = ".seq2seq_eval_tmp"
 OWN = re.compile(
     r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl"
     r"|rank_\d+_output\.(arrow|arrow\.partial|json)|claims/([a-z]+_)?\d+"
-    r"|tail_\d+\.(json|out_gen|out_legacy|out_jsonl|out_example|scores)"
+    r"|tail_\d+\.(json|sizes|scores)|tail_out\.(gen|pseudo|legacy|jsonl|example)"
     r"|cache/examples\.(arrow|json)|cache/tokens_\d+_\d+\.(ids\.bin|lens\.npy|json))"
 )
 """Every file the tool makes in its temp dir, by path relative to it: what cleanup removes."""
