@@ -30,6 +30,7 @@ The goals of the scale issue are checked at the end: ratios are against 100k, in
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -95,13 +96,33 @@ def child(spec: dict[str, Any]) -> None:
     }))
 
 
+def digest(path: Path) -> str:
+    """sha256 of a file read a block at a time: comparing outputs of millions of examples whole
+    would make this process gigabytes large, and a process started from it (vfork, then exec)
+    reports at least its parent's peak as its own ru_maxrss."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(16 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def own_peak_mb() -> float:
+    """This process's peak resident memory since its exec (VmHWM), not ru_maxrss, which Linux
+    carries over from whatever ran in the process before the exec."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def tail_child(spec: dict[str, Any]) -> None:
     from tail import run_tail
 
     t0 = time.perf_counter()
     seconds, summary = run_tail(Path(spec["work"]), Path(spec["out"]), 2, candidates=2)
     print(json.dumps({"wall": time.perf_counter() - t0, "seconds": seconds,
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "peak_rss_mb": own_peak_mb()}))
 
 
 def tail_rank_child(spec: dict[str, Any]) -> None:
@@ -114,8 +135,8 @@ def tail_rank_child(spec: dict[str, Any]) -> None:
     while not all((work / f"ready_{r}").exists() for r in range(spec["ranks"])):
         time.sleep(0.01)
     r = run_tail_rank(Path(spec["work"]), Path(spec["out"]), spec["rank"], spec["ranks"], candidates=2)
-    print(json.dumps({"seconds": r["seconds"], "slice_seconds": r["slice_seconds"],
-                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"seconds": r["seconds"], "slice_seconds": r["slice_seconds"], "wait_seconds": r.get("wait_seconds"),
+                      "peak_rss_mb": own_peak_mb()}))
 
 
 def shared_tail(py: str, work: Path, out: Path, ranks: int = 2) -> dict[str, Any]:
@@ -139,7 +160,8 @@ def shared_tail(py: str, work: Path, out: Path, ranks: int = 2) -> dict[str, Any
     clear_parts(work)
     for ready in work.glob("ready_*"):
         ready.unlink()
-    return {"seconds": results[0]["seconds"], "peak_rss_mb": max(r["peak_rss_mb"] for r in results)}
+    return {"seconds": results[0]["seconds"], "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
+            "per_rank": results}
 
 
 def floor_child(spec: dict[str, Any]) -> None:
@@ -309,9 +331,9 @@ def tail_point(py: str, root: Path, folders: dict[int, Path], n: int, r: dict[st
     r.update(tail=tail["seconds"], tail_rss=tail["peak_rss_mb"])
     print(f"N={n}: rank-0 tail {tail['seconds']:.1f} s, {tail['peak_rss_mb']:.0f} MB", flush=True)
     shared = shared_tail(py, files, root / f"tail_shared_out_{n}")
-    r.update(tail_shared=shared["seconds"], tail_shared_rss=shared["peak_rss_mb"])
+    r.update(tail_shared=shared["seconds"], tail_shared_rss=shared["peak_rss_mb"], tail_shared_ranks=shared["per_rank"])
     for name in ("test_generations.txt", "pseudolabel_results.json", "test_pseudolabels.jsonl"):
-        if (root / f"tail_out_{n}" / name).read_bytes() != (root / f"tail_shared_out_{n}" / name).read_bytes():
+        if digest(root / f"tail_out_{n}" / name) != digest(root / f"tail_shared_out_{n}" / name):
             raise SystemExit(f"N={n}: the shared tail's {name} differs from the one-rank tail's")
     print(f"N={n}: shared tail, 2 ranks {shared['seconds']:.1f} s, {shared['peak_rss_mb']:.0f} MB "
           f"(outputs identical to the one-rank tail's)", flush=True)

@@ -98,6 +98,7 @@ def run_tail_rank(work: Path, out: Path, rank: int, n_ranks: int, candidates: in
     result: dict[str, Any] = {"slice_seconds": time.perf_counter() - t0}
     if rank == 0:
         parts: Parts = wait_for_parts(cfg, n_ranks, work / "tmp")
+        result["wait_seconds"] = time.perf_counter() - t0 - result["slice_seconds"]
 
         def summarize(totals: metrics.MetricTotals | None) -> dict[str, Any]:
             scores = totals.result(store.sacrebleu_num_refs) if totals is not None else {}

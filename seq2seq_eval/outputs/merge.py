@@ -113,7 +113,9 @@ class RowTaker:
                 self._release.append(out.releaser(batch))
         self._bounds = np.cumsum([0] + [b.num_rows for b in self._batches], dtype=np.int64)
 
-    def take(self, rows: np.ndarray) -> pa.Table:
+    def take(self, rows: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
+        """The rows, in the order given; only `columns` when named (the others, the predictions'
+        lists above all, cost most of a take and are not read)."""
         rows = np.asarray(rows, np.int64)
         which = np.searchsorted(self._bounds, rows, side="right") - 1
         by_batch = np.argsort(which, kind="stable")
@@ -122,9 +124,11 @@ class RowTaker:
         pieces = []
         for a, b in zip(starts, np.r_[starts[1:], len(rows)].astype(np.int64)):
             k = int(grouped[a])
-            pieces.append(self._batches[k].take(pa.array(rows[by_batch[a:b]] - self._bounds[k])))
+            batch = self._batches[k] if columns is None else self._batches[k].select(columns)
+            pieces.append(batch.take(pa.array(rows[by_batch[a:b]] - self._bounds[k])))
             self._release[k]()
-        gathered = pa.Table.from_batches(pieces, schema=self._schema).combine_chunks()
+        schema = self._schema if columns is None else pa.schema([self._schema.field(c) for c in columns])
+        gathered = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
         inverse = np.empty_like(by_batch)
         inverse[by_batch] = np.arange(len(rows))
         return gathered.take(pa.array(inverse))

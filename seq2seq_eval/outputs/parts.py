@@ -172,6 +172,9 @@ def write_slice(cfg: Any, rows: Any, order: Any, targets: Mapping[str, tuple[Pat
     at = {role: placement.offset for role, (_, placement) in targets.items()}
     skip = {role: placement.skip for role, (_, placement) in targets.items()}
     path = stem
+    columns = list(dict.fromkeys(ROLE_COLUMNS[role] for role in targets))
+    if cfg.scored:
+        columns += ["metric_stats", "sentence_scores"]
     try:
         for role, (path, _) in targets.items():
             # No O_TRUNC: the other ranks write their slices into the same file at the same time.
@@ -180,7 +183,7 @@ def write_slice(cfg: Any, rows: Any, order: Any, targets: Mapping[str, tuple[Pat
             path = stem.with_name(f"{stem.name}.scores")
             scores = open(path, "wb")
         for start in range(0, len(order), ROWS_PER_CHUNK):
-            part = rows.take(order[start : start + ROWS_PER_CHUNK])
+            part = rows.take(order[start : start + ROWS_PER_CHUNK], columns)
             for role, fd in fds.items():
                 data = concatenated(part, ROLE_COLUMNS[role])[skip[role]:]
                 skip[role] = 0

@@ -219,12 +219,14 @@ class WithModelScores:
             by_row[order] = entry["values"]
             self._by_row[name] = by_row
 
-    def take(self, rows: Any) -> Any:
+    def take(self, rows: Any, columns: Any = None) -> Any:
         import numpy as np
         import pyarrow as pa
 
-        part = self._rows.take(rows)
+        part = self._rows.take(rows, columns)
         rows = np.asarray(rows, np.int64)
+        if "out_example" not in part.column_names:
+            return part
         lines = part.column("out_example").to_pylist()
         if any(line is None for line in lines):
             return part  # no examples file: nothing to extend
