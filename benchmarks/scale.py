@@ -274,6 +274,7 @@ def main() -> int:
                            "--save_dir", str(root / f"dryj_{n}")])
             r.update(dryj_wall=dj["wall"], dryj_rss=dj["peak_rss_mb"])
             print(f"N={n}: dry run, JSON Lines {dj['wall']:.1f} s, {dj['peak_rss_mb']:.0f} MB", flush=True)
+            (folders[n] / "test.jsonl").unlink()  # gigabytes at 10M; made again when asked for
 
         save, tmp = root / f"run_{n}", root / f"run_{n}_tmp"
         for d in (save, tmp):
@@ -286,6 +287,8 @@ def main() -> int:
             r.update(first_batch=[], ready=[])
         else:
             _run_point(r, run, full, save, n)
+        for d in (save, tmp):  # the run's token shards: gigabytes at 10M, and the tail needs the disk
+            subprocess.run(["rm", "-rf", str(d)], check=True)
         tail_point(py, root, folders, n, r)
         if not a.no_floor:
             floor_point(py, folders, n, r, startup)
@@ -330,11 +333,18 @@ def tail_point(py: str, root: Path, folders: dict[int, Path], n: int, r: dict[st
     tail = json.loads(t.stdout.strip().splitlines()[-1])
     r.update(tail=tail["seconds"], tail_rss=tail["peak_rss_mb"])
     print(f"N={n}: rank-0 tail {tail['seconds']:.1f} s, {tail['peak_rss_mb']:.0f} MB", flush=True)
+    names = ("test_generations.txt", "pseudolabel_results.json", "test_pseudolabels.jsonl")
+    # Digests, then the files go: at 10M each tail's outputs are about 19 GB, the rank files 27 GB.
+    alone = {name: digest(root / f"tail_out_{n}" / name) for name in names}
+    subprocess.run(["rm", "-rf", str(root / f"tail_out_{n}")], check=True)
     shared = shared_tail(py, files, root / f"tail_shared_out_{n}")
     r.update(tail_shared=shared["seconds"], tail_shared_rss=shared["peak_rss_mb"], tail_shared_ranks=shared["per_rank"])
-    for name in ("test_generations.txt", "pseudolabel_results.json", "test_pseudolabels.jsonl"):
-        if digest(root / f"tail_out_{n}" / name) != digest(root / f"tail_shared_out_{n}" / name):
+    for name in names:
+        if digest(root / f"tail_shared_out_{n}" / name) != alone[name]:
             raise SystemExit(f"N={n}: the shared tail's {name} differs from the one-rank tail's")
+    subprocess.run(["rm", "-rf", str(root / f"tail_shared_out_{n}")], check=True)
+    if n >= 5_000_000:
+        subprocess.run(["rm", "-rf", str(files)], check=True)  # tens of GB; made again when asked for
     print(f"N={n}: shared tail, 2 ranks {shared['seconds']:.1f} s, {shared['peak_rss_mb']:.0f} MB "
           f"(outputs identical to the one-rank tail's)", flush=True)
 

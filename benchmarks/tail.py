@@ -35,8 +35,8 @@ def make_rank_files(work: Path, sources: list[str], targets: list[str], n_ranks:
     n = len(sources)
     rng = random.Random(0)
     (work / "tmp").mkdir(parents=True, exist_ok=True)
-    examples = [Example(i, s, t) for i, (s, t) in enumerate(zip(sources, targets))]
-    write_store(work / "examples.arrow", examples)
+    # Examples made as they are written, never all at once: at 10M they were gigabytes of objects.
+    write_store(work / "examples.arrow", (Example(i, s, t) for i, (s, t) in enumerate(zip(sources, targets))))
     # What each rank serializes as it goes, so the tail below is rank 0's part alone.
     cfg = _config(work, work, candidates)
     batches = [list(range(i, min(i + 16, n))) for i in range(0, n, 16)]
@@ -59,7 +59,8 @@ def make_rank_files(work: Path, sources: list[str], targets: list[str], n_ranks:
             sentence = metrics.sentence_scores(["bleu"], stats)
             records = [{"id": i, "pred": p, "n_tokens": len(p.split()) + 1, "metric_stats": st, "sentence_scores": se}
                        for i, p, st, se in zip(batch, preds, stats, sentence)]
-        writers[j % n_ranks].add(batch, records, output_lines(cfg, [examples[i] for i in batch], records))
+        examples = [Example(i, sources[i], targets[i]) for i in batch]
+        writers[j % n_ranks].add(batch, records, output_lines(cfg, examples, records))
         counts[j % n_ranks] += len(batch)
     for r, w in enumerate(writers):
         w.close({"rank": r, "examples": counts[r]})
