@@ -181,7 +181,7 @@ class EvalConfig:
     no_steal: bool = False
     """Keep every rank to its planned share: no rank takes batches a slower rank has not started (stealing is on by default; this switch exists to measure what it gains, as benchmarks/steal.py does)."""
     shared_tail: bool = False
-    """With several ranks: each rank writes its slice of the outputs (by data position) and rank 0 joins them, instead of rank 0 writing every output (docs/scale.md: on one machine it is slower, the outputs being written twice)."""
+    """With several ranks: each rank writes its slice of the outputs (by data position) in place, and rank 0 completes them, instead of rank 0 writing every output (docs/scale.md)."""
     dry_run: bool = False
     """Validate flags, data and model, print the batch plan, and exit without generating."""
     pseudo_target: bool = False
