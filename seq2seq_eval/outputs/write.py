@@ -140,7 +140,7 @@ def write_outputs(
             if totals is not None:
                 add_scores(rows, totals)
         elif legacy is not None:
-            legacy.write(b"[" if len(order) else b"[]")
+            legacy.write(legacy_ends(len(order))[0])
         # Only the columns written: the rest (the predictions' lists above all) cost most of a take.
         columns = list(dict.fromkeys(ROLE_COLUMNS[role] for role in paths))
         if totals is not None:
