@@ -135,7 +135,7 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
     shared = env.world_size > 1 and cfg.shared_tail
     rows: Any = None
     if shared:
-        # Rank 0's own slice, then the others': rank 0 only joins them (sharedtail.py).
+        # Rank 0's own slice, then the others': rank 0 only completes the files (sharedtail.py).
         write_my_part(cfg, env, prep.store, tmp_dir)
         rows = wait_for_parts(cfg, env.world_size, tmp_dir, lambda missing: "; " + missing_tail_summary(env, tmp_dir, missing))
     table = order = None
