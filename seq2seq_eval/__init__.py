@@ -6,9 +6,9 @@ The Python API: `evaluate` (on every rank of a running job, e.g. a training job)
 
 from typing import Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
-__all__ = ["EvalCallback", "EvalResult", "compare", "evaluate", "score"]
+__all__ = ["EvalCallback", "EvalResult", "__version__", "compare", "evaluate", "score"]
 
 
 def __getattr__(name: str) -> Any:

@@ -10,13 +10,12 @@ from importlib import metadata
 from typing import Any
 
 from ..scoring.totals import MetricTotals
+from ..version import __version__
 
 VERSIONED = ("torch", "transformers", "datasets", "sacrebleu", "rouge-score", "seq2seq_eval")
 
 
 def package_versions() -> dict[str, str]:
-    from .. import __version__
-
     versions = {}
     for name in VERSIONED:
         if name == "seq2seq_eval":
