@@ -187,6 +187,9 @@ def test_output_bytes_as_600d40a_wrote_them(golden_runs, name):
     _, saves = golden_runs
     got, expected = digests(saves[name][0]), GOLDEN_OUTPUTS[name]
     if not same_releases():
+        import warnings
+
+        warnings.warn(f"{name}: libraries other than {RECORDED_WITH}: only the text files are compared to the digests")
         got = {k: v for k, v in got.items() if k in TEXT_FILES}
         expected = {k: v for k, v in expected.items() if k in TEXT_FILES}
         assert expected  # every run has a text file to compare
