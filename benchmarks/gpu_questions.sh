@@ -48,4 +48,4 @@ gpu_tests=$!
 timeout "$left" "$PYTHON" -m pytest tests -m "not gpu" -v -rfE -p no:cacheprovider -n 10 \
   --durations 15 > "$OUT/suite.txt" 2>&1
 echo "not gpu: exit $?"; wait $gpu_tests; echo "gpu: exit $?"
-tail -5 "$OUT/suite.txt" "$OUT/suite_gpu.txt"
+tail -n 5 "$OUT/suite.txt" "$OUT/suite_gpu.txt"
