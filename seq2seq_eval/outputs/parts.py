@@ -52,6 +52,12 @@ def line_columns(cfg: Any) -> list[str]:
     return list(dict.fromkeys(ROLE_COLUMNS[r] for r in roles(cfg)))
 
 
+def columns_taken(role_names: Sequence[str], scored: bool) -> list[str]:
+    """The rank-file columns a tail takes to write these outputs: the lines' bytes and, when
+    scored, the metric statistics (the rest, the predictions' lists above all, cost most of a take)."""
+    return list(dict.fromkeys(ROLE_COLUMNS[r] for r in role_names)) + (["metric_stats", "sentence_scores"] if scored else [])
+
+
 def legacy_ends(n_rows: int) -> tuple[bytes, bytes]:
     """pseudolabel_results.json's first and last bytes around its elements (json.dumps of a list,
     indent=1): an empty list is "[]" and a newline."""
@@ -172,9 +178,7 @@ def write_slice(cfg: Any, rows: Any, order: Any, targets: Mapping[str, tuple[Pat
     at = {role: placement.offset for role, (_, placement) in targets.items()}
     skip = {role: placement.skip for role, (_, placement) in targets.items()}
     path = stem
-    columns = list(dict.fromkeys(ROLE_COLUMNS[role] for role in targets))
-    if cfg.scored:
-        columns += ["metric_stats", "sentence_scores"]
+    columns = columns_taken(list(targets), cfg.scored)
     try:
         for role, (path, _) in targets.items():
             # No O_TRUNC: the other ranks write their slices into the same file at the same time.

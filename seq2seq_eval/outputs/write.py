@@ -21,7 +21,7 @@ from .locations import (
     planned_outputs,
     stale_outputs,
 )
-from .parts import ROLE_COLUMNS, ROWS_PER_CHUNK, Parts, add_scores, complete, concatenated, legacy_ends, scores_of
+from .parts import ROWS_PER_CHUNK, Parts, add_scores, columns_taken, complete, concatenated, legacy_ends, scores_of
 from .record import OutputRecord
 
 logger = logging.getLogger("seq2seq_eval")
@@ -141,10 +141,7 @@ def write_outputs(
                 add_scores(rows, totals)
         elif legacy is not None:
             legacy.write(legacy_ends(len(order))[0])
-        # Only the columns written: the rest (the predictions' lists above all) cost most of a take.
-        columns = list(dict.fromkeys(ROLE_COLUMNS[role] for role in paths))
-        if totals is not None:
-            columns += ["metric_stats", "sentence_scores"]
+        columns = columns_taken(list(paths), totals is not None)
         for start in range(0, len(order), ROWS_PER_CHUNK) if not shared else ():
             part = rows.take(order[start : start + ROWS_PER_CHUNK], columns)
             generations = concatenated(part, "out_gen")
