@@ -17,7 +17,9 @@ from typing import Any
 from seq2seq_eval.scoring import totals as metrics
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.inputs.examples import Example
-from seq2seq_eval.outputs.merge import RowTaker, merge_by_id
+from seq2seq_eval.outputs.merge import merge_by_id
+from seq2seq_eval.outputs.parts import columns_taken, roles
+from seq2seq_eval.outputs.shuffle import gathered
 from seq2seq_eval.outputs.write import output_lines, write_outputs
 from seq2seq_eval.run.rankfiles import RankWriter, read_rank_output
 from seq2seq_eval.inputs.store import ExampleStore, write_store
@@ -72,13 +74,15 @@ def run_tail(work: Path, out: Path, n_ranks: int, candidates: int = 1) -> tuple[
     t0 = time.perf_counter()
     store = ExampleStore(work / "examples.arrow", str(work))
     outputs = [read_rank_output(work / "tmp" / f"rank_{r}_output.json", r) for r in range(n_ranks)]
-    table, order = merge_by_id(outputs, store)
+    merge_by_id(outputs, store)
 
     def summarize(totals: metrics.MetricTotals | None) -> dict[str, Any]:
         scores = totals.result(store.sacrebleu_num_refs) if totals is not None else {}
         return {**scores, "n_obs": len(store), "throughput": {"time_breakdown": {}}}
 
-    _, summary, _ = write_outputs(cfg, store, RowTaker(outputs), order, summarize, tail_since=t0)
+    # As finish.py: every rank file spilled beside them, read back in data order (outputs/shuffle.py).
+    rows = gathered(outputs, columns_taken(roles(cfg), cfg.scored), work / "tmp" / "tail_spill_all_0.arrow", len(store))
+    _, summary, _ = write_outputs(cfg, store, rows, summarize, tail_since=t0)
     return time.perf_counter() - t0, summary
 
 
@@ -105,7 +109,7 @@ def run_tail_rank(work: Path, out: Path, rank: int, n_ranks: int, candidates: in
             scores = totals.result(store.sacrebleu_num_refs) if totals is not None else {}
             return {**scores, "n_obs": len(store), "throughput": {"time_breakdown": {}}}
 
-        _, summary, _ = write_outputs(cfg, store, parts, None, summarize, tail_since=t0)
+        _, summary, _ = write_outputs(cfg, store, parts, summarize, tail_since=t0)
         result["summary"] = summary
     result["seconds"] = time.perf_counter() - t0
     return result

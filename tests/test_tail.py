@@ -14,8 +14,10 @@ import pytest
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.inputs.examples import Example
 from seq2seq_eval.errors import RunStateError
-from seq2seq_eval.outputs.merge import RowTaker, merge_by_id
-from seq2seq_eval.outputs import write as output_writer
+from seq2seq_eval.outputs import shuffle
+from seq2seq_eval.outputs.merge import merge_by_id
+from seq2seq_eval.outputs.parts import columns_taken, roles
+from seq2seq_eval.outputs.shuffle import Buckets, gathered
 from seq2seq_eval.outputs.write import output_lines, write_outputs
 from seq2seq_eval.run.rankfiles import RankWriter, read_rank_output
 from seq2seq_eval.inputs.store import ExampleStore, write_store
@@ -60,15 +62,33 @@ def _summary(_totals):
     return {"n_obs": 0}
 
 
-@pytest.mark.parametrize("n, chunk", [(1, 20_000), (53, 20_000), (53, 7), (53, 1)])
-def test_pseudolabel_outputs_are_the_bytes_of_json_dumps(tmp_path, monkeypatch, n, chunk):
-    monkeypatch.setattr(output_writer, "ROWS_PER_CHUNK", chunk)  # written in several chunks, or in one
+def _gathered(cfg: EvalConfig, store, outputs, tmp_path: Path):
+    """Rank 0's rows in data order, as finish.py gathers them for the one-rank tail."""
+    return gathered(outputs, columns_taken(roles(cfg), cfg.scored), tmp_path / "tmp" / "tail_spill_all_0.arrow", len(store))
+
+
+# Bytes a bucket and a group of rank-file rows hold: the defaults (one bucket, one group here),
+# a few rows each, and one row each (a bucket per example).
+BUDGETS = [(None, None), (900, 500), (1, 1)]
+
+
+def _budget(monkeypatch, budget) -> None:
+    bucket, group = budget
+    if bucket is not None:
+        monkeypatch.setattr(shuffle, "BUCKET_BYTES", bucket)
+        monkeypatch.setattr(shuffle, "GROUP_BYTES", group)
+
+
+@pytest.mark.parametrize("n, budget", [(1, BUDGETS[0]), (53, BUDGETS[0]), (53, BUDGETS[1]), (53, BUDGETS[2])])
+def test_pseudolabel_outputs_are_the_bytes_of_json_dumps(tmp_path, monkeypatch, n, budget):
+    _budget(monkeypatch, budget)  # gathered in one bucket, in several, or in one per example
     examples = _examples(n)
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path),
                      num_return_sequences=2, pseudo_target=True)
     store, outputs = _rank_files(tmp_path, cfg, examples, 3)
-    table, order = merge_by_id(outputs, store)
-    write_outputs(cfg, store, RowTaker(outputs), order, _summary)
+    merge_by_id(outputs, store)
+    write_outputs(cfg, store, _gathered(cfg, store, outputs, tmp_path), _summary)
+    assert not list((tmp_path / "tmp").glob("tail_spill_*"))  # the spill goes once read
     out = tmp_path / "out"
     preds = [[f"best {i} \u2028 ü", f"next {i}"] for i in range(n)]
     # target is a list in every row, one reference or several (a str here and a list there
@@ -89,47 +109,72 @@ def test_pseudolabel_outputs_are_the_bytes_of_json_dumps(tmp_path, monkeypatch, 
     assert (out / "test.pseudo.target").read_text(encoding="utf-8") == best
 
 
-def test_rows_gathered_batch_by_batch_equal_arrow_take(tmp_path):
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_rows_gathered_in_data_order_equal_arrow_take(tmp_path, monkeypatch, budget):
+    _budget(monkeypatch, budget)
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
     store, outputs = _rank_files(tmp_path, cfg, _examples(101), 2)
     assert sum(o.table.column("id").num_chunks for o in outputs) > 10  # many record batches to gather from
-    table, _ = merge_by_id(outputs, store)
-    taker = RowTaker(outputs)
-    rng = np.random.default_rng(0)
-    for rows in (rng.permutation(101)[:37], np.arange(101)[::-1], np.array([5, 5, 0]), np.zeros(0, np.int64)):
-        expected = table.take(pa.array(rows, pa.int64())).to_pylist()
-        assert taker.take(rows).to_pylist() == expected
-        assert taker.take(rows).to_pylist() == expected  # pages let go of are read back the same
+    table, order = merge_by_id(outputs, store)
+    columns = ["position", *columns_taken(roles(cfg), cfg.scored)]
+    parts = list(_gathered(cfg, store, outputs, tmp_path))
+    assert (len(parts) == 1) == (budget == (None, None))
+    assert pa.concat_tables(parts).select(columns).to_pylist() == table.take(pa.array(order)).select(columns).to_pylist()
+
+
+def test_buckets_cover_their_places_once():
+    for lo, hi, count in [(0, 1, 1), (5, 58, 7), (3, 10, 7), (0, 100, 3), (4, 4, 1)]:
+        buckets = Buckets(lo, hi, count)
+        places = np.arange(lo, hi)
+        which = buckets.of(places)
+        assert list(which) == sorted(which) and set(which) <= set(range(count))
+        for b in range(count):
+            start, end = buckets.places(b)
+            assert list(places[which == b]) == list(range(start, end))
+    assert Buckets.sized(0, 10, 1000, budget=300).count == 4
+    assert Buckets.sized(0, 3, 1000, budget=1).count == 3  # never more buckets than places
+
+
+def test_a_spill_missing_rows_is_refused_naming_the_places(tmp_path, monkeypatch):
+    """Rows spilled by one rank file only (the other's never arrived) are not taken for a bucket."""
+    _budget(monkeypatch, BUDGETS[1])
+    cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
+    store, outputs = _rank_files(tmp_path, cfg, _examples(40), 2)
+    columns = columns_taken(roles(cfg), cfg.scored)
+    buckets = Buckets.sized(0, 40, shuffle.column_bytes(outputs, columns))
+    spilled = tmp_path / "tmp" / "tail_spill_0_0.arrow"
+    shuffle.spill(outputs[:1], columns, [(buckets, spilled)])
+    with pytest.raises(RunStateError, match=r"the tail's spill files (lack|hold) data places \d+\.\.\d+"):
+        list(shuffle.in_data_order([spilled], buckets))
 
 
 def test_rank_files_without_serialized_lines_are_refused(tmp_path):
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
     store, outputs = _rank_files(tmp_path, cfg, _examples(9), 2, with_lines=False)
-    _, order = merge_by_id(outputs, store)
+    merge_by_id(outputs, store)
     with pytest.raises(RunStateError, match=r"rank files lack the serialized 'out_gen' of some examples"):
-        write_outputs(cfg, store, RowTaker(outputs), order, _summary)
+        write_outputs(cfg, store, _gathered(cfg, store, outputs, tmp_path), _summary)
     assert not (tmp_path / "out" / "test_generations.txt").exists()  # nothing half-written is left
 
 
-@pytest.mark.parametrize("n, world, chunk", [(1, 2, 20_000), (2, 5, 20_000), (53, 3, 7), (53, 2, 1)])
-def test_shared_tail_in_place_writes_the_one_rank_bytes(tmp_path, monkeypatch, n, world, chunk):
+@pytest.mark.parametrize("n, world, budget", [(1, 2, BUDGETS[0]), (2, 5, BUDGETS[0]), (53, 3, BUDGETS[1]), (53, 2, BUDGETS[2])])
+def test_shared_tail_in_place_writes_the_one_rank_bytes(tmp_path, monkeypatch, n, world, budget):
     """The ranks' slices written in place at the offsets their sizes give (every rank at once,
     some slices empty when there are more ranks than examples) make exactly the files one rank
     writes alone, the legacy list's brackets and first comma included."""
     import threading
 
-    from seq2seq_eval.outputs import parts
     from seq2seq_eval.run.dist import DistEnv
     from seq2seq_eval.run.sharedtail import wait_for_parts, write_my_part
 
-    monkeypatch.setattr(parts, "ROWS_PER_CHUNK", chunk)
+    _budget(monkeypatch, budget)
     examples = _examples(n)
     alone, shared = tmp_path / "alone", tmp_path / "shared"
     cfg = EvalConfig(save_dir=str(alone), task="translation", data_dir=str(tmp_path), num_return_sequences=2,
                      pseudo_target=True, sync_timeout=60)
     store, outputs = _rank_files(tmp_path, cfg, examples, world)
-    _, order = merge_by_id(outputs, store)
-    write_outputs(cfg, store, RowTaker(outputs), order, _summary)
+    merge_by_id(outputs, store)
+    write_outputs(cfg, store, _gathered(cfg, store, outputs, tmp_path), _summary)
     tmp = tmp_path / "tmp"
     cfg = EvalConfig(save_dir=str(shared), task="translation", data_dir=str(tmp_path), num_return_sequences=2,
                      pseudo_target=True, sync_timeout=60)
@@ -147,12 +192,13 @@ def test_shared_tail_in_place_writes_the_one_rank_bytes(tmp_path, monkeypatch, n
     for t in threads:
         t.join()
     assert not errors
-    write_outputs(cfg, store, wait_for_parts(cfg, world, tmp), None, _summary)
+    write_outputs(cfg, store, wait_for_parts(cfg, world, tmp), _summary)
     names = sorted(p.name for p in alone.iterdir() if not p.name.startswith("."))
     assert names == sorted(p.name for p in shared.iterdir() if not p.name.startswith("."))
     for name in names:
         assert (shared / name).read_bytes() == (alone / name).read_bytes(), name
     assert not list(tmp.glob("tail_out.*"))  # moved into place, not copied
+    assert not list(tmp.glob("tail_spill_*"))  # each slice's spill goes once read
 
 
 def test_layout_places_slices_end_to_end():

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,8 @@ from ..atomic import write_error
 from ..errors import RunStateError
 
 ROWS_PER_CHUNK = 20_000
-"""Examples taken from the rank files at a time while writing, in data order (here and in
-write.py). Each chunk costs a call per record batch of the rank files (merge.RowTaker), so the
-number of calls grows with (N / chunk) * N; at 5,000 those calls were half of rank 0's tail on a million pseudolabels.
-20,000 such rows are about 50 MB."""
+"""Lines read or written at a time where a tail goes through every example's scores or references
+(here and in write.py): about 50 MB of pseudolabel rows would be this many."""
 
 
 # Per-example output files, by role: the rank-file column whose bytes each holds.
@@ -168,17 +166,17 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[done:], offset + done
 
 
-def write_slice(cfg: Any, rows: Any, order: Any, targets: Mapping[str, tuple[Path, Placement]], stem: Path) -> int:
-    """This rank's slice, in place: the rows `order` names (data order), taken from `rows` (a
-    merge.RowTaker) a chunk at a time, their bytes written into each assembled output file at its
-    placement (`targets`, by role) and, when scored, their statistics into stem.scores. Returns
-    the number of rows. The caller marks the slice complete afterwards."""
+def write_slice(cfg: Any, rows: Iterable[Any], targets: Mapping[str, tuple[Path, Placement]], stem: Path) -> int:
+    """This rank's slice, in place: `rows`, tables of its examples in data order (shuffle.in_data_order),
+    their bytes written into each assembled output file at its placement (`targets`, by role)
+    and, when scored, their statistics into stem.scores. Returns the number of rows. The caller
+    marks the slice complete afterwards."""
     fds: dict[str, int] = {}
     scores = None
     at = {role: placement.offset for role, (_, placement) in targets.items()}
     skip = {role: placement.skip for role, (_, placement) in targets.items()}
     path = stem
-    columns = columns_taken(list(targets), cfg.scored)
+    n_rows = 0
     try:
         for role, (path, _) in targets.items():
             # No O_TRUNC: the other ranks write their slices into the same file at the same time.
@@ -186,8 +184,8 @@ def write_slice(cfg: Any, rows: Any, order: Any, targets: Mapping[str, tuple[Pat
         if cfg.scored:
             path = stem.with_name(f"{stem.name}.scores")
             scores = open(path, "wb")
-        for start in range(0, len(order), ROWS_PER_CHUNK):
-            part = rows.take(order[start : start + ROWS_PER_CHUNK], columns)
+        for part in rows:
+            n_rows += part.num_rows
             for role, fd in fds.items():
                 data = concatenated(part, ROLE_COLUMNS[role])[skip[role]:]
                 skip[role] = 0
@@ -209,7 +207,7 @@ def write_slice(cfg: Any, rows: Any, order: Any, targets: Mapping[str, tuple[Pat
             os.close(fd)
         if scores is not None:
             scores.close()
-    return len(order)
+    return n_rows
 
 
 def complete(parts: Parts) -> None:

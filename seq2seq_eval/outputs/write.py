@@ -21,7 +21,7 @@ from .locations import (
     planned_outputs,
     stale_outputs,
 )
-from .parts import ROWS_PER_CHUNK, Parts, add_scores, columns_taken, complete, concatenated, legacy_ends, scores_of
+from .parts import ROWS_PER_CHUNK, Parts, add_scores, complete, concatenated, legacy_ends, scores_of
 from .record import OutputRecord
 
 logger = logging.getLogger("seq2seq_eval")
@@ -89,19 +89,19 @@ def write_outputs(
     cfg: EvalConfig,
     store: Any,
     rows: Any,
-    order: Any,
     summarize: Callable[[MetricTotals | None], dict[str, Any]],
     tail_since: float | None = None,
 ) -> tuple[list[Path], dict[str, Any], MetricTotals | None]:
-    """Write every output in one pass over the examples in data order, `ROWS_PER_CHUNK` at a
-    time, each file through a temporary name, so memory stays at one chunk and a failure midway
-    leaves no half file behind. Per-example lines come serialized from the ranks (output_lines);
-    the metrics are added up in the same pass; `summarize(totals)` then builds the metric file's
-    content, written last: its presence means the run completed. `rows` (a merge.RowTaker) gives
-    rank file rows by the numbers in `order`; or `rows` is the ranks' slices of the outputs
-    (Parts: the files the ranks wrote in place, parts.write_slice; `order` is then unused), which
-    are completed and moved into place. With `tail_since` (a perf_counter time), the
-    seconds from then to just before that last write are recorded as time_breakdown.tail."""
+    """Write every output in one pass over the examples in data order, each file through a
+    temporary name, so a failure midway leaves no half file behind. Per-example lines come
+    serialized from the ranks (output_lines); the metrics are added up in the same pass;
+    `summarize(totals)` then builds the metric file's content, written last: its presence means
+    the run completed. `rows` gives every example's row of the rank files in data order, as tables
+    a bucket at a time (shuffle.in_data_order, with the columns parts.columns_taken names for this
+    run); or `rows` is the ranks' slices of the outputs (Parts: the files the ranks wrote in place,
+    parts.write_slice), which are completed and moved into place. With `tail_since` (a
+    perf_counter time), the seconds from then to just before that last write are recorded as
+    time_breakdown.tail."""
     save_dir = Path(cfg.save_dir)
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
@@ -140,29 +140,29 @@ def write_outputs(
             if totals is not None:
                 add_scores(rows, totals)
         elif legacy is not None:
-            legacy.write(legacy_ends(len(order))[0])
-        columns = columns_taken(list(paths), totals is not None)
-        for start in range(0, len(order), ROWS_PER_CHUNK) if not shared else ():
-            part = rows.take(order[start : start + ROWS_PER_CHUNK], columns)
+            legacy.write(legacy_ends(len(store))[0])
+        first = True
+        for part in rows if not shared else ():
             generations = concatenated(part, "out_gen")
             gen.write(generations)
             if pseudo is not None:
                 pseudo.write(generations)
             if legacy is not None and jsonl is not None:
                 elements = concatenated(part, "out_legacy")
-                legacy.write(elements[1:] if start == 0 else elements)  # no comma before the first
+                legacy.write(elements[1:] if first else elements)  # no comma before the first
                 jsonl.write(concatenated(part, "out_jsonl"))
             if totals is not None:
                 totals.add(*scores_of(part))
                 if examples_file is not None:
                     examples_file.write(concatenated(part, "out_example"))
+            first = first and part.num_rows == 0
         for start in range(0, len(store), ROWS_PER_CHUNK) if refs_files else ():
             examples = store.slice(start, min(ROWS_PER_CHUNK, len(store) - start))
             for k, f in enumerate(refs_files):
                 f.write("".join(_one_line(e.references[k] if k < len(e.references) else "") + "\n"
                                 for e in examples).encode("utf-8"))
         if legacy is not None and not shared:
-            legacy.write(legacy_ends(len(order))[1])
+            legacy.write(legacy_ends(len(store))[1])
         summary = summarize(totals)
         for f in [*files.values(), *refs_files]:
             f.commit()

@@ -14,16 +14,18 @@ import numpy as np
 
 from ..scoring import totals as metric_fns
 from ..config import EvalConfig
-from ..outputs.merge import RowTaker, merge_by_id
+from ..outputs.merge import merge_by_id
+from ..outputs.parts import columns_taken, roles
+from ..outputs.shuffle import gathered
 from ..outputs.summary import lowest_scoring_line, now_iso, package_versions, summary_table
 from ..outputs.write import write_outputs
 from .dist import DistEnv
 from .journal import JournalIndex
-from .model_scores import WithModelScores, system_scores
+from .model_scores import system_scores, with_model_scores
 from .plan import assign_batches
 from .prepare import Prepared
 from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
-from .sharedtail import missing_parts, wait_for_parts, write_my_part
+from .sharedtail import missing_parts, spill_file, wait_for_parts, write_my_part
 from .tmpdir import cleanup_tmp_dir, mark_done
 
 
@@ -214,8 +216,11 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
 
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
     if not shared:
-        rows = RowTaker(outputs) if not model_scores else WithModelScores(RowTaker(outputs), order, model_scores)
-    written, summary, totals = write_outputs(cfg, prep.store, rows, order, summarize, tail_since=t_merge)
+        # Rank 0 alone: every rank file spilled to one destination, read back in data order (shuffle.py).
+        rows = gathered(outputs, columns_taken(roles(cfg), cfg.scored), spill_file(tmp_dir, "all", 0), n)
+        if model_scores:
+            rows = with_model_scores(rows, model_scores)
+    written, summary, totals = write_outputs(cfg, prep.store, rows, summarize, tail_since=t_merge)
     # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
     table = outputs = None
     mark_done(tmp_dir)  # the other ranks may go now (runner._wait_for_main)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,36 +202,24 @@ def system_scores(scored: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-class WithModelScores:
-    """merge.RowTaker's rows, each example's line of {type_path}_examples.jsonl extended with the
-    model metrics' values (the rank that generated it wrote the line before they existed)."""
+def with_model_scores(rows: Iterable[Any], scored: dict[str, Any]) -> Iterator[Any]:
+    """The rank files' rows in data order (shuffle.in_data_order's tables), each example's line of
+    {type_path}_examples.jsonl extended with the model metrics' values (the rank that generated it
+    wrote the line before they existed); the values are in data order, found by each row's place."""
+    import pyarrow as pa
 
-    def __init__(self, rows: Any, order: Any, scored: dict[str, Any]) -> None:
-        import numpy as np
-
-        self._rows = rows
-        order = np.asarray(order, np.int64)
-        self._by_row = {}
-        for name, entry in scored.items():
-            if name == "stats":
-                continue
-            by_row = np.zeros(int(order.max()) + 1 if len(order) else 0, np.float64)
-            by_row[order] = entry["values"]
-            self._by_row[name] = by_row
-
-    def take(self, rows: Any, columns: Any = None) -> Any:
-        import numpy as np
-        import pyarrow as pa
-
-        part = self._rows.take(rows, columns)
-        rows = np.asarray(rows, np.int64)
+    values = {name: entry["values"] for name, entry in scored.items() if name != "stats"}
+    for part in rows:
         if "out_example" not in part.column_names:
-            return part
+            yield part
+            continue
         lines = part.column("out_example").to_pylist()
         if any(line is None for line in lines):
-            return part  # no examples file: nothing to extend
-        extra = [b"".join(b', "%s": %s' % (name.encode(), json.dumps(float(v[r])).encode())
-                          for name, v in self._by_row.items()) for r in rows.tolist()]
+            yield part  # no examples file: nothing to extend
+            continue
+        places = part.column("position").to_pylist()
+        extra = [b"".join(b', "%s": %s' % (name.encode(), json.dumps(float(v[p])).encode()) for name, v in values.items())
+                 for p in places]
         # Every line is one JSON object ending in "}\n": the values go before its closing brace.
         patched = [line[:-2] + e + b"}\n" for line, e in zip(lines, extra)]
-        return part.set_column(part.schema.get_field_index("out_example"), "out_example", pa.array(patched, pa.binary()))
+        yield part.set_column(part.schema.get_field_index("out_example"), "out_example", pa.array(patched, pa.binary()))

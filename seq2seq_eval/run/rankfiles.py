@@ -136,7 +136,10 @@ class RankOutput:
 
     def releaser(self, batch: pa.RecordBatch) -> Callable[[], None]:
         """A call that drops this process's mapping of `batch`'s pages (they stay in the page
-        cache and are mapped again if read again): see merge.RowTaker for why."""
+        cache and are mapped again if read again). Every page a process reads through the map, and
+        the dozens of KB the kernel maps around it (fault-around), stay counted in its resident
+        memory until it lets go: a million pseudolabels' rank files, gigabytes, would otherwise
+        end up counted in rank 0's, once its tail had read them."""
         if self.mapping is None or not hasattr(mmap, "MADV_DONTNEED"):
             return lambda: None
         base = pa.py_buffer(self.mapping).address

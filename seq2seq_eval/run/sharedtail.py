@@ -1,6 +1,8 @@
 """The shared tail, rank by rank: once every rank file is there, each rank says how many bytes its
-slice of the outputs holds, and once every rank has, writes them in place (outputs/parts.py);
-rank 0 waits for every slice and completes the files (finish.py).
+slice of the outputs holds; once every rank has, spills its own rank file's rows to every slice's
+buckets (outputs/shuffle.py); once every rank has, reads its slice's rows back in data order and
+writes them in place (outputs/parts.py); rank 0 waits for every slice and completes the files
+(finish.py).
 
 A rank dying here is survived as one dying in generation: its slice is simply never marked
 complete, torchrun stops the group, rank 0 says what is missing; every batch is journaled, so
@@ -16,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import dumps, write_atomic
-from ..errors import SyncTimeoutError
+from ..errors import RunStateError, SyncTimeoutError
 from ..inputs.tokens import shard_range
-from ..outputs.merge import RowTaker, merge_by_id
-from ..outputs.parts import Parts, SliceInfo, layout, line_columns, roles, slice_sizes, write_slice
+from ..outputs.merge import merge_by_id
+from ..outputs.parts import Parts, SliceInfo, columns_taken, layout, line_columns, roles, slice_sizes, write_slice
+from ..outputs.shuffle import Buckets, in_data_order, spill
 from .rankfiles import rank_file, read_rank_output
 
 POLL_S = 0.1
@@ -37,6 +40,15 @@ def part_done(tmp_dir: Path, rank: int) -> Path:
     return tmp_dir / f"tail_{rank}.json"
 
 
+def part_spilled(tmp_dir: Path, rank: int) -> Path:
+    return tmp_dir / f"tail_{rank}.spilled"
+
+
+def spill_file(tmp_dir: Path, source: int | str, slice_: int) -> Path:
+    """Rows of rank `source`'s file (or of every rank file: "all") for slice `slice_` (shuffle.py)."""
+    return tmp_dir / f"tail_spill_{source}_{slice_}.arrow"
+
+
 def assembled(tmp_dir: Path, role: str) -> Path:
     return tmp_dir / f"tail_out.{role}"
 
@@ -48,9 +60,13 @@ def _slices(tmp_dir: Path, world_size: int) -> list[SliceInfo]:
 
 def missing_parts(tmp_dir: Path, world_size: int) -> list[int]:
     """The ranks holding the shared tail up: those that have not said their slice's sizes (every
-    rank waits for all of them before writing), else those that have not finished writing."""
-    unsized = [r for r in range(world_size) if not part_sizes(tmp_dir, r).exists()]
-    return unsized or [r for r in range(world_size) if not part_done(tmp_dir, r).exists()]
+    rank waits for all of them before spilling), else those that have not spilled their rows
+    (every rank waits for all of them before writing), else those that have not finished writing."""
+    for marker in (part_sizes, part_spilled, part_done):
+        missing = [r for r in range(world_size) if not marker(tmp_dir, r).exists()]
+        if missing:
+            return missing
+    return []
 
 
 def _wait(paths: list[Path], what: str, timeout_s: float, describe: Callable[[list[int]], str] | None,
@@ -72,21 +88,33 @@ def _wait(paths: list[Path], what: str, timeout_s: float, describe: Callable[[li
 
 def write_my_part(cfg: Any, env: Any, store: Any, tmp_dir: Path, describe: Callable[[list[int]], str] | None = None,
                   check: Callable[[], None] | None = None) -> None:
-    """This rank's slice of the outputs, once every rank file is there: its sizes, then, once
-    every rank's are known, its bytes in place."""
-    _wait([rank_file(tmp_dir, r) for r in range(env.world_size)], "rank files", cfg.sync_timeout, describe, check)
-    outputs = [read_rank_output(rank_file(tmp_dir, r), r) for r in range(env.world_size)]
-    lo, hi = shard_range(len(store), env.rank, env.world_size)
+    """This rank's slice of the outputs, once every rank file is there: its sizes; once every
+    rank's are known, its own rank file's rows spilled to every slice's buckets (shuffle.py);
+    once every rank has, its slice's bytes in place."""
+    world = env.world_size
+    _wait([rank_file(tmp_dir, r) for r in range(world)], "rank files", cfg.sync_timeout, describe, check)
+    outputs = [read_rank_output(rank_file(tmp_dir, r), r) for r in range(world)]
+    lo, hi = shard_range(len(store), env.rank, world)
     _, order = merge_by_id(outputs, store, lo, hi)
     sizes = slice_sizes(outputs, lo, hi, line_columns(cfg))
     write_atomic(part_sizes(tmp_dir, env.rank),
                  dumps({"rank": env.rank, "start": lo, "end": hi, "rows": len(order), "sizes": sizes}))
-    _wait([part_sizes(tmp_dir, r) for r in range(env.world_size)], "the sizes of the ranks' slices of the outputs",
+    _wait([part_sizes(tmp_dir, r) for r in range(world)], "the sizes of the ranks' slices of the outputs",
           cfg.sync_timeout, describe, check)
-    placements, _ = layout(_slices(tmp_dir, env.world_size), roles(cfg))
-    targets = {role: (assembled(tmp_dir, role), placement) for role, placement in placements[env.rank].items()}
-    rows = write_slice(cfg, RowTaker(outputs), order, targets, part_stem(tmp_dir, env.rank))
+    slices = _slices(tmp_dir, world)
+    buckets = [Buckets.sized(s.start, s.end, sum(s.sizes.values())) for s in slices]
+    columns = columns_taken(roles(cfg), cfg.scored)
+    spill([outputs[env.rank]], columns, [(buckets[r], spill_file(tmp_dir, env.rank, r)) for r in range(world)])
     outputs = []  # the rank files are memory-mapped: let them go before they may be removed
+    write_atomic(part_spilled(tmp_dir, env.rank), dumps({"rank": env.rank}))
+    _wait([part_spilled(tmp_dir, r) for r in range(world)], "the ranks' rows spilled to the slices",
+          cfg.sync_timeout, describe, check)
+    placements, _ = layout(slices, roles(cfg))
+    targets = {role: (assembled(tmp_dir, role), placement) for role, placement in placements[env.rank].items()}
+    rows = write_slice(cfg, in_data_order([spill_file(tmp_dir, r, env.rank) for r in range(world)], buckets[env.rank]),
+                       targets, part_stem(tmp_dir, env.rank))
+    if rows != len(order):
+        raise RunStateError(f"the tail's slice {env.rank} wrote {rows} examples; expected {len(order)}")
     write_atomic(part_done(tmp_dir, env.rank), dumps({"rank": env.rank, "start": lo, "end": hi, "rows": rows}))
 
 

@@ -17,6 +17,8 @@ Layout of {tmp_dir}:
     model_scores_rank_<k>.jsonl  one line per model-metric (COMET) batch rank k scored (model_scores.py)
     rank_<k>_output.arrow   rank k's records, one Arrow record batch per planned batch, renamed into place when done
     rank_<k>_output.json    rank k's stats, written atomically last: its presence means rank k is done
+    tail_*                  the tail's work: each slice's sizes, spilled rows, scores and completion
+                            (sharedtail.py, outputs/shuffle.py), the outputs being assembled
     cache/                  the examples as Arrow and the tokenized sources (see store.py, tokens.py)
 and, beside any of them, `.<name>.<pid>.tmp` while it is being written.
 """
@@ -46,7 +48,8 @@ MARKER = ".seq2seq_eval_tmp"
 OWN = re.compile(
     r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl"
     r"|rank_\d+_output\.(arrow|arrow\.partial|json)|claims/([a-z]+_)?\d+"
-    r"|tail_\d+\.(json|sizes|scores)|tail_out\.(gen|pseudo|legacy|jsonl|example)"
+    r"|tail_\d+\.(json|sizes|scores|spilled)|tail_out\.(gen|pseudo|legacy|jsonl|example)"
+    r"|tail_spill_(\d+|all)_\d+\.arrow(\.index)?"
     r"|cache/examples\.(arrow|json)|cache/tokens_\d+_\d+\.(ids\.bin|lens\.npy|json))"
 )
 """Every file the tool makes in its temp dir, by path relative to it: what cleanup removes."""

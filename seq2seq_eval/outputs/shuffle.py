@@ -1,0 +1,179 @@
+"""The rank files' rows in data order, by sequential reads: a tail's gather.
+
+The rank files hold their rows in plan order (by length), so data order is a random walk through
+them. Gathered row by row, every 4 KB page holding rows of several chunks is read once per chunk,
+which is free while the files fit in the page cache and is the whole cost once they do not (10M
+pseudolabels with 2 candidates: 27 GB of rank files on a 24 GB machine). Here each rank file is
+read once, front to back, a group of record batches at a time; each row is appended to the spill
+file of its destination (the range of data places a tail writes), in the bucket of its place, a
+range of places whose bytes fit in memory. A destination's buckets are then read back one at a
+time, from every spill file that has rows for it, sorted by place and handed on in data order:
+one sequential read of the rank files and one write and read of the spill, in place of reading
+them at random; spill files are LZ4-compressed (the rows are JSON text), so the spill is a few
+GB where the rows are tens.
+
+The shared tail runs it across ranks (each rank spills its own rank file to every rank's slice,
+then reads back its own slice's buckets), the one-rank tail within rank 0 (every rank file to one
+destination). Every place of a bucket must be there exactly once: checked as each is read back."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..atomic import dumps, write_atomic, write_error
+from ..errors import RunStateError
+
+BUCKET_BYTES = 128 << 20
+"""Bytes of rows a bucket holds: it is read back whole, then sorted (a copy), so a tail holds about
+twice this at once."""
+
+GROUP_BYTES = 64 << 20
+"""Bytes of a rank file's rows read at a time while spilling: each group is split by bucket with
+one take, so the spill files hold about (rank-file bytes / this) record batches per bucket."""
+
+_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """A destination's places [lo, hi) cut into `count` buckets of (nearly) equal numbers of places."""
+
+    lo: int
+    hi: int
+    count: int
+
+    @classmethod
+    def sized(cls, lo: int, hi: int, nbytes: int, budget: int | None = None) -> Buckets:
+        """As many buckets as it takes for each to hold about `budget` of the range's `nbytes`."""
+        budget = BUCKET_BYTES if budget is None else budget
+        return cls(lo, hi, max(1, min(hi - lo, -(-nbytes // budget))))
+
+    def of(self, places: np.ndarray) -> np.ndarray:
+        return (places - self.lo) * self.count // max(self.hi - self.lo, 1)
+
+    def places(self, b: int) -> tuple[int, int]:
+        """Bucket b's places [start, end): those p with of(p) == b."""
+        n = max(self.hi - self.lo, 1)
+        return self.lo + -(-b * n // self.count), min(self.hi, self.lo + -(-(b + 1) * n // self.count))
+
+    def to_dict(self) -> dict[str, int]:
+        return {"lo": self.lo, "hi": self.hi, "count": self.count}
+
+
+def column_bytes(outputs: Sequence[Any], columns: Sequence[str]) -> int:
+    """Bytes the rank files hold in these columns (their buffers' sizes: no value is read)."""
+    return sum(buf.size for out in outputs for batch in out.table.to_batches() for c in columns
+               for buf in batch.column(c).buffers() if buf is not None)
+
+
+def _index_path(path: Path) -> Path:
+    return path.with_name(f"{path.name}.index")
+
+
+def spill(outputs: Sequence[Any], columns: Sequence[str], destinations: Sequence[tuple[Buckets, Path]]) -> None:
+    """One pass over the rank files, front to back: each row whose place falls in a destination's
+    range goes, with `columns` and its place, to that destination's spill file (Arrow IPC, one
+    record batch per bucket of each group read), and each file's index (the bucket of each of
+    its record batches) is written beside it, last."""
+    names = ["position", *columns]
+    schema = pa.schema([outputs[0].table.schema.field(c) for c in names]) if outputs else None
+    writers: list[Any] = []
+    indexes: list[list[int]] = [[] for _ in destinations]
+    path = Path(".")
+    try:
+        for _, path in destinations:
+            writers.append(pa.ipc.new_file(pa.OSFile(str(path), "wb"), schema, options=_OPTIONS))
+        for out in outputs:
+            group: list[pa.RecordBatch] = []
+            releases: list[Any] = []
+            held = 0
+            batches = out.table.to_batches()
+            for i, batch in enumerate(batches):
+                group.append(batch.select(names))
+                releases.append(out.releaser(batch))
+                held += group[-1].nbytes
+                if held >= GROUP_BYTES or i == len(batches) - 1:
+                    table = pa.Table.from_batches(group, schema=schema).combine_chunks()
+                    for release in releases:
+                        release()  # copied: the rank file's pages may go (RankOutput.releaser says why)
+                    group, releases, held = [], [], 0
+                    places = table.column("position").to_numpy()
+                    for k, (buckets, path) in enumerate(destinations):
+                        mine = np.flatnonzero((places >= buckets.lo) & (places < buckets.hi))
+                        if not len(mine):
+                            continue
+                        which = buckets.of(places[mine])
+                        by_bucket = np.argsort(which, kind="stable")
+                        rows = table.take(pa.array(mine[by_bucket]))
+                        which = which[by_bucket]
+                        starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
+                        for a, b in zip(starts, np.r_[starts[1:], len(which)]):
+                            for piece in rows.slice(int(a), int(b - a)).to_batches():
+                                writers[k].write_batch(piece)
+                                indexes[k].append(int(which[a]))
+        for k, (_, path) in enumerate(destinations):
+            writers[k].close()
+            write_atomic(_index_path(path), dumps(indexes[k]))
+    except OSError as e:
+        raise write_error(path, e) from e
+    finally:
+        for w in writers:
+            try:
+                w.close()
+            except (OSError, pa.ArrowInvalid):
+                pass
+
+
+def in_data_order(spills: Sequence[Path], buckets: Buckets, remove: bool = True) -> Iterator[pa.Table]:
+    """A destination's rows in data order, a bucket at a time, from the spill files written for
+    it (by spill), each bucket checked to hold each of its places exactly once. With `remove`, the
+    spill files go once read (they are as large as the outputs' share they hold)."""
+    readers = []
+    try:
+        for path in spills:
+            index = np.asarray(json.loads(_index_path(path).read_text()), np.int64)
+            source = pa.OSFile(str(path))
+            readers.append((pa.ipc.open_file(source), index, source))
+        for b in range(buckets.count):
+            pieces = [reader.get_batch(int(i)) for reader, index, _ in readers for i in np.flatnonzero(index == b)]
+            start, end = buckets.places(b)
+            if not pieces:
+                if end > start:
+                    raise RunStateError(f"the tail's spill files lack data places {start}..{end - 1}; "
+                                        "expected every place once (rerun with --resume)")
+                continue
+            table = pa.Table.from_batches(pieces).combine_chunks()
+            places = table.column("position").to_numpy()
+            order = np.argsort(places, kind="stable")
+            if not np.array_equal(places[order], np.arange(start, end)):
+                raise RunStateError(f"the tail's spill files hold data places {start}..{end - 1} other than once "
+                                    "each; expected every place once (rerun with --resume)")
+            yield table.take(pa.array(order))
+    except FileNotFoundError as e:
+        raise RunStateError(f"{e.filename}: a spill file of the tail is missing; rerun with --resume") from e
+    finally:
+        for _, _, source in readers:
+            source.close()
+    if remove:
+        for path in spills:
+            for p in (path, _index_path(path)):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+
+
+def gathered(outputs: Sequence[Any], columns: Sequence[str], spill_path: Path, n: int) -> Iterator[pa.Table]:
+    """Every row of the rank files (the examples at places 0..n-1), in data order, a bucket at a
+    time: the one-rank tail's gather, spilled to one file beside the rank files and read back."""
+    buckets = Buckets.sized(0, n, column_bytes(outputs, columns))
+    spill(outputs, columns, [(buckets, spill_path)])
+    yield from in_data_order([spill_path], buckets)
