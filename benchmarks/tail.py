@@ -74,14 +74,14 @@ def run_tail(work: Path, out: Path, n_ranks: int, candidates: int = 1) -> tuple[
     t0 = time.perf_counter()
     store = ExampleStore(work / "examples.arrow", str(work))
     outputs = [read_rank_output(work / "tmp" / f"rank_{r}_output.json", r) for r in range(n_ranks)]
-    merge_by_id(outputs, store)
+    _, order = merge_by_id(outputs, store)
 
     def summarize(totals: metrics.MetricTotals | None) -> dict[str, Any]:
         scores = totals.result(store.sacrebleu_num_refs) if totals is not None else {}
         return {**scores, "n_obs": len(store), "throughput": {"time_breakdown": {}}}
 
-    # As finish.py: every rank file spilled beside them, read back in data order (outputs/shuffle.py).
-    rows = gathered(outputs, columns_taken(roles(cfg), cfg.scored), work / "tmp" / "tail_spill_all_0.arrow", len(store))
+    # As finish.py: rows at random, or every rank file spilled beside them and read back (outputs/shuffle.py).
+    rows = gathered(outputs, order, columns_taken(roles(cfg), cfg.scored), work / "tmp" / "tail_spill_all_0.arrow")
     _, summary, _ = write_outputs(cfg, store, rows, summarize, tail_since=t0)
     return time.perf_counter() - t0, summary
 

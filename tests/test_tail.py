@@ -1,5 +1,5 @@
 """Rank 0's tail on real rank files: the lines the ranks serialize, concatenated in data order,
-must be the very bytes of json.dumps over the whole data; rows are gathered batch by batch."""
+must be the very bytes of json.dumps over the whole data; rows are gathered at random or spilled (outputs/shuffle.py)."""
 
 from __future__ import annotations
 
@@ -62,33 +62,43 @@ def _summary(_totals):
     return {"n_obs": 0}
 
 
-def _gathered(cfg: EvalConfig, store, outputs, tmp_path: Path):
+def _gathered(cfg: EvalConfig, store, outputs, tmp_path: Path, gather):
     """Rank 0's rows in data order, as finish.py gathers them for the one-rank tail."""
-    return gathered(outputs, columns_taken(roles(cfg), cfg.scored), tmp_path / "tmp" / "tail_spill_all_0.arrow", len(store))
+    _, order = merge_by_id(outputs, store)
+    return gathered(outputs, order, columns_taken(roles(cfg), cfg.scored), tmp_path / "tmp" / "tail_spill_all_0.arrow",
+                    available=gather[0])
 
 
-# Bytes a bucket and a group of rank-file rows hold: the defaults (one bucket, one group here),
-# a few rows each, and one row each (a bucket per example).
-BUDGETS = [(None, None), (900, 500), (1, 1)]
+# How rows are gathered: (memory available, bytes of a spill bucket and of a group of rank-file
+# rows, rows per chunk taken at random). At random in one chunk, in chunks of 7 and of 1; spilled
+# (no memory said to be available) in one bucket, in buckets of a few rows, in one per example.
+AT_RANDOM, SPILLED = 1 << 62, 0
+GATHERS = {"random": (AT_RANDOM, None, 20_000), "random-7": (AT_RANDOM, None, 7), "random-1": (AT_RANDOM, None, 1),
+           "spilled": (SPILLED, None, None), "spilled-900": (SPILLED, (900, 500), None), "spilled-1": (SPILLED, (1, 1), None)}
 
 
-def _budget(monkeypatch, budget) -> None:
-    bucket, group = budget
-    if bucket is not None:
-        monkeypatch.setattr(shuffle, "BUCKET_BYTES", bucket)
-        monkeypatch.setattr(shuffle, "GROUP_BYTES", group)
+def _budget(monkeypatch, gather) -> None:
+    from seq2seq_eval.outputs import parts
+
+    _, budget, chunk = gather
+    if budget is not None:
+        monkeypatch.setattr(shuffle, "BUCKET_BYTES", budget[0])
+        monkeypatch.setattr(shuffle, "GROUP_BYTES", budget[1])
+    if chunk is not None:
+        monkeypatch.setattr(parts, "ROWS_PER_CHUNK", chunk)
 
 
-@pytest.mark.parametrize("n, budget", [(1, BUDGETS[0]), (53, BUDGETS[0]), (53, BUDGETS[1]), (53, BUDGETS[2])])
-def test_pseudolabel_outputs_are_the_bytes_of_json_dumps(tmp_path, monkeypatch, n, budget):
-    _budget(monkeypatch, budget)  # gathered in one bucket, in several, or in one per example
+@pytest.mark.parametrize("n, gather", [(1, "random"), (53, "random"), (53, "random-7"), (1, "spilled"), (53, "spilled"),
+                                       (53, "spilled-900"), (53, "spilled-1")])
+def test_pseudolabel_outputs_are_the_bytes_of_json_dumps(tmp_path, monkeypatch, n, gather):
+    gather = GATHERS[gather]
+    _budget(monkeypatch, gather)
     examples = _examples(n)
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path),
                      num_return_sequences=2, pseudo_target=True)
     store, outputs = _rank_files(tmp_path, cfg, examples, 3)
-    merge_by_id(outputs, store)
-    write_outputs(cfg, store, _gathered(cfg, store, outputs, tmp_path), _summary)
-    assert not list((tmp_path / "tmp").glob("tail_spill_*"))  # the spill goes once read
+    write_outputs(cfg, store, _gathered(cfg, store, outputs, tmp_path, gather), _summary)
+    assert not list((tmp_path / "tmp").glob("tail_spill_*"))  # a spill goes once read
     out = tmp_path / "out"
     preds = [[f"best {i} \u2028 ü", f"next {i}"] for i in range(n)]
     # target is a list in every row, one reference or several (a str here and a list there
@@ -109,17 +119,23 @@ def test_pseudolabel_outputs_are_the_bytes_of_json_dumps(tmp_path, monkeypatch, 
     assert (out / "test.pseudo.target").read_text(encoding="utf-8") == best
 
 
-@pytest.mark.parametrize("budget", BUDGETS)
-def test_rows_gathered_in_data_order_equal_arrow_take(tmp_path, monkeypatch, budget):
-    _budget(monkeypatch, budget)
+@pytest.mark.parametrize("gather", list(GATHERS))
+def test_rows_gathered_in_data_order_equal_arrow_take(tmp_path, monkeypatch, gather):
+    gather = GATHERS[gather]
+    _budget(monkeypatch, gather)
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
     store, outputs = _rank_files(tmp_path, cfg, _examples(101), 2)
     assert sum(o.table.column("id").num_chunks for o in outputs) > 10  # many record batches to gather from
     table, order = merge_by_id(outputs, store)
     columns = ["position", *columns_taken(roles(cfg), cfg.scored)]
-    parts = list(_gathered(cfg, store, outputs, tmp_path))
-    assert (len(parts) == 1) == (budget == (None, None))
+    parts = list(_gathered(cfg, store, outputs, tmp_path, gather))
+    assert len(parts) > 1 or gather in (GATHERS["random"], GATHERS["spilled"])
     assert pa.concat_tables(parts).select(columns).to_pylist() == table.take(pa.array(order)).select(columns).to_pylist()
+
+
+def test_a_tail_spills_once_the_rank_files_outgrow_half_the_memory():
+    assert not shuffle.spills(10, 20) and shuffle.spills(11, 20) and shuffle.spills(1, 0)
+    assert shuffle.memory_available() > 0  # /proc/meminfo, on Linux
 
 
 def test_buckets_cover_their_places_once():
@@ -137,7 +153,7 @@ def test_buckets_cover_their_places_once():
 
 def test_a_spill_missing_rows_is_refused_naming_the_places(tmp_path, monkeypatch):
     """Rows spilled by one rank file only (the other's never arrived) are not taken for a bucket."""
-    _budget(monkeypatch, BUDGETS[1])
+    _budget(monkeypatch, GATHERS["spilled-900"])
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
     store, outputs = _rank_files(tmp_path, cfg, _examples(40), 2)
     columns = columns_taken(roles(cfg), cfg.scored)
@@ -151,30 +167,37 @@ def test_a_spill_missing_rows_is_refused_naming_the_places(tmp_path, monkeypatch
 def test_rank_files_without_serialized_lines_are_refused(tmp_path):
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
     store, outputs = _rank_files(tmp_path, cfg, _examples(9), 2, with_lines=False)
-    merge_by_id(outputs, store)
-    with pytest.raises(RunStateError, match=r"rank files lack the serialized 'out_gen' of some examples"):
-        write_outputs(cfg, store, _gathered(cfg, store, outputs, tmp_path), _summary)
+    for gather in (GATHERS["random"], GATHERS["spilled"]):
+        with pytest.raises(RunStateError, match=r"rank files lack the serialized 'out_gen' of some examples"):
+            write_outputs(cfg, store, _gathered(cfg, store, outputs, tmp_path, gather), _summary)
     assert not (tmp_path / "out" / "test_generations.txt").exists()  # nothing half-written is left
 
 
-@pytest.mark.parametrize("n, world, budget", [(1, 2, BUDGETS[0]), (2, 5, BUDGETS[0]), (53, 3, BUDGETS[1]), (53, 2, BUDGETS[2])])
-def test_shared_tail_in_place_writes_the_one_rank_bytes(tmp_path, monkeypatch, n, world, budget):
+@pytest.mark.parametrize("n, world, gather", [(1, 2, "random"), (2, 5, "random"), (53, 3, "random-7"), (53, 2, "random-1"),
+                                              (1, 2, "spilled"), (2, 5, "spilled"), (53, 3, "spilled-900"), (53, 2, "spilled-1"),
+                                              (53, 3, "one rank short of memory")])
+def test_shared_tail_in_place_writes_the_one_rank_bytes(tmp_path, monkeypatch, n, world, gather):
     """The ranks' slices written in place at the offsets their sizes give (every rank at once,
     some slices empty when there are more ranks than examples) make exactly the files one rank
-    writes alone, the legacy list's brackets and first comma included."""
+    writes alone, the legacy list's brackets and first comma included; rows gathered at random
+    or spilled across the ranks."""
     import threading
 
     from seq2seq_eval.run.dist import DistEnv
     from seq2seq_eval.run.sharedtail import wait_for_parts, write_my_part
 
-    _budget(monkeypatch, budget)
+    # One rank short of memory makes every rank spill (a rank gathering at random would find no
+    # spill from the others, and one spilling would read none from it).
+    short = gather == "one rank short of memory"
+    gather = GATHERS["spilled-900"] if short else GATHERS[gather]
+    memory = [(SPILLED if k == 1 else AT_RANDOM) if short else gather[0] for k in range(world)]
+    _budget(monkeypatch, gather)
     examples = _examples(n)
     alone, shared = tmp_path / "alone", tmp_path / "shared"
     cfg = EvalConfig(save_dir=str(alone), task="translation", data_dir=str(tmp_path), num_return_sequences=2,
                      pseudo_target=True, sync_timeout=60)
     store, outputs = _rank_files(tmp_path, cfg, examples, world)
-    merge_by_id(outputs, store)
-    write_outputs(cfg, store, _gathered(cfg, store, outputs, tmp_path), _summary)
+    write_outputs(cfg, store, _gathered(cfg, store, outputs, tmp_path, (AT_RANDOM, None, None)), _summary)
     tmp = tmp_path / "tmp"
     cfg = EvalConfig(save_dir=str(shared), task="translation", data_dir=str(tmp_path), num_return_sequences=2,
                      pseudo_target=True, sync_timeout=60)
@@ -182,7 +205,8 @@ def test_shared_tail_in_place_writes_the_one_rank_bytes(tmp_path, monkeypatch, n
 
     def rank(k: int) -> None:
         try:
-            write_my_part(cfg, DistEnv(rank=k, world_size=world), ExampleStore(tmp_path / "examples.arrow", "d"), tmp)
+            write_my_part(cfg, DistEnv(rank=k, world_size=world), ExampleStore(tmp_path / "examples.arrow", "d"), tmp,
+                          available=memory[k])
         except Exception as e:  # reported below: a thread's exception would be lost
             errors.append(e)
 

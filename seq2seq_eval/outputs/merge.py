@@ -89,3 +89,46 @@ def merge_by_id(outputs: Sequence[RankOutput], store: Any, lo: int = 0, hi: int 
         missing = np.nonzero(~seen)[0] + lo
         raise MergeError(f"rank files are missing example id(s) {_preview(store.ids(missing[:10].tolist()), total=len(missing))}")
     return table, order
+
+
+class RowTaker:
+    """Rows of the rank files (numbered as in merge_by_id's table), gathered record batch by
+    record batch, with each batch's pages let go of as soon as its rows are copied.
+
+    Arrow's take on a chunked column concatenates the whole column first: taking one chunk of
+    data-order rows from a million-row merged table copied every rank file again, for every
+    chunk, which made rank 0's tail grow as N squared. Here each record batch gives only its own
+    rows, and one small take puts them back in the order asked for. Data order is a random walk
+    through the rank files, and every row read maps dozens of KB of file around it (the kernel's
+    fault-around): without letting go, a million pseudolabels' rank files, gigabytes, would all
+    end up counted in rank 0's resident memory."""
+
+    def __init__(self, outputs: Sequence[RankOutput]) -> None:
+        self._schema = outputs[0].table.schema
+        self._batches: list[pa.RecordBatch] = []
+        self._release: list[Any] = []
+        for out in outputs:
+            for batch in out.table.to_batches():
+                self._batches.append(batch)
+                self._release.append(out.releaser(batch))
+        self._bounds = np.cumsum([0] + [b.num_rows for b in self._batches], dtype=np.int64)
+
+    def take(self, rows: np.ndarray, columns: Sequence[str] | None = None) -> pa.Table:
+        """The rows, in the order given; only `columns` when named (the others, the predictions'
+        lists above all, cost most of a take and are not read)."""
+        rows = np.asarray(rows, np.int64)
+        which = np.searchsorted(self._bounds, rows, side="right") - 1
+        by_batch = np.argsort(which, kind="stable")
+        grouped = which[by_batch]
+        starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]]) if len(rows) else np.zeros(0, np.int64)
+        pieces = []
+        for a, b in zip(starts, np.r_[starts[1:], len(rows)].astype(np.int64)):
+            k = int(grouped[a])
+            batch = self._batches[k] if columns is None else self._batches[k].select(columns)
+            pieces.append(batch.take(pa.array(rows[by_batch[a:b]] - self._bounds[k])))
+            self._release[k]()
+        schema = self._schema if columns is None else pa.schema([self._schema.field(c) for c in columns])
+        gathered = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
+        inverse = np.empty_like(by_batch)
+        inverse[by_batch] = np.arange(len(rows))
+        return gathered.take(pa.array(inverse))

@@ -1,18 +1,19 @@
-"""The rank files' rows in data order, by sequential reads: a tail's gather.
+"""The rank files' rows in data order: a tail's gather, at random while the rank files fit in the
+page cache, by sequential reads once they do not.
 
 The rank files hold their rows in plan order (by length), so data order is a random walk through
 them. Gathered row by row, every 4 KB page holding rows of several chunks is read once per chunk,
 which is free while the files fit in the page cache and is the whole cost once they do not (10M
-pseudolabels with 2 candidates: 27 GB of rank files on a 24 GB machine). Here each rank file is
-read once, front to back, a group of record batches at a time; each row is appended to the spill
-file of its destination (the range of data places a tail writes), in the bucket of its place, a
-range of places whose bytes fit in memory. A destination's buckets are then read back one at a
-time, from every spill file that has rows for it, sorted by place and handed on in data order:
-one sequential read of the rank files and one write and read of the spill, in place of reading
-them at random; spill files are LZ4-compressed (the rows are JSON text), so the spill is a few
-GB where the rows are tens.
+pseudolabels with 2 candidates: 27 GB of rank files on a 24 GB machine). Spilled, each rank file
+is read once, front to back, a group of record batches at a time; each row is appended to the
+spill file of its destination (the range of data places a tail writes), in the bucket of its
+place, a range of places whose bytes fit in memory. A destination's buckets are then read back
+one at a time, from every spill file that has rows for it, sorted by place and handed on in data
+order: one sequential read of the rank files and one write and read of the spill, in place of
+reading them at random. Spill files are LZ4-compressed (the rows are JSON text, about 3.3x), so
+the spill is a few GB where the rows are tens.
 
-The shared tail runs it across ranks (each rank spills its own rank file to every rank's slice,
+The shared tail spills across ranks (each rank spills its own rank file to every rank's slice,
 then reads back its own slice's buckets), the one-rank tail within rank 0 (every rank file to one
 destination). Every place of a bucket must be there exactly once: checked as each is read back."""
 
@@ -31,11 +32,11 @@ import pyarrow as pa
 from ..atomic import dumps, write_atomic, write_error
 from ..errors import RunStateError
 
-BUCKET_BYTES = 128 << 20
+BUCKET_BYTES = 64 << 20
 """Bytes of rows a bucket holds: it is read back whole, then sorted (a copy), so a tail holds about
 twice this at once."""
 
-GROUP_BYTES = 64 << 20
+GROUP_BYTES = 32 << 20
 """Bytes of a rank file's rows read at a time while spilling: each group is split by bucket with
 one take, so the spill files hold about (rank-file bytes / this) record batches per bucket."""
 
@@ -171,9 +172,49 @@ def in_data_order(spills: Sequence[Path], buckets: Buckets, remove: bool = True)
                     pass
 
 
-def gathered(outputs: Sequence[Any], columns: Sequence[str], spill_path: Path, n: int) -> Iterator[pa.Table]:
-    """Every row of the rank files (the examples at places 0..n-1), in data order, a bucket at a
-    time: the one-rank tail's gather, spilled to one file beside the rank files and read back."""
-    buckets = Buckets.sized(0, n, column_bytes(outputs, columns))
+def memory_available() -> int:
+    """The memory the kernel says is available for new work (MemAvailable: free memory and the
+    page cache it can reclaim), in bytes; 0 where it does not say (then a tail spills)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def spills(read_bytes: int, available: int) -> bool:
+    """Whether a tail gathers its rows by spilling (sequential reads) rather than at random from
+    the rank files: once the bytes it reads from them outgrow half the memory available, beside
+    the outputs going through the page cache too. While they fit, reading at random costs nothing
+    more than reading in order, and the spill's write, compression and read back would be extra
+    work (a million pseudolabels: 7.5-11 s at random, 15-23 s spilled, rank files cached; with
+    the page cache held to 2 GB, 203 s at random, 24 s spilled: docs/scale.md)."""
+    return read_bytes > available // 2
+
+
+def in_chunks(outputs: Sequence[Any], order: np.ndarray, columns: Sequence[str]) -> Iterator[pa.Table]:
+    """The rows `order` names (merge_by_id's numbering, in data order), with `columns` and their
+    place, taken at random from the rank files, ROWS_PER_CHUNK at a time."""
+    from .merge import RowTaker
+    from .parts import ROWS_PER_CHUNK
+
+    taker = RowTaker(outputs)
+    for start in range(0, len(order), ROWS_PER_CHUNK):
+        yield taker.take(order[start : start + ROWS_PER_CHUNK], ["position", *columns])
+
+
+def gathered(outputs: Sequence[Any], order: np.ndarray, columns: Sequence[str], spill_path: Path,
+             available: int | None = None) -> Iterator[pa.Table]:
+    """Every row of the rank files in data order (`order`, from merge_by_id), with `columns` and
+    their place: the one-rank tail's gather. Spilled to one file beside the rank files and read
+    back a bucket at a time once they outgrow the memory (spills), else taken at random."""
+    read_bytes = column_bytes(outputs, columns)
+    if not spills(read_bytes, memory_available() if available is None else available):
+        yield from in_chunks(outputs, order, columns)
+        return
+    buckets = Buckets.sized(0, len(order), read_bytes)
     spill(outputs, columns, [(buckets, spill_path)])
     yield from in_data_order([spill_path], buckets)

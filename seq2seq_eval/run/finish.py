@@ -216,8 +216,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
 
     # In pseudolabel mode the same figures go to {type_path}_run_info.json instead of a metric file.
     if not shared:
-        # Rank 0 alone: every rank file spilled to one destination, read back in data order (shuffle.py).
-        rows = gathered(outputs, columns_taken(roles(cfg), cfg.scored), spill_file(tmp_dir, "all", 0), n)
+        # Rank 0 alone: rows taken at random, or every rank file spilled and read back (shuffle.py).
+        rows = gathered(outputs, order, columns_taken(roles(cfg), cfg.scored), spill_file(tmp_dir, "all", 0))
         if model_scores:
             rows = with_model_scores(rows, model_scores)
     written, summary, totals = write_outputs(cfg, prep.store, rows, summarize, tail_since=t_merge)

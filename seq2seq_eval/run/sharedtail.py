@@ -22,7 +22,7 @@ from ..errors import RunStateError, SyncTimeoutError
 from ..inputs.tokens import shard_range
 from ..outputs.merge import merge_by_id
 from ..outputs.parts import Parts, SliceInfo, columns_taken, layout, line_columns, roles, slice_sizes, write_slice
-from ..outputs.shuffle import Buckets, in_data_order, spill
+from ..outputs.shuffle import Buckets, column_bytes, in_chunks, in_data_order, memory_available, spill, spills
 from .rankfiles import rank_file, read_rank_output
 
 POLL_S = 0.1
@@ -87,10 +87,12 @@ def _wait(paths: list[Path], what: str, timeout_s: float, describe: Callable[[li
 
 
 def write_my_part(cfg: Any, env: Any, store: Any, tmp_dir: Path, describe: Callable[[list[int]], str] | None = None,
-                  check: Callable[[], None] | None = None) -> None:
+                  check: Callable[[], None] | None = None, available: int | None = None) -> None:
     """This rank's slice of the outputs, once every rank file is there: its sizes; once every
-    rank's are known, its own rank file's rows spilled to every slice's buckets (shuffle.py);
-    once every rank has, its slice's bytes in place."""
+    rank's are known, its slice's rows gathered, at random from the rank files or, once they
+    outgrow the memory (the least any rank has: `available`, else what the kernel says), by
+    spilling: its own rank file's rows to every slice's buckets, and once every rank has, its
+    slice's buckets read back (shuffle.py); then its slice's bytes in place."""
     world = env.world_size
     _wait([rank_file(tmp_dir, r) for r in range(world)], "rank files", cfg.sync_timeout, describe, check)
     outputs = [read_rank_output(rank_file(tmp_dir, r), r) for r in range(world)]
@@ -98,21 +100,30 @@ def write_my_part(cfg: Any, env: Any, store: Any, tmp_dir: Path, describe: Calla
     _, order = merge_by_id(outputs, store, lo, hi)
     sizes = slice_sizes(outputs, lo, hi, line_columns(cfg))
     write_atomic(part_sizes(tmp_dir, env.rank),
-                 dumps({"rank": env.rank, "start": lo, "end": hi, "rows": len(order), "sizes": sizes}))
+                 dumps({"rank": env.rank, "start": lo, "end": hi, "rows": len(order), "sizes": sizes,
+                        "memory_available": available if available is not None else memory_available()}))
     _wait([part_sizes(tmp_dir, r) for r in range(world)], "the sizes of the ranks' slices of the outputs",
           cfg.sync_timeout, describe, check)
     slices = _slices(tmp_dir, world)
-    buckets = [Buckets.sized(s.start, s.end, sum(s.sizes.values())) for s in slices]
     columns = columns_taken(roles(cfg), cfg.scored)
-    spill([outputs[env.rank]], columns, [(buckets[r], spill_file(tmp_dir, env.rank, r)) for r in range(world)])
-    outputs = []  # the rank files are memory-mapped: let them go before they may be removed
-    write_atomic(part_spilled(tmp_dir, env.rank), dumps({"rank": env.rank}))
-    _wait([part_spilled(tmp_dir, r) for r in range(world)], "the ranks' rows spilled to the slices",
-          cfg.sync_timeout, describe, check)
+    # Every rank decides alike, from what every rank said: the spill needs all of them.
+    least = min(json.loads(part_sizes(tmp_dir, r).read_text())["memory_available"] for r in range(world))
+    if spills(column_bytes(outputs, columns), least):
+        buckets = Buckets.sized(lo, hi, sum(sizes.values()))
+        destinations = [Buckets.sized(s.start, s.end, sum(s.sizes.values())) for s in slices]
+        spill([outputs[env.rank]], columns, [(b, spill_file(tmp_dir, env.rank, r)) for r, b in enumerate(destinations)])
+        outputs = []  # the rank files are memory-mapped: let them go before they may be removed
+        write_atomic(part_spilled(tmp_dir, env.rank), dumps({"rank": env.rank}))
+        _wait([part_spilled(tmp_dir, r) for r in range(world)], "the ranks' rows spilled to the slices",
+              cfg.sync_timeout, describe, check)
+        gathered = in_data_order([spill_file(tmp_dir, r, env.rank) for r in range(world)], buckets)
+    else:
+        write_atomic(part_spilled(tmp_dir, env.rank), dumps({"rank": env.rank, "spilled": False}))
+        gathered = in_chunks(outputs, order, columns)
     placements, _ = layout(slices, roles(cfg))
     targets = {role: (assembled(tmp_dir, role), placement) for role, placement in placements[env.rank].items()}
-    rows = write_slice(cfg, in_data_order([spill_file(tmp_dir, r, env.rank) for r in range(world)], buckets[env.rank]),
-                       targets, part_stem(tmp_dir, env.rank))
+    rows = write_slice(cfg, gathered, targets, part_stem(tmp_dir, env.rank))
+    gathered = outputs = []  # the rank files are memory-mapped: let them go before they may be removed
     if rows != len(order):
         raise RunStateError(f"the tail's slice {env.rank} wrote {rows} examples; expected {len(order)}")
     write_atomic(part_done(tmp_dir, env.rank), dumps({"rank": env.rank, "start": lo, "end": hi, "rows": rows}))
