@@ -243,3 +243,14 @@ def parts_placement(offset: int, skip: int):
     from seq2seq_eval.outputs.parts import Placement
 
     return Placement(offset, skip)
+
+
+def test_the_spill_is_the_tools_own_and_goes_on_resume(tmp_path):
+    """Every file a tail may leave in the temp dir when killed is one cleanup and --resume remove."""
+    from seq2seq_eval.run.sharedtail import part_spilled, spill_file
+    from seq2seq_eval.run.tmpdir import is_own
+
+    for path in (spill_file(tmp_path, 0, 1), spill_file(tmp_path, "all", 0), part_spilled(tmp_path, 3)):
+        assert is_own(path.name) and path.name.startswith("tail_")  # prepare_tmp_dir removes tail_* it owns
+        assert is_own(f"{path.name}.index") or path.suffix == ".spilled"
+    assert not is_own("tail_spill_x_0.arrow")
