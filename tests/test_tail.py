@@ -78,14 +78,12 @@ GATHERS = {"random": (AT_RANDOM, None, 20_000), "random-7": (AT_RANDOM, None, 7)
 
 
 def _budget(monkeypatch, gather) -> None:
-    from seq2seq_eval.outputs import parts
-
     _, budget, chunk = gather
     if budget is not None:
         monkeypatch.setattr(shuffle, "BUCKET_BYTES", budget[0])
         monkeypatch.setattr(shuffle, "GROUP_BYTES", budget[1])
     if chunk is not None:
-        monkeypatch.setattr(parts, "ROWS_PER_CHUNK", chunk)
+        monkeypatch.setattr(shuffle, "ROWS_PER_CHUNK", chunk)
 
 
 @pytest.mark.parametrize("n, gather", [(1, "random"), (53, "random"), (53, "random-7"), (1, "spilled"), (53, "spilled"),
@@ -254,3 +252,34 @@ def test_the_spill_is_the_tools_own_and_goes_on_resume(tmp_path):
         assert is_own(path.name) and path.name.startswith("tail_")  # prepare_tmp_dir removes tail_* it owns
         assert is_own(f"{path.name}.index") or path.suffix == ".spilled"
     assert not is_own("tail_spill_x_0.arrow")
+
+
+def test_parts_made_ahead_come_in_order_errors_at_their_place_and_an_early_stop_ends_the_thread():
+    import threading
+
+    from seq2seq_eval.outputs.shuffle import prefetched
+
+    assert list(prefetched(iter(range(50)))) == list(range(50))
+
+    def failing():
+        yield 1
+        yield 2
+        raise RunStateError("part 3 is missing")
+
+    got = []
+    with pytest.raises(RunStateError, match="part 3 is missing"):
+        for x in prefetched(failing()):
+            got.append(x)
+    assert got == [1, 2]
+    made = []
+
+    def endless():
+        while True:
+            made.append(len(made))
+            yield made[-1]
+
+    ahead = prefetched(endless())
+    assert [next(ahead) for _ in range(3)] == [0, 1, 2]
+    ahead.close()  # the caller stops early, as write_outputs does on an error
+    assert not [t for t in threading.enumerate() if t.name == "seq2seq_eval-gather"]
+    assert len(made) <= 5  # at most the part handed over and the one in the making

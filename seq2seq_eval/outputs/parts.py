@@ -24,11 +24,7 @@ from typing import Any
 
 from ..atomic import write_error
 from ..errors import RunStateError
-
-ROWS_PER_CHUNK = 20_000
-"""Lines read or written at a time where a tail goes through every example's scores or references
-(here and in write.py): about 50 MB of pseudolabel rows would be this many."""
-
+from .shuffle import ROWS_PER_CHUNK, prefetched
 
 # Per-example output files, by role: the rank-file column whose bytes each holds.
 ROLE_COLUMNS = {"gen": "out_gen", "pseudo": "out_gen", "legacy": "out_legacy", "jsonl": "out_jsonl",
@@ -184,7 +180,7 @@ def write_slice(cfg: Any, rows: Iterable[Any], targets: Mapping[str, tuple[Path,
         if cfg.scored:
             path = stem.with_name(f"{stem.name}.scores")
             scores = open(path, "wb")
-        for part in rows:
+        for part in prefetched(rows):
             n_rows += part.num_rows
             for role, fd in fds.items():
                 data = concatenated(part, ROLE_COLUMNS[role])[skip[role]:]

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+import queue
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,11 @@ import pyarrow as pa
 
 from ..atomic import dumps, write_atomic, write_error
 from ..errors import RunStateError
+
+ROWS_PER_CHUNK = 20_000
+"""Rows taken at a time when gathering at random (in_chunks), and lines where a tail goes through
+every example's scores or references (parts.py, write.py): about 50 MB of pseudolabel rows.
+Each chunk costs a call per record batch of the rank files (merge.RowTaker)."""
 
 BUCKET_BYTES = 64 << 20
 """Bytes of rows a bucket holds: it is read back whole, then sorted (a copy), so a tail holds about
@@ -199,11 +206,53 @@ def in_chunks(outputs: Sequence[Any], order: np.ndarray, columns: Sequence[str])
     """The rows `order` names (merge_by_id's numbering, in data order), with `columns` and their
     place, taken at random from the rank files, ROWS_PER_CHUNK at a time."""
     from .merge import RowTaker
-    from .parts import ROWS_PER_CHUNK
 
     taker = RowTaker(outputs)
     for start in range(0, len(order), ROWS_PER_CHUNK):
         yield taker.take(order[start : start + ROWS_PER_CHUNK], ["position", *columns])
+
+
+def prefetched(parts: Iterable[Any]) -> Iterator[Any]:
+    """`parts`, each made in a thread while the caller writes the one before: gathering is work for
+    the CPU and writing the disk's (a write waits whenever the page cache holds too much not yet
+    written, most of the time once the outputs outgrow it), so they overlap. An error making a
+    part is raised here, at that part; a caller that stops early stops the thread after the part
+    in the making (at most one more is held)."""
+    handoff: queue.Queue[tuple[BaseException | None, Any]] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+    end = object()
+
+    def give(item: tuple[BaseException | None, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def make() -> None:
+        try:
+            for part in parts:
+                if not give((None, part)):
+                    return
+            give((None, end))
+        except BaseException as e:  # raised again in the caller's thread
+            give((e, None))
+
+    thread = threading.Thread(target=make, name="seq2seq_eval-gather", daemon=True)
+    thread.start()
+    try:
+        while True:
+            error, part = handoff.get()
+            if error is not None:
+                raise error
+            if part is end:
+                return
+            yield part
+    finally:
+        stop.set()
+        thread.join()
 
 
 def gathered(outputs: Sequence[Any], order: np.ndarray, columns: Sequence[str], spill_path: Path,

@@ -21,8 +21,9 @@ from .locations import (
     planned_outputs,
     stale_outputs,
 )
-from .parts import ROWS_PER_CHUNK, Parts, add_scores, complete, concatenated, legacy_ends, scores_of
+from .parts import Parts, add_scores, complete, concatenated, legacy_ends, scores_of
 from .record import OutputRecord
+from .shuffle import ROWS_PER_CHUNK, prefetched
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -142,7 +143,7 @@ def write_outputs(
         elif legacy is not None:
             legacy.write(legacy_ends(len(store))[0])
         first = True
-        for part in rows if not shared else ():
+        for part in prefetched(rows) if not shared else ():
             generations = concatenated(part, "out_gen")
             gen.write(generations)
             if pseudo is not None:
