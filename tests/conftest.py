@@ -87,13 +87,15 @@ def run_ranks(nproc: int, args: list[str], cwd: Path, timeout: float = 240, env:
 
 
 def single(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None,
-           fresh: bool = False) -> subprocess.CompletedProcess:
+           fresh: bool = False, script: str | Path | None = None) -> subprocess.CompletedProcess:
     """`python -m seq2seq_eval` with no launcher: one process. Forked from an interpreter that
-    has imported torch already (tests/forked.py), unless `fresh`: a new interpreter, as a user starts it."""
+    has imported torch already (tests/forked.py), unless `fresh`: a new interpreter, as a user starts it.
+    `script`: `python SCRIPT ARGS` instead of the tool."""
     if fresh:
-        return subprocess.run([sys.executable, "-m", "seq2seq_eval", *args], cwd=cwd, capture_output=True,
+        start = [str(script)] if script else ["-m", "seq2seq_eval"]
+        return subprocess.run([sys.executable, *start, *args], cwd=cwd, capture_output=True,
                               text=True, timeout=timeout, env=_env(env))
-    return _fork_server().run(args, cwd, timeout, _env(env))
+    return _fork_server().run(args, cwd, timeout, _env(env), script=str(script) if script else None)
 
 
 _FORK_SERVER: list[ForkServer] = []  # one per pytest process, started by the first single()

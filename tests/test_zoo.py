@@ -23,14 +23,12 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
-import os
 import socket
-import subprocess
-import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import _env, make_corpus, write_legacy
+from conftest import make_corpus, run_ranks, single, write_legacy
 
 import zoo
 from zoo import Published
@@ -358,7 +356,9 @@ def zoo_runs(zoo_models, zoo_data, tmp_path_factory) -> dict:
     """Every model at 1 rank and at 2 ranks: one process for all the 1-rank runs and two for
     all the 2-rank runs (tests/zoo.py's driver), started together. The two rank processes get
     the variables torchrun gives its workers (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR; each
-    run its own MASTER_PORT); a torchrun start per model would cost ~10 s here, 16 of them."""
+    run its own MASTER_PORT); a torchrun start per model would cost ~10 s here, 16 of them. The
+    three processes are forked from the fork server (conftest), which has the libraries imported
+    already: three fresh interpreters cost ~5 CPU s each of imports on a 2-core machine."""
     base = tmp_path_factory.mktemp("zoo_runs")
     runs = [(name, engine) for engine in ENGINES for name in ZOO]
     ports = _free_ports(len(runs))
@@ -371,34 +371,16 @@ def zoo_runs(zoo_models, zoo_data, tmp_path_factory) -> dict:
             for (name, engine), port in zip(runs, ports)
         ]
         (base / f"plan_w{world}.json").write_text(json.dumps(plans[world]))
-    driver = [sys.executable, str(Path(zoo.__file__)), ]
-    procs = []
-    logs = []
-    launches = [(1, 0, {})] + [(2, r, {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
-                                          "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}) for r in (0, 1)]
-    for world, rank, extra in launches:
-        log = open(base / f"w{world}_r{rank}.log", "w+")
-        logs.append(log)
-        procs.append(subprocess.Popen([*driver, str(base / f"plan_w{world}.json")], stdout=log, stderr=subprocess.STDOUT,
-                                      env=_env({**extra, "PYTHONPATH": os.pathsep.join(p for p in (
-                                          str(Path(zoo.__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")) if p)}),
-                                      cwd=base))
-    try:
-        for proc in procs:
-            proc.wait(timeout=420)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    outputs = []
-    for log in logs:
-        log.seek(0)
-        outputs.append(log.read())
-        log.close()
-    for proc, out in zip(procs, outputs):
-        assert proc.returncode == 0, f"zoo driver exit {proc.returncode}:\n{out[-6000:]}"
-    return {"base": base, "log_w1": outputs[0], "log_w2": outputs[1] + outputs[2]}
+    driver = Path(zoo.__file__)
+    with ThreadPoolExecutor(2) as pool:
+        # The 1-rank process without RANK/WORLD_SIZE, as a plain `python tests/zoo.py` starts;
+        # run_ranks gives each of the 2 ranks what torchrun gives its workers.
+        w1 = pool.submit(single, [str(base / "plan_w1.json")], base, 420, script=driver)
+        w2 = pool.submit(run_ranks, 2, [str(base / "plan_w2.json")], base, 420, script=driver)
+        procs = [w1.result(), w2.result()]
+    for proc in procs:
+        assert proc.returncode == 0, f"zoo driver exit {proc.returncode}:\n{(proc.stdout + proc.stderr)[-6000:]}"
+    return {"base": base, "log_w1": procs[0].stdout + procs[0].stderr, "log_w2": procs[1].stdout + procs[1].stderr}
 
 
 def run_dir(name: str, engine: str, world: int) -> str:
