@@ -21,6 +21,7 @@ tests that signal or kill a process, and `single(..., fresh=True)`.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -38,7 +39,15 @@ from pathlib import Path
 # of its start-up. Not `datasets`: it reads its cache location from the environment when
 # imported, and runs set their own.
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers.generation", "sacrebleu",
-           "rouge_score.rouge_scorer", "pyarrow", "pandas", "seq2seq_eval.cli", "seq2seq_eval.run.runner")
+           "rouge_score.rouge_scorer", "pyarrow", "pandas", "seq2seq_eval.cli", "seq2seq_eval.run.runner",
+           # What transformers imports lazily on a run's first from_pretrained and generate(), and
+           # the modelling code of the two models most runs load (the tests' tiny T5, the embedded
+           # Marian): imported in every run otherwise.
+           "transformers.models.auto.modeling_auto", "transformers.models.auto.tokenization_auto",
+           "transformers.tokenization_utils_tokenizers", "transformers.tokenization_utils_sentencepiece",
+           "transformers.generation.utils", "transformers.masking_utils", "transformers.modeling_layers",
+           "transformers.models.t5.modeling_t5", "transformers.models.marian.modeling_marian",
+           "seq2seq_eval.engines.hf", "seq2seq_eval.legacy", "seq2seq_eval.comparison.runs")
 
 
 def free_port() -> int:
@@ -101,6 +110,10 @@ class ForkServer:
 
 def _serve(path: str) -> None:
     _preload()
+    # Out of the collector's sight: a child's first full collection would otherwise walk every
+    # object imported here, writing to each one's page, and copy the whole preloaded heap page by
+    # page (copy-on-write) into every run.
+    gc.freeze()
     handlers: set[int] = set()
     with socket.socket(socket.AF_UNIX) as server:
         server.bind(path)
@@ -136,6 +149,13 @@ def _preload() -> None:
     try:
         for name in PRELOAD:
             importlib.import_module(name)
+        # A process's first from_pretrained builds transformers' table of checkpoint conversions
+        # (a thousand regular expressions, for every model type) into a module global: built
+        # here once, each run forked after finds it built instead of building it again.
+        from transformers import conversion_mapping
+
+        if hasattr(conversion_mapping, "get_checkpoint_conversion_mapping"):
+            conversion_mapping.get_checkpoint_conversion_mapping("t5")
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
