@@ -54,10 +54,11 @@ def test_a_moved_hub_revision_is_converted_again_and_named(tmp_path):
         assert metrics_of(outs[n])["provenance"]["model"]["revision"] == SHA[n]
     assert len([e for e in _entries(cache) if not e.endswith(".lock")]) == 2
     # The second run generated with the second revision's weights: what that snapshot's own
-    # folder gives, and not what the first revision gave.
+    # folder gives, and not what the first revision gave. (A folder by its path: no hub lookup,
+    # so no new interpreter needed for it.)
     direct = tmp_path / "direct"
     assert_ok(single([*CT2, "--model_name", str(repo / "snapshots" / SHA[2]), "--save_dir", str(direct)],
-                     cwd=tmp_path, env=env, fresh=True))
+                     cwd=tmp_path, env=env))
     texts = {n: (outs[n] / "test_generations.txt").read_text() for n in (1, 2)}
     assert texts[2] == (direct / "test_generations.txt").read_text() and texts[1] != texts[2]
 
