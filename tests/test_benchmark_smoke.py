@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, _env, assert_ok
+from conftest import REPO, assert_ok, single
 
 COLUMNS = ("method", "samples/s", "gen tok/s", "wall s", "src pad", "gen pad", "imbal", "tail s", "tail %",
            "peak MB/rank", "BLEU")
@@ -24,9 +24,11 @@ METHODS = ("(a) tutorial", "(b) legacy split", "(d) s2s --max_tokens", "(e) s2s 
 
 def bench(script: str, args: list[str], cwd: Path, timeout: int = 300, check: bool = True
           ) -> subprocess.CompletedProcess:
-    """benchmarks/<script> run as a user runs it, checked to have exited cleanly (unless not `check`)."""
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), *args],
-                          cwd=cwd, capture_output=True, text=True, timeout=timeout, env=_env(None))
+    """`python benchmarks/<script> ARGS` in a process of its own, checked to have exited cleanly
+    (unless not `check`). Forked from the fork server (conftest.single): the script's own
+    imports of torch and transformers cost a new interpreter ~4 CPU s each time; the processes
+    it starts itself (torchrun jobs, workers) are new interpreters as a user's are."""
+    proc = single(args, cwd, timeout, script=REPO / "benchmarks" / script)
     if check:
         assert_ok(proc)
     return proc
