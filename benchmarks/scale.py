@@ -116,13 +116,27 @@ def own_peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _pin(spec: dict[str, Any]) -> None:
+    """A tail process held to one core ("core" in its spec): each rank with a core of its own, as
+    ranks on their own GPUs' cores have; else rank 0 alone would have every rank's cores."""
+    if spec.get("core") is not None:
+        os.sched_setaffinity(0, {spec["core"]})
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU seconds, user and system, every thread's."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def tail_child(spec: dict[str, Any]) -> None:
     from tail import run_tail
 
+    _pin(spec)
     t0 = time.perf_counter()
     seconds, summary = run_tail(Path(spec["work"]), Path(spec["out"]), 2, candidates=2)
     print(json.dumps({"wall": time.perf_counter() - t0, "seconds": seconds,
-                      "peak_rss_mb": own_peak_mb()}))
+                      "peak_rss_mb": own_peak_mb(), "cpu_seconds": _cpu_seconds()}))
 
 
 def tail_rank_child(spec: dict[str, Any]) -> None:
@@ -130,18 +144,20 @@ def tail_rank_child(spec: dict[str, Any]) -> None:
 
     # Every rank of a run is already up when the tail starts: each process marks itself ready
     # after its imports and starts once all are, so no rank's start-up is counted as tail.
+    _pin(spec)
     work = Path(spec["work"])
     (work / f"ready_{spec['rank']}").write_text("")
     while not all((work / f"ready_{r}").exists() for r in range(spec["ranks"])):
         time.sleep(0.01)
     r = run_tail_rank(Path(spec["work"]), Path(spec["out"]), spec["rank"], spec["ranks"], candidates=2)
     print(json.dumps({"seconds": r["seconds"], "slice_seconds": r["slice_seconds"], "wait_seconds": r.get("wait_seconds"),
-                      "peak_rss_mb": own_peak_mb()}))
+                      "peak_rss_mb": own_peak_mb(), "cpu_seconds": _cpu_seconds()}))
 
 
-def shared_tail(py: str, work: Path, out: Path, ranks: int = 2) -> dict[str, Any]:
-    """The shared tail: one process per rank, started together; rank 0's seconds (its slice,
-    the wait for the others', the join) and the largest peak RSS of any of them."""
+def shared_tail(py: str, work: Path, out: Path, ranks: int = 2, pin: bool = False) -> dict[str, Any]:
+    """The shared tail: one process per rank, started together (with `pin`, rank r held to core
+    r); rank 0's seconds (its slice, the wait for the others', the join) and the largest peak
+    RSS of any of them."""
     from tail import clear_parts
 
     clear_parts(work)
@@ -149,7 +165,7 @@ def shared_tail(py: str, work: Path, out: Path, ranks: int = 2) -> dict[str, Any
         ready.unlink()
     subprocess.run(["rm", "-rf", str(out)], check=True)
     procs = [subprocess.Popen([py, __file__, "--_tail_rank", json.dumps({"work": str(work), "out": str(out), "rank": r,
-                                                                         "ranks": ranks})],
+                                                                         "ranks": ranks, "core": r if pin else None})],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()) for r in range(ranks)]
     results = []
     for p in procs:
@@ -249,6 +265,8 @@ def main() -> int:
     p.add_argument("--jsonl", action="store_true", help="also a dry run on the same examples as one JSON Lines file")
     p.add_argument("--no_run", action="store_true", help="skip the 2-rank run")
     p.add_argument("--no_floor", action="store_true", help="skip the tokenizer-alone floor")
+    p.add_argument("--tail_one_core_per_rank", action="store_true",
+                   help="also time both tails with each rank held to one core of its own (rank 0 alone: one)")
     p.add_argument("--startup_runs", type=int, default=2, help="fresh interpreters timed for the start-up floor (best of)")
     a = p.parse_args()
     sizes = sorted(int(x) for x in a.sizes.split(","))
@@ -289,7 +307,7 @@ def main() -> int:
             _run_point(r, run, full, save, n)
         for d in (save, tmp):  # the run's token shards: gigabytes at 10M, and the tail needs the disk
             subprocess.run(["rm", "-rf", str(d)], check=True)
-        tail_point(py, root, folders, n, r)
+        tail_point(py, root, folders, n, r, pinned=a.tail_one_core_per_rank)
         if not a.no_floor:
             floor_point(py, folders, n, r, startup)
         rows[n] = r
@@ -312,8 +330,9 @@ def _run_point(r: dict[str, Any], run: dict[str, Any], full: bool, save: Path, n
           flush=True)
 
 
-def tail_point(py: str, root: Path, folders: dict[int, Path], n: int, r: dict[str, Any]) -> None:
-    """Rank 0's tail alone, then the same records' tail shared by 2 ranks (outputs compared)."""
+def tail_point(py: str, root: Path, folders: dict[int, Path], n: int, r: dict[str, Any], pinned: bool = False) -> None:
+    """Rank 0's tail alone, then the same records' tail shared by 2 ranks (outputs compared);
+    with `pinned`, both again with each rank held to one core of its own (rank 0 alone: one)."""
     files = root / f"tail_{n}"
     if not (files / "tmp" / "rank_1_output.json").exists():
         subprocess.run([py, "-c", (
@@ -324,29 +343,37 @@ def tail_point(py: str, root: Path, folders: dict[int, Path], n: int, r: dict[st
             check=True, env=env())
     from tail import clear_parts
 
-    clear_parts(files)
-    subprocess.run(["rm", "-rf", str(root / f"tail_out_{n}")], check=True)
-    t = subprocess.run([py, __file__, "--_tail", json.dumps({"work": str(files), "out": str(root / f"tail_out_{n}")})],
-                       capture_output=True, text=True, env=env())
-    if t.returncode:
-        raise SystemExit(t.stderr[-3000:])
-    tail = json.loads(t.stdout.strip().splitlines()[-1])
-    r.update(tail=tail["seconds"], tail_rss=tail["peak_rss_mb"])
-    print(f"N={n}: rank-0 tail {tail['seconds']:.1f} s, {tail['peak_rss_mb']:.0f} MB", flush=True)
     names = ("test_generations.txt", "pseudolabel_results.json", "test_pseudolabels.jsonl")
-    # Digests, then the files go: at 10M each tail's outputs are about 19 GB, the rank files 27 GB.
-    alone = {name: digest(root / f"tail_out_{n}" / name) for name in names}
-    subprocess.run(["rm", "-rf", str(root / f"tail_out_{n}")], check=True)
-    shared = shared_tail(py, files, root / f"tail_shared_out_{n}")
-    r.update(tail_shared=shared["seconds"], tail_shared_rss=shared["peak_rss_mb"], tail_shared_ranks=shared["per_rank"])
-    for name in names:
-        if digest(root / f"tail_shared_out_{n}" / name) != alone[name]:
-            raise SystemExit(f"N={n}: the shared tail's {name} differs from the one-rank tail's")
-    subprocess.run(["rm", "-rf", str(root / f"tail_shared_out_{n}")], check=True)
+    for pin in (False, True) if pinned else (False,):
+        key = "_1core" if pin else ""
+        how = ", one core per rank" if pin else ""
+        clear_parts(files)
+        subprocess.run(["rm", "-rf", str(root / f"tail_out_{n}")], check=True)
+        t = subprocess.run([py, __file__, "--_tail", json.dumps({"work": str(files), "out": str(root / f"tail_out_{n}"),
+                                                                 "core": 0 if pin else None})],
+                           capture_output=True, text=True, env=env())
+        if t.returncode:
+            raise SystemExit(t.stderr[-3000:])
+        tail = json.loads(t.stdout.strip().splitlines()[-1])
+        r.update({f"tail{key}": tail["seconds"], f"tail_rss{key}": tail["peak_rss_mb"], f"tail_cpu{key}": tail["cpu_seconds"]})
+        print(f"N={n}: rank-0 tail{how} {tail['seconds']:.1f} s, {tail['cpu_seconds']:.1f} CPU s, "
+              f"{tail['peak_rss_mb']:.0f} MB", flush=True)
+        # Digests, then the files go: at 10M each tail's outputs are about 19 GB, the rank files 25 GB.
+        alone = {name: digest(root / f"tail_out_{n}" / name) for name in names}
+        subprocess.run(["rm", "-rf", str(root / f"tail_out_{n}")], check=True)
+        shared = shared_tail(py, files, root / f"tail_shared_out_{n}", pin=pin)
+        r.update({f"tail_shared{key}": shared["seconds"], f"tail_shared_rss{key}": shared["peak_rss_mb"],
+                  f"tail_shared_cpu{key}": sum(x["cpu_seconds"] for x in shared["per_rank"]),
+                  f"tail_shared_ranks{key}": shared["per_rank"]})
+        for name in names:
+            if digest(root / f"tail_shared_out_{n}" / name) != alone[name]:
+                raise SystemExit(f"N={n}: the shared tail's {name} differs from the one-rank tail's")
+        subprocess.run(["rm", "-rf", str(root / f"tail_shared_out_{n}")], check=True)
+        print(f"N={n}: shared tail, 2 ranks{how} {shared['seconds']:.1f} s, "
+              f"{r[f'tail_shared_cpu{key}']:.1f} CPU s in all, {shared['peak_rss_mb']:.0f} MB "
+              f"(outputs identical to the one-rank tail's)", flush=True)
     if n >= 5_000_000:
         subprocess.run(["rm", "-rf", str(files)], check=True)  # tens of GB; made again when asked for
-    print(f"N={n}: shared tail, 2 ranks {shared['seconds']:.1f} s, {shared['peak_rss_mb']:.0f} MB "
-          f"(outputs identical to the one-rank tail's)", flush=True)
 
 
 def floor_point(py: str, folders: dict[int, Path], n: int, r: dict[str, Any], startup: float) -> None:
@@ -383,7 +410,10 @@ def report(rows: dict[int, dict[str, Any]], sizes: list[int]) -> None:
              ("  rank 0 ready to generate after s", "ready"), ("2 ranks: peak RSS MB (largest process)", "run_rss"),
              ("2 ranks: generate s", "generate"), ("2 ranks: rank-0 tail s", "run_tail"),
              ("tail alone, 2 candidates: s", "tail"), ("tail alone: peak RSS MB", "tail_rss"),
+             ("tail alone: CPU s", "tail_cpu"),
              ("tail shared by 2 ranks: rank 0 s", "tail_shared"), ("  peak RSS MB (largest process)", "tail_shared_rss"),
+             ("  CPU s, both ranks", "tail_shared_cpu"),
+             ("tail alone, one core: s", "tail_1core"), ("tail shared, a core per rank: rank 0 s", "tail_shared_1core"),
              ("dry run, JSON Lines: wall s", "dryj_wall"), ("dry run, JSON Lines: peak RSS MB", "dryj_rss"),
              ("tokenizer alone: CPU s", "tok_cpu"), ("  / cores: floor under preparation s", "tok_floor"),
              ("start-up alone: s", "startup"), ("start-up + tokenizer floor: s", "first_floor")]
@@ -463,6 +493,11 @@ def ten_million_checks(rows: dict[int, dict[str, Any]], big: int, ref: int) -> l
                        r["tail_shared"] <= 0.6 * r["tail"] and r["tail_shared_rss"] <= 1536,
                        f"{r['tail_shared']:.1f} s vs {r['tail']:.1f} s ({r['tail_shared'] / r['tail']:.2f}x), "
                        f"{r['tail_shared_rss']:.0f} MB"))
+    if isinstance(r.get("tail_shared_1core"), (int, float)):
+        checks.append(("the same, each rank held to one core of its own (rank 0 alone: one): <= 0.6x",
+                       r["tail_shared_1core"] <= 0.6 * r["tail_1core"],
+                       f"{r['tail_shared_1core']:.1f} s vs {r['tail_1core']:.1f} s "
+                       f"({r['tail_shared_1core'] / r['tail_1core']:.2f}x), {r['tail_shared_rss_1core']:.0f} MB"))
     return checks
 
 
