@@ -239,8 +239,9 @@ def test_resume_after_a_kill_reuses_the_converted_model(tmp_path):
     converted = [p for p in (cache / "ctranslate2").iterdir() if p.is_dir()]
     assert len(converted) == 1 and (converted[0] / "model.bin").is_file()
     stamp = (converted[0] / "model.bin").stat().st_mtime_ns
-    resumed = subprocess.run([sys.executable, "-m", "seq2seq_eval", *slow, "--resume"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=300)
+    # Another process (forked from the fork server: only the killed one needed a pid of its own),
+    # which finds the conversion where the killed run left it.
+    resumed = single([*slow, "--resume"], cwd=tmp_path, timeout=300, env={"SEQ2SEQ_EVAL_CACHE": str(cache)})
     assert_ok(resumed)
     assert "converting " not in resumed.stderr
     assert (converted[0] / "model.bin").stat().st_mtime_ns == stamp
