@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import assert_ok, single, torchrun
+from conftest import assert_ok, run_ranks, single
 
 SCORE_TOLERANCE = 1e-5
 """What docs/outputs.md promises between thread counts; 7.2e-7 was the largest difference seen."""
@@ -23,10 +23,11 @@ def runs(tiny_model, data23, tmp_path_factory) -> dict[str, Path]:
     args = ["--model_name", str(tiny_model), "--data_dir", str(data23), "--num_return_sequences", "2",
             "--pseudo_target"]
     out = {name: root / name for name in ("w1_t1", "w2_t1", "w1_t2")}
-    # The fork server's torch started with OMP_NUM_THREADS=1 (conftest._env); a fresh interpreter
-    # for 2 threads, as torch reads OMP_NUM_THREADS when it starts.
+    # The fork server's torch started with OMP_NUM_THREADS=1 (conftest._env): 1 thread in each
+    # process forked from it, the 2 ranks' as the one process's; a fresh interpreter for 2
+    # threads, as torch reads OMP_NUM_THREADS when it starts.
     assert_ok(single(args + ["--save_dir", str(out["w1_t1"])], cwd=root))
-    assert_ok(torchrun(2, args + ["--save_dir", str(out["w2_t1"])], cwd=root, env={"OMP_NUM_THREADS": "1"}))
+    assert_ok(run_ranks(2, args + ["--save_dir", str(out["w2_t1"])], cwd=root))
     assert_ok(single(args + ["--save_dir", str(out["w1_t2"])], cwd=root, fresh=True, env={"OMP_NUM_THREADS": "2"}))
     return out
 
