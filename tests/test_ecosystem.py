@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -349,16 +350,16 @@ def test_two_torchrun_nodes_equal_one_process(tiny_model, files, env, reference,
 
 
 def test_srun_without_torchrun_equals_one_process(tiny_model, files, env, reference, tmp_path):
-    """What `srun --ntasks 2 python -m seq2seq_eval` starts: SLURM_* variables, no torchrun ones."""
+    """What `srun --ntasks 2 python -m seq2seq_eval` starts: SLURM_* variables, no torchrun ones.
+    The two processes are forked from the fork server (conftest.single), started together: srun
+    has no agent of its own in them, only these variables."""
     master = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     args = ["--model_name", str(tiny_model), "--dataset", str(files["jsonl"]), *ARGS, "--save_dir", str(tmp_path / "out")]
-    commands = [
-        ([sys.executable, "-m", "seq2seq_eval", *args],
-         {**env, **master, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
-                             "SLURM_STEP_ID": "0"})
-        for rank in (0, 1)
-    ]
-    for proc in _launch_together(commands, tmp_path):
+    ranks = [{**env, **master, "SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank),
+              "SLURM_STEP_ID": "0"} for rank in (0, 1)]
+    with ThreadPoolExecutor(len(ranks)) as pool:
+        procs = list(pool.map(lambda extra: single(args, tmp_path, 240, env=extra), ranks))
+    for proc in procs:
         assert_ok(proc)
     _same_results(tmp_path / "out", reference)
     assert metrics_of(tmp_path / "out")["provenance"]["world_size"] == 2
