@@ -283,3 +283,20 @@ def test_parts_made_ahead_come_in_order_errors_at_their_place_and_an_early_stop_
     ahead.close()  # the caller stops early, as write_outputs does on an error
     assert not [t for t in threading.enumerate() if t.name == "seq2seq_eval-gather"]
     assert len(made) <= 5  # at most the part handed over and the one in the making
+
+
+def test_the_memory_a_tail_may_count_on_is_its_cgroups_limit_where_less(tmp_path):
+    from seq2seq_eval.outputs.shuffle import cgroup_memory_limit
+
+    (tmp_path / "job" / "step").mkdir(parents=True)
+    (tmp_path / "job" / "step" / "memory.max").write_text("2147483648\n")
+    assert cgroup_memory_limit("0::/job/step\n", tmp_path) == 2 << 30  # cgroup v2 (a Slurm job step)
+    (tmp_path / "job" / "step" / "memory.max").write_text("max\n")
+    assert cgroup_memory_limit("0::/job/step\n", tmp_path) is None
+    (tmp_path / "memory" / "docker" / "c1").mkdir(parents=True)
+    (tmp_path / "memory" / "docker" / "c1" / "memory.limit_in_bytes").write_text("4294967296\n")
+    v1 = "9:name=systemd:/\n4:memory:/docker/c1\n3:cpu,cpuacct:/docker/c1\n"
+    assert cgroup_memory_limit(v1, tmp_path) == 4 << 30  # cgroup v1 (a container)
+    (tmp_path / "memory" / "docker" / "c1" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_memory_limit(v1, tmp_path) is None  # v1's "no limit"
+    assert cgroup_memory_limit("4:memory:/gone\n", tmp_path) is None

@@ -181,15 +181,41 @@ def in_data_order(spills: Sequence[Path], buckets: Buckets, remove: bool = True)
 
 def memory_available() -> int:
     """The memory the kernel says is available for new work (MemAvailable: free memory and the
-    page cache it can reclaim), in bytes; 0 where it does not say (then a tail spills)."""
+    page cache it can reclaim), or the memory limit of this process's cgroup where that is less
+    (a Slurm job's or a container's: the page cache of the files it reads counts against it), in
+    bytes; 0 where the kernel does not say (then a tail spills)."""
+    available = 0
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            limit = cgroup_memory_limit(f.read(), Path("/sys/fs/cgroup"))
     except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        return available
+    return min(available, limit) if limit is not None else available
+
+
+def cgroup_memory_limit(membership: str, root: Path) -> int | None:
+    """The memory limit of the cgroup named in `membership` (/proc/self/cgroup's text) under `root`:
+    cgroup v2's memory.max or v1's memory.limit_in_bytes; None where there is none ("max", or v1's
+    near-2^63 for no limit) or it cannot be read."""
+    for line in membership.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            where = root / path.lstrip("/") / "memory.max"
+        elif "memory" in controllers.split(","):
+            where = root / "memory" / path.lstrip("/") / "memory.limit_in_bytes"
+        else:
+            continue
+        try:
+            text = where.read_text().strip()
+        except OSError:
+            continue
+        if text != "max" and int(text) < 1 << 60:
+            return int(text)
+    return None
 
 
 def spills(read_bytes: int, available: int) -> bool:
