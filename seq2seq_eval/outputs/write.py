@@ -98,8 +98,8 @@ def write_outputs(
     serialized from the ranks (output_lines); the metrics are added up in the same pass;
     `summarize(totals)` then builds the metric file's content, written last: its presence means
     the run completed. `rows` gives every example's row of the rank files in data order, as tables
-    a bucket at a time (shuffle.in_data_order, with the columns parts.columns_taken names for this
-    run); or `rows` is the ranks' slices of the outputs (Parts: the files the ranks wrote in place,
+    a chunk or a bucket at a time (shuffle.gathered, with the columns parts.columns_taken names
+    for this run); or `rows` is the ranks' slices of the outputs (Parts: the files the ranks wrote in place,
     parts.write_slice), which are completed and moved into place. With `tail_since` (a
     perf_counter time), the seconds from then to just before that last write are recorded as
     time_breakdown.tail."""

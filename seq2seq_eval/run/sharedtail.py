@@ -109,14 +109,13 @@ def write_my_part(cfg: Any, env: Any, store: Any, tmp_dir: Path, describe: Calla
     # Every rank decides alike, from what every rank said: the spill needs all of them.
     least = min(json.loads(part_sizes(tmp_dir, r).read_text())["memory_available"] for r in range(world))
     if spills(column_bytes(outputs, columns), least):
-        buckets = Buckets.sized(lo, hi, sum(sizes.values()))
         destinations = [Buckets.sized(s.start, s.end, sum(s.sizes.values())) for s in slices]
         spill([outputs[env.rank]], columns, [(b, spill_file(tmp_dir, env.rank, r)) for r, b in enumerate(destinations)])
         outputs = []  # the rank files are memory-mapped: let them go before they may be removed
         write_atomic(part_spilled(tmp_dir, env.rank), dumps({"rank": env.rank}))
         _wait([part_spilled(tmp_dir, r) for r in range(world)], "the ranks' rows spilled to the slices",
               cfg.sync_timeout, describe, check)
-        gathered = in_data_order([spill_file(tmp_dir, r, env.rank) for r in range(world)], buckets)
+        gathered = in_data_order([spill_file(tmp_dir, r, env.rank) for r in range(world)], destinations[env.rank])
     else:
         write_atomic(part_spilled(tmp_dir, env.rank), dumps({"rank": env.rank, "spilled": False}))
         gathered = in_chunks(outputs, order, columns)
