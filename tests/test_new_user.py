@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -131,32 +132,32 @@ def test_full_disk_mid_run_is_one_line_and_the_journal_resumes(tiny_model, tmp_p
             "--min_length", "30", "--max_length", "30"]
     small = tmp_path / "small"
     _mount_tmpfs(small, "size=256k")
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "seq2seq_eval", *args, "--save_dir", str(tmp_path / "out"),
-                                 "--tmp_dir", str(small / "tmp")], cwd=tmp_path, env=_env(None),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        journal = small / "tmp" / "journal_rank_0.jsonl"
-        wait_for_lines(journal, 2)
+    # The run forked from the fork server, in a thread while this one fills the disk under it.
+    with ThreadPoolExecutor(1) as pool:
         try:
-            with open(small / "filler", "wb", buffering=0) as f:  # fill what is left
-                while True:
-                    f.write(b"x" * 4096)
-        except OSError:
-            pass
-        _, err = proc.communicate(timeout=180)
-        lines = _lines(err)
-        assert proc.returncode != 0 and "Traceback" not in err
-        assert lines[-1].startswith(f"{PREFIX}{small / 'tmp'}/") and "cannot write (disk full); the batches " \
-            "journaled before this one are kept: make room, then rerun the same command with --resume" in lines[-1], err
-        kept = read_journals(small / "tmp")
-        assert 2 <= len(kept) < 24
-        assert journal.read_bytes().endswith(b"\n")  # whole lines only
-        resumed_tmp = tmp_path / "tmp2"
-        shutil.copytree(small / "tmp", resumed_tmp)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        subprocess.run(["umount", "-l", str(small)], check=False)
+            run = pool.submit(single, [*args, "--save_dir", str(tmp_path / "out"), "--tmp_dir", str(small / "tmp")],
+                              tmp_path, 180)
+            journal = small / "tmp" / "journal_rank_0.jsonl"
+            wait_for_lines(journal, 2)
+            try:
+                with open(small / "filler", "wb", buffering=0) as f:  # fill what is left
+                    while True:
+                        f.write(b"x" * 4096)
+            except OSError:
+                pass
+            proc = run.result()
+            err = proc.stderr
+            lines = _lines(err)
+            assert proc.returncode != 0 and "Traceback" not in err
+            assert lines[-1].startswith(f"{PREFIX}{small / 'tmp'}/") and "cannot write (disk full); the batches " \
+                "journaled before this one are kept: make room, then rerun the same command with --resume" in lines[-1], err
+            kept = read_journals(small / "tmp")
+            assert 2 <= len(kept) < 24
+            assert journal.read_bytes().endswith(b"\n")  # whole lines only
+            resumed_tmp = tmp_path / "tmp2"
+            shutil.copytree(small / "tmp", resumed_tmp)
+        finally:
+            subprocess.run(["umount", "-l", str(small)], check=False)
     assert_ok(single(args + ["--save_dir", str(tmp_path / "out"), "--tmp_dir", str(resumed_tmp), "--resume"],
                      cwd=tmp_path))
     m = metrics_of(tmp_path / "out")
