@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -254,12 +255,16 @@ def test_concurrent_conversions_leave_one_complete_model(tmp_path):
     other waits for it; nothing half-written is ever at the final name."""
     cache = tmp_path / "cache"
     (cache / "ctranslate2").mkdir(parents=True)
-    code = ("import sys, logging; logging.basicConfig(level=logging.INFO); from seq2seq_eval.engines import ct2; "
-            "from seq2seq_eval.config import EMBEDDED_MODEL; "
-            "print(ct2.converted_model(str(EMBEDDED_MODEL), 120))")
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=_env({"SEQ2SEQ_EVAL_CACHE": str(cache)}),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outs = [p.communicate(timeout=180) for p in procs]
+    script = tmp_path / "convert.py"
+    script.write_text("import sys, logging; logging.basicConfig(level=logging.INFO); from seq2seq_eval.engines import ct2; "
+                      "from seq2seq_eval.config import EMBEDDED_MODEL; "
+                      "print(ct2.converted_model(str(EMBEDDED_MODEL), 120))\n")
+    # Both forked from the fork server, started together (new interpreters would spend ~4 s each
+    # importing before either reached the conversion).
+    with ThreadPoolExecutor(2) as pool:
+        procs = list(pool.map(lambda _: single([], tmp_path, 180, env={"SEQ2SEQ_EVAL_CACHE": str(cache)}, script=script),
+                              range(2)))
+    outs = [(p.stdout, p.stderr) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     paths = {out.strip() for out, _ in outs}
     assert len(paths) == 1
@@ -304,10 +309,10 @@ def test_unsupported_settings_fail_before_any_work(tmp_path):
 
 
 def test_without_the_package_one_line_names_the_extra(tmp_path):
-    code = ("import sys; sys.modules['ctranslate2'] = None; from seq2seq_eval.cli import main; "
-            f"raise SystemExit(main(['--engine', 'ctranslate2', '--save_dir', {str(tmp_path / 'out')!r}]))")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=_env(None), capture_output=True, text=True,
-                          timeout=120)
+    script = tmp_path / "without.py"  # a process of its own, forked from the fork server (no ctranslate2 in it)
+    script.write_text("import sys; sys.modules['ctranslate2'] = None; from seq2seq_eval.cli import main; "
+                      f"raise SystemExit(main(['--engine', 'ctranslate2', '--save_dir', {str(tmp_path / 'out')!r}]))\n")
+    proc = single([], tmp_path, 120, script=script)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "seq2seq_eval: error: --engine ctranslate2 needs the ctranslate2 package, which is not installed; "
         'install it with: pip install -e ".[ctranslate2]" (or pip install ctranslate2)']
