@@ -163,11 +163,10 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 def write_slice(cfg: Any, rows: Iterable[Any], targets: Mapping[str, tuple[Path, Placement]], stem: Path) -> int:
-    """This rank's slice, in place: `rows`, tables of its examples in data order (shuffle.in_chunks or
-    shuffle.in_data_order),
-    their bytes written into each assembled output file at its placement (`targets`, by role)
-    and, when scored, their statistics into stem.scores. Returns the number of rows. The caller
-    marks the slice complete afterwards."""
+    """This rank's slice, in place: `rows`, tables of its examples in data order (shuffle.in_chunks
+    or shuffle.in_data_order), their bytes written into each assembled output file at its
+    placement (`targets`, by role) and, when scored, their statistics into stem.scores. Returns
+    the number of rows. The caller marks the slice complete afterwards."""
     fds: dict[str, int] = {}
     scores = None
     at = {role: placement.offset for role, (_, placement) in targets.items()}

@@ -137,13 +137,13 @@ def spill(outputs: Sequence[Any], columns: Sequence[str], destinations: Sequence
                 pass
 
 
-def in_data_order(spills: Sequence[Path], buckets: Buckets, remove: bool = True) -> Iterator[pa.Table]:
+def in_data_order(paths: Sequence[Path], buckets: Buckets, remove: bool = True) -> Iterator[pa.Table]:
     """A destination's rows in data order, a bucket at a time, from the spill files written for
     it (by spill), each bucket checked to hold each of its places exactly once. With `remove`, the
     spill files go once read (compressed, they still hold about 30% of the outputs' share)."""
     readers = []
     try:
-        for path in spills:
+        for path in paths:
             index = np.asarray(json.loads(_index_path(path).read_text()), np.int64)
             source = pa.OSFile(str(path))
             readers.append((pa.ipc.open_file(source), index, source))
@@ -168,7 +168,7 @@ def in_data_order(spills: Sequence[Path], buckets: Buckets, remove: bool = True)
         for _, _, source in readers:
             source.close()
     if remove:
-        for path in spills:
+        for path in paths:
             for p in (path, _index_path(path)):
                 try:
                     os.unlink(p)
@@ -220,8 +220,8 @@ def spills(read_bytes: int, available: int) -> bool:
     the rank files: once the bytes it reads from them outgrow half the memory available, beside
     the outputs going through the page cache too. While they fit, reading at random costs nothing
     more than reading in order, and the spill's write, compression and read back would be extra
-    work (a million pseudolabels: 7.5-11 s at random, 15-23 s spilled, rank files cached; with
-    the page cache held to 2 GB, 203 s at random, 24 s spilled: docs/scale.md)."""
+    work; once they do not, reading at random re-reads pages from disk for every chunk (docs/scale.md
+    measures both cases)."""
     return read_bytes > available // 2
 
 

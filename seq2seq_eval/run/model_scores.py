@@ -203,7 +203,7 @@ def system_scores(scored: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def with_model_scores(rows: Iterable[Any], scored: dict[str, Any]) -> Iterator[Any]:
-    """The rank files' rows in data order (shuffle.in_data_order's tables), each example's line of
+    """The rank files' rows in data order (shuffle.gathered's tables), each example's line of
     {type_path}_examples.jsonl extended with the model metrics' values (the rank that generated it
     wrote the line before they existed); the values are in data order, found by each row's place."""
     import pyarrow as pa
