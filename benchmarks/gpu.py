@@ -502,8 +502,9 @@ def plan_configs(a: argparse.Namespace, out: Path, data: Path) -> list[dict[str,
             **common, "methods": common["methods"] + (ct2 if fp32 else []),
             "name": f"{marian} {DTYPE_SHORT[dtype]}", "model": marian, "dtype": dtype,
             "data_dir": str(write_subset(data, out / "data" / f"n{a.n_marian}", a.n_marian)),
-            "max_new_tokens": a.max_new_tokens, "sweep": a.sweep if fp32 else [], "sweep_methods": marian_sweep,
-            "sweep_data_dir": str(write_subset(data, out / "data" / f"n{a.n_sweep}", a.n_sweep)) if fp32 else None,
+            "max_new_tokens": a.max_new_tokens, "sweep": a.sweep if fp32 or a.sweep_half else [],
+            "sweep_methods": marian_sweep if fp32 else ["d"],
+            "sweep_data_dir": str(write_subset(data, out / "data" / f"n{a.n_sweep}", a.n_sweep)) if fp32 or a.sweep_half else None,
             "profile": dtype in ("float32", "bfloat16") and not a.no_profile, "cap": a.config_timeout,
         })
     if a.tiny:
@@ -741,6 +742,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--n_sweep_embedded", type=int, default=2000)
     p.add_argument("--n_sweep", type=int, default=1000, help="examples for the opus-size Marian's --max_tokens sweep")
     p.add_argument("--sweep", type=_ints, default=[4096, 8192, 16384, 32768], help="--max_tokens values, Marian fp32")
+    p.add_argument("--sweep_half", action="store_true",
+                   help="sweep the opus-size Marian's fp16 and bf16 configurations too (HF engine)")
     p.add_argument("--sweep_embedded", type=_ints, default=[4096, 8192, 16384, 32768])
     p.add_argument("--max_new_tokens", type=int, default=64, help="for the Marian configurations")
     p.add_argument("--max_new_tokens_embedded", type=int, default=None,
