@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
 
 from .config import TASKS, EvalConfig
@@ -18,6 +19,14 @@ logger = logging.getLogger("seq2seq_eval")
 # Errors every rank hits identically (they come from the same flags and files): rank 0 alone
 # reports them, so an 8-rank launch prints one line, not eight.
 _REPLICATED = (ConfigError, DataError, ModelError, RunStateError, Interrupted)
+
+# How long a rank that leaves the report of a replicated error to rank 0 waits before it exits.
+# torchrun's agent stops every rank as soon as one exits with an error, so a rank that hit the
+# error before rank 0 did would otherwise get rank 0 killed before it says anything: the user saw
+# only torchrun's "ChildFailedError" (seen with two ranks refused on one GPU). Ranks start together
+# and hit the same error at the same step, so rank 0 is seconds behind at most; once it exits, the
+# agent ends this wait.
+REPORT_GRACE_S = 5.0
 
 
 def build_config(argv: Sequence[str]) -> EvalConfig:
@@ -143,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if env.is_main or not isinstance(e, _REPLICATED):
             where = f"[rank {env.rank}] " if env.world_size > 1 and not env.is_main else ""
             print(f"seq2seq_eval: error: {where}{e}", file=sys.stderr)
+        elif env.world_size > 1 and not isinstance(e, Interrupted):
+            time.sleep(REPORT_GRACE_S)
         return e.exit_code
     if outcome.plan_text and env.is_main:
         print(outcome.plan_text)

@@ -349,6 +349,26 @@ def test_two_torchrun_nodes_equal_one_process(tiny_model, files, env, reference,
     assert m["provenance"]["world_size"] == 2 and len(m["throughput"]["per_rank"]) == 2
 
 
+def test_torchrun_error_is_reported_when_rank_0_reaches_it_last(tiny_model, files, env, tmp_path):
+    """torchrun stops every rank once one exits with an error. A rank other than 0 that hits a
+    replicated error first (rank 0 alone reports those) must not get rank 0 killed before it
+    says what went wrong: a flag's value is refused before the ranks meet. Rank 0 is made 2 s late
+    at start-up, as a busy node would make it."""
+    slow = tmp_path / "slow_rank_0"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text('import os, time\nif os.environ.get("RANK") == "0":\n    time.sleep(2)\n')
+    extra = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(slow), env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "seq2seq_eval",
+         "--model_name", str(tiny_model), "--dataset", str(files["jsonl"]), "--num_beams", "0",
+         "--save_dir", str(tmp_path / "out")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, env=_env(extra))
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("seq2seq_eval: error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "--num_beams must be an integer >= 1, got 0" in errors[0] and "[rank" not in errors[0]
+
+
 def test_srun_without_torchrun_equals_one_process(tiny_model, files, env, reference, tmp_path):
     """What `srun --ntasks 2 python -m seq2seq_eval` starts: SLURM_* variables, no torchrun ones.
     The two processes are forked from the fork server (conftest.single), started together: srun
