@@ -201,15 +201,19 @@ def test_padding_efficiency_hand_checked(lengths, mode, expected):
     assert padding_efficiency(make_batches(lengths, **mode), lengths) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("bs, max_tokens, device, engine, expected", [
-    (None, None, "cpu", "hf", (None, 1024)),  # the measured best per engine and device
-    (None, None, "cpu", "ctranslate2", (None, 2048)),
-    (None, None, "cuda", "hf", (None, 32768)),
-    (None, None, "cuda", "ctranslate2", (None, 65536)),
-    (None, None, "mps", "hf", (None, 1024)),  # an unlisted device takes the CPU's
-    (8, None, "cpu", "ctranslate2", (8, None)),  # a flag given wins
-    (None, 300, "cuda", "hf", (None, 300)),
-    (8, 300, "cpu", "hf", (None, 300)),  # both given: the token budget wins
+@pytest.mark.parametrize("bs, max_tokens, device, engine, half, expected", [
+    (None, None, "cpu", "hf", False, (None, 1024)),  # the measured best per engine and device
+    (None, None, "cpu", "ctranslate2", False, (None, 2048)),
+    (None, None, "cuda", "hf", False, (None, 32768)),
+    (None, None, "cuda", "ctranslate2", False, (None, 65536)),
+    (None, None, "cuda", "hf", True, (None, 65536)),  # fp16/bf16 peak later (docs/gpu.md, H200)
+    (None, None, "cpu", "hf", True, (None, 1024)),  # not measured on CPU: fp32's
+    (None, None, "cuda", "ctranslate2", True, (None, 65536)),
+    (None, None, "mps", "hf", False, (None, 1024)),  # an unlisted device takes the CPU's
+    (8, None, "cpu", "ctranslate2", False, (8, None)),  # a flag given wins
+    (8, None, "cuda", "hf", True, (8, None)),
+    (None, 300, "cuda", "hf", True, (None, 300)),
+    (8, 300, "cpu", "hf", False, (None, 300)),  # both given: the token budget wins
 ])
-def test_batch_budget(bs, max_tokens, device, engine, expected):
-    assert batch_budget(bs, max_tokens, device, engine) == expected
+def test_batch_budget(bs, max_tokens, device, engine, half, expected):
+    assert batch_budget(bs, max_tokens, device, engine, half=half) == expected

@@ -144,23 +144,28 @@ def make_batches(
     return Plan(order, bounds, padded.astype(np.int32), cost.astype(np.float64))
 
 
-DEFAULT_MAX_TOKENS = {"hf": {"cpu": 1024, "cuda": 32768}, "ctranslate2": {"cpu": 2048, "cuda": 65536}}
+DEFAULT_MAX_TOKENS = {"hf": {"cpu": 1024, "cuda": 32768}, "ctranslate2": {"cpu": 2048, "cuda": 65536},
+                      "hf_half": {"cpu": 1024, "cuda": 65536}}
 """The batch budget of a run given neither --bs nor --max_tokens, per engine and device type: the
 measured best (benchmarks/budget.py on CPU for both engines: the HF engine peaks at 1024 on the
 embedded model and is within 3% of its best there at opus-mt size; CTranslate2 peaks at 2048 on
 both, 10% ahead of 1024 at opus-mt size; on an H100, benchmarks/gpu.py's curve at opus-mt size:
-the HF engine in fp32 peaks at 32768, CTranslate2 at 65536 in float32 and in float16). Unlisted devices
-take the CPU's. A budget too large for a GPU's memory costs a split (run/oom.py), not the run."""
+the HF engine in fp32 peaks at 32768, CTranslate2 at 65536 in float32 and in float16; on an H200,
+the HF engine with --fp16/--bf16 ran 1.25x/1.58x faster at 65536 than at 32768, where fp32 was
+level, docs/gpu.md). Unlisted devices take the CPU's. A budget too large for a GPU's memory costs
+a split (run/oom.py), not the run."""
 
 
-def batch_budget(bs: int | None, max_tokens: int | None, device_type: str, engine: str = "hf") -> tuple[int | None, int | None]:
+def batch_budget(bs: int | None, max_tokens: int | None, device_type: str, engine: str = "hf",
+                 half: bool = False) -> tuple[int | None, int | None]:
     """(bs, max_tokens), exactly one of them set: --max_tokens when given, else --bs when given,
-    else the engine's default token budget for the device."""
+    else the engine's default token budget for the device (`half`: the HF engine in fp16/bf16)."""
     if max_tokens is not None:
         return None, max_tokens
     if bs is not None:
         return bs, None
-    budgets = DEFAULT_MAX_TOKENS.get(engine, DEFAULT_MAX_TOKENS["hf"])
+    key = "hf_half" if engine == "hf" and half else engine
+    budgets = DEFAULT_MAX_TOKENS.get(key, DEFAULT_MAX_TOKENS["hf"])
     return None, budgets.get(device_type, budgets["cpu"])
 
 

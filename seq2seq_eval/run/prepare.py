@@ -175,7 +175,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length)
     t2 = time.perf_counter()
     out_cap = gc.max_new_tokens or gc.max_length
-    bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type, cfg.engine)
+    bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type, cfg.engine, half=cfg.fp16 or cfg.bf16)
     batches = make_batches(
         tokens.lengths,
         bs=bs,
