@@ -25,7 +25,8 @@ _REPLICATED = (ConfigError, DataError, ModelError, RunStateError, Interrupted)
 # error before rank 0 did would otherwise get rank 0 killed before it says anything: the user saw
 # only torchrun's "ChildFailedError" (seen with two ranks refused on one GPU). Ranks start together
 # and hit the same error at the same step, so rank 0 is seconds behind at most; once it exits, the
-# agent ends this wait.
+# agent ends this wait. Only ranks under an agent wait (torchrun sets their run id): srun and other
+# launchers let rank 0 finish.
 REPORT_GRACE_S = 5.0
 
 
@@ -152,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if env.is_main or not isinstance(e, _REPLICATED):
             where = f"[rank {env.rank}] " if env.world_size > 1 and not env.is_main else ""
             print(f"seq2seq_eval: error: {where}{e}", file=sys.stderr)
-        elif env.world_size > 1 and not isinstance(e, Interrupted):
+        elif env.run_id is not None and not isinstance(e, Interrupted):
             time.sleep(REPORT_GRACE_S)
         return e.exit_code
     if outcome.plan_text and env.is_main:
