@@ -88,8 +88,8 @@ def test_the_tree_shows_the_data_flow():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     # At the top: the entry points, the config and what every step shares (version: read by the
     # package and by the provenance the outputs step writes, without importing the package).
-    assert top == ["__init__", "__main__", "api", "atomic", "callback", "cli", "config", "errors", "legacy", "options",
-                   "version"]
+    assert top == ["__init__", "__main__", "api", "atomic", "callback", "cli", "config", "errors", "legacy", "mapped",
+                   "options", "version"]
     # A subpackage's __init__ says what the step is, and runs no code (engines/__init__ is the
     # registry of engines, which the rest of the package calls).
     for step in (s for s in STEPS if s != "engines"):

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..mapped import read_mapped
 from .examples import BLOCK_ROWS, Block, Example, ExampleId, blocks_of, target_of
 
 ROWS_PER_BATCH = BLOCK_ROWS
@@ -114,9 +115,7 @@ class ExampleStore:
         self.path = path
         self.origin = origin  # where the examples came from, for messages
         # A memory map: the OS pages rows in as batches read them, and ranks on one node share them.
-        with open(path, "rb") as f:
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(f.fileno()).st_size else None
-        table = pa.ipc.open_file(pa.py_buffer(self._map) if self._map is not None else pa.memory_map(str(path))).read_all()
+        self._map, table = read_mapped(path)
         self._table = table.slice(0, n_obs) if n_obs is not None else table
         self._base = pa.py_buffer(self._map).address if self._map is not None else 0
         lengths = [len(c) for c in self._table.column("id").chunks]

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from ..atomic import dumps, resumable_write_error, write_atomic, write_error
 from ..errors import RunStateError, SyncTimeoutError
+from ..mapped import read_mapped
 
 
 def rank_file(tmp_dir: Path, rank: int) -> Path:
@@ -159,9 +160,7 @@ def read_rank_output(path: Path, rank: int) -> RankOutput:
     table_path = rank_table_file(path.parent, rank)
     try:
         stats = json.loads(path.read_text(encoding="utf-8"))["stats"]
-        with open(table_path, "rb") as f:
-            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        table = pa.ipc.open_file(pa.py_buffer(mapping)).read_all()
+        mapping, table = read_mapped(table_path)
         if not table.schema.equals(RANK_SCHEMA):
             raise ValueError(f"unexpected columns {table.schema.names}")
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
