@@ -91,11 +91,14 @@ def spill(outputs: Sequence[Any], columns: Sequence[str], destinations: Sequence
     names = ["position", *columns]
     schema = pa.schema([outputs[0].table.schema.field(c) for c in names]) if outputs else None
     writers: list[Any] = []
+    sinks: list[Any] = []
     indexes: list[list[int]] = [[] for _ in destinations]
+    spans: list[list[tuple[int, int]]] = [[] for _ in destinations]
     path = Path(".")
     try:
         for _, path in destinations:
-            writers.append(pa.ipc.new_file(pa.OSFile(str(path), "wb"), schema, options=_OPTIONS))
+            sinks.append(pa.OSFile(str(path), "wb"))
+            writers.append(pa.ipc.new_file(sinks[-1], schema, options=_OPTIONS))
         for out in outputs:
             group: list[pa.RecordBatch] = []
             releases: list[Any] = []
@@ -122,11 +125,13 @@ def spill(outputs: Sequence[Any], columns: Sequence[str], destinations: Sequence
                         starts = np.flatnonzero(np.r_[True, which[1:] != which[:-1]])
                         for a, b in zip(starts, np.r_[starts[1:], len(which)]):
                             for piece in rows.slice(int(a), int(b - a)).to_batches():
+                                start = sinks[k].tell()
                                 writers[k].write_batch(piece)
                                 indexes[k].append(int(which[a]))
+                                spans[k].append((start, sinks[k].tell()))
         for k, (_, path) in enumerate(destinations):
             writers[k].close()
-            write_atomic(_index_path(path), dumps(indexes[k]))
+            write_atomic(_index_path(path), dumps({"buckets": indexes[k], "spans": spans[k]}))
     except OSError as e:
         raise write_error(path, e) from e
     finally:
@@ -137,6 +142,31 @@ def spill(outputs: Sequence[Any], columns: Sequence[str], destinations: Sequence
                 pass
 
 
+class _Prefetch:
+    """Asks the kernel to read a spill file's record batches before they are read.
+
+    A bucket's batches lie one per group read, scattered through the spill file, tens of KB each.
+    Read one by one, each read waits on the disk alone and brings in the kernel's readahead
+    window about it (4x a 64 KB read where read_ahead_kb is 8 MB): the 10M one-rank tail read
+    32 GB back for a 6.8 GB spill. Asked for at once, the next bucket's batches are read while
+    this one is written, many at a time and no more than they are."""
+
+    def __init__(self, path: Path, spans: np.ndarray) -> None:
+        self.spans = spans
+        self.fd = os.open(path, os.O_RDONLY) if hasattr(os, "posix_fadvise") else None
+
+    def ask(self, batches: np.ndarray) -> None:
+        if self.fd is None:
+            return
+        for start, end in self.spans[batches]:
+            os.posix_fadvise(self.fd, int(start), int(end - start), os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def in_data_order(paths: Sequence[Path], buckets: Buckets, remove: bool = True) -> Iterator[pa.Table]:
     """A destination's rows in data order, a bucket at a time, from the spill files written for
     it (by spill), each bucket checked to hold each of its places exactly once. With `remove`, the
@@ -144,11 +174,19 @@ def in_data_order(paths: Sequence[Path], buckets: Buckets, remove: bool = True) 
     readers = []
     try:
         for path in paths:
-            index = np.asarray(json.loads(_index_path(path).read_text()), np.int64)
+            saved = json.loads(_index_path(path).read_text())
+            index = np.asarray(saved["buckets"], np.int64)
             source = pa.OSFile(str(path))
-            readers.append((pa.ipc.open_file(source), index, source))
+            prefetch = _Prefetch(path, np.asarray(saved["spans"], np.int64).reshape(-1, 2))
+            readers.append((pa.ipc.open_file(source), index, source, prefetch))
+        def ask(bucket: int) -> None:
+            for _, index, _, prefetch in readers:
+                prefetch.ask(np.flatnonzero(index == bucket))
+
+        ask(0)
         for b in range(buckets.count):
-            pieces = [reader.get_batch(int(i)) for reader, index, _ in readers for i in np.flatnonzero(index == b)]
+            pieces = [reader.get_batch(int(i)) for reader, index, _, _ in readers for i in np.flatnonzero(index == b)]
+            ask(b + 1)  # read while this bucket is sorted and written
             start, end = buckets.places(b)
             if not pieces:
                 if end > start:
@@ -165,8 +203,9 @@ def in_data_order(paths: Sequence[Path], buckets: Buckets, remove: bool = True) 
     except FileNotFoundError as e:
         raise RunStateError(f"{e.filename}: a spill file of the tail is missing; rerun with --resume") from e
     finally:
-        for _, _, source in readers:
+        for _, _, source, prefetch in readers:
             source.close()
+            prefetch.close()
     if remove:
         for path in paths:
             for p in (path, _index_path(path)):
