@@ -162,6 +162,45 @@ def test_a_spill_missing_rows_is_refused_naming_the_places(tmp_path, monkeypatch
         list(shuffle.in_data_order([spilled], buckets))
 
 
+def test_a_spill_index_spans_each_record_batchs_bytes(tmp_path, monkeypatch):
+    """The spans the next bucket's reads are asked for (shuffle._Prefetch) are the batches' own
+    bytes: each span after the first is one IPC message holding that batch, and they tile the file
+    from its start up to the footer."""
+    _budget(monkeypatch, GATHERS["spilled-900"])
+    cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
+    store, outputs = _rank_files(tmp_path, cfg, _examples(40), 2)
+    columns = columns_taken(roles(cfg), cfg.scored)
+    buckets = Buckets.sized(0, 40, shuffle.column_bytes(outputs, columns))
+    spilled = tmp_path / "tmp" / "tail_spill_0_0.arrow"
+    shuffle.spill(outputs, columns, [(buckets, spilled)])
+    index = json.loads((tmp_path / "tmp" / "tail_spill_0_0.arrow.index").read_text())
+    spans, data = index["spans"], spilled.read_bytes()
+    reader = pa.ipc.open_file(pa.py_buffer(data))
+    assert len(spans) == len(index["buckets"]) == reader.num_record_batches > 2
+    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:])) and spans[-1][1] < len(data)
+    for i, (start, end) in enumerate(spans[1:], 1):
+        message = pa.ipc.read_message(pa.py_buffer(data[start:end]))
+        assert pa.ipc.read_record_batch(message, reader.schema).equals(reader.get_batch(i))
+    assert [t.column("position").to_pylist() for t in shuffle.in_data_order([spilled], buckets)] == \
+        [list(range(*buckets.places(b))) for b in range(buckets.count)]
+
+
+def test_a_mapped_arrow_file_reads_as_written(tmp_path):
+    from seq2seq_eval.mapped import read_mapped
+
+    table = pa.table({"id": list(range(1000)), "text": [f"row {i}" for i in range(1000)]})
+    path = tmp_path / "t.arrow"
+    with pa.ipc.new_file(str(path), table.schema) as w:
+        for batch in table.to_batches(max_chunksize=64):
+            w.write_batch(batch)
+    mapping, read = read_mapped(path)
+    assert mapping is not None and read.equals(table) and read.num_rows == 1000
+    empty = tmp_path / "empty.arrow"
+    empty.write_bytes(b"")
+    with pytest.raises(pa.ArrowInvalid):
+        read_mapped(empty)
+
+
 def test_rank_files_without_serialized_lines_are_refused(tmp_path):
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
     store, outputs = _rank_files(tmp_path, cfg, _examples(9), 2, with_lines=False)
