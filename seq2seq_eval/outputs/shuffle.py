@@ -179,6 +179,7 @@ def in_data_order(paths: Sequence[Path], buckets: Buckets, remove: bool = True) 
             source = pa.OSFile(str(path))
             prefetch = _Prefetch(path, np.asarray(saved["spans"], np.int64).reshape(-1, 2))
             readers.append((pa.ipc.open_file(source), index, source, prefetch))
+
         def ask(bucket: int) -> None:
             for _, index, _, prefetch in readers:
                 prefetch.ask(np.flatnonzero(index == bucket))
