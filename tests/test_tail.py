@@ -149,15 +149,22 @@ def test_buckets_cover_their_places_once():
     assert Buckets.sized(0, 3, 1000, budget=1).count == 3  # never more buckets than places
 
 
-def test_a_spill_missing_rows_is_refused_naming_the_places(tmp_path, monkeypatch):
-    """Rows spilled by one rank file only (the other's never arrived) are not taken for a bucket."""
+def _spill_of_40(tmp_path: Path, monkeypatch, ranks: int) -> tuple[Buckets, Path]:
+    """40 examples' rank files of 2 ranks, the first `ranks` of them spilled to one destination
+    in buckets of a few rows: the buckets and the spill file."""
     _budget(monkeypatch, GATHERS["spilled-900"])
     cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
-    store, outputs = _rank_files(tmp_path, cfg, _examples(40), 2)
+    _, outputs = _rank_files(tmp_path, cfg, _examples(40), 2)
     columns = columns_taken(roles(cfg), cfg.scored)
     buckets = Buckets.sized(0, 40, shuffle.column_bytes(outputs, columns))
     spilled = tmp_path / "tmp" / "tail_spill_0_0.arrow"
-    shuffle.spill(outputs[:1], columns, [(buckets, spilled)])
+    shuffle.spill(outputs[:ranks], columns, [(buckets, spilled)])
+    return buckets, spilled
+
+
+def test_a_spill_missing_rows_is_refused_naming_the_places(tmp_path, monkeypatch):
+    """Rows spilled by one rank file only (the other's never arrived) are not taken for a bucket."""
+    buckets, spilled = _spill_of_40(tmp_path, monkeypatch, ranks=1)
     with pytest.raises(RunStateError, match=r"the tail's spill files (lack|hold) data places \d+\.\.\d+"):
         list(shuffle.in_data_order([spilled], buckets))
 
@@ -166,13 +173,7 @@ def test_a_spill_index_spans_each_record_batchs_bytes(tmp_path, monkeypatch):
     """The spans the next bucket's reads are asked for (shuffle._Prefetch) are the batches' own
     bytes: each span after the first is one IPC message holding that batch, and they tile the file
     from its start up to the footer."""
-    _budget(monkeypatch, GATHERS["spilled-900"])
-    cfg = EvalConfig(save_dir=str(tmp_path / "out"), task="translation", data_dir=str(tmp_path), num_return_sequences=2)
-    store, outputs = _rank_files(tmp_path, cfg, _examples(40), 2)
-    columns = columns_taken(roles(cfg), cfg.scored)
-    buckets = Buckets.sized(0, 40, shuffle.column_bytes(outputs, columns))
-    spilled = tmp_path / "tmp" / "tail_spill_0_0.arrow"
-    shuffle.spill(outputs, columns, [(buckets, spilled)])
+    buckets, spilled = _spill_of_40(tmp_path, monkeypatch, ranks=2)
     index = json.loads((tmp_path / "tmp" / "tail_spill_0_0.arrow.index").read_text())
     spans, data = index["spans"], spilled.read_bytes()
     reader = pa.ipc.open_file(pa.py_buffer(data))
