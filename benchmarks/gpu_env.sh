@@ -1,6 +1,21 @@
-# Sourced by gpu.sh and gpu_questions.sh: makes what the lent GPU machine lacks importable, lets
-# CTranslate2 find a cuBLAS, puts the checkout on PYTHONPATH and checks that CUDA is there (exit 3
-# if not). Expects PYTHON and WHEELS to be set, and the repository as the working directory.
+# Sourced by gpu.sh, gpu_questions.sh and gpu_sweeps.sh: makes what the lent GPU machine lacks
+# importable, lets CTranslate2 find a cuBLAS, puts the checkout on PYTHONPATH and checks that CUDA
+# is there (exit 3 if not); defines run_suite. Expects PYTHON and WHEELS to be set, and the
+# repository as the working directory.
+
+# run_suite SECONDS CPU_WORKERS GPU_WORKERS: the whole suite, `-m "not gpu"` beside `-m gpu`, into
+# $OUT/suite.txt and $OUT/suite_gpu.txt. -v: each result is printed when it comes, so a suite cut
+# off at its timeout still says what ran.
+run_suite() {
+  timeout "$1" "$PYTHON" -m pytest tests -m gpu -v -rfE -p no:cacheprovider -n "$3" --dist load \
+    --durations 10 > "$OUT/suite_gpu.txt" 2>&1 &
+  local gpu_tests=$!
+  timeout "$1" "$PYTHON" -m pytest tests -m "not gpu" -v -rfE -p no:cacheprovider -n "$2" \
+    --durations 15 > "$OUT/suite.txt" 2>&1
+  echo "not gpu: exit $?"; wait $gpu_tests; echo "gpu: exit $?"
+  tail -n 5 "$OUT/suite.txt" "$OUT/suite_gpu.txt"
+}
+
 need="import datasets, rouge_score, nltk, punkt, defusedxml"
 # The CTranslate2 rows run when its wheel is there (benchmarks/README.md, "On a GPU").
 if ls "$WHEELS"/ctranslate2-*.whl >/dev/null 2>&1; then need="$need, ctranslate2"; fi

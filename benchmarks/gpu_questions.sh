@@ -41,11 +41,4 @@ cp "$work/fp32/table.txt" "$OUT/fp32.txt"; cp "$work/fp32/summary.json" "$OUT/fp
 
 left=$((TOTAL - SECONDS - 10))
 echo "== 4. the suite (${left} s)"
-# -v: each result is printed when it comes, so a suite cut off at its timeout still says what ran.
-timeout "$left" "$PYTHON" -m pytest tests -m gpu -v -rfE -p no:cacheprovider -n 6 --dist load \
-  --durations 10 > "$OUT/suite_gpu.txt" 2>&1 &
-gpu_tests=$!
-timeout "$left" "$PYTHON" -m pytest tests -m "not gpu" -v -rfE -p no:cacheprovider -n 10 \
-  --durations 15 > "$OUT/suite.txt" 2>&1
-echo "not gpu: exit $?"; wait $gpu_tests; echo "gpu: exit $?"
-tail -n 5 "$OUT/suite.txt" "$OUT/suite_gpu.txt"
+run_suite "$left" 10 6

@@ -30,11 +30,4 @@ grep -h "samples/s" "$work"/sweep/configs/*/worker.log >> "$OUT/sweep.txt" 2>/de
 
 left=$((TOTAL - SECONDS - 10))
 echo "== 2. the suite (${left} s)"
-# -v: each result is printed when it comes, so a suite cut off at its timeout still says what ran.
-timeout "$left" "$PYTHON" -m pytest tests -m gpu -v -rfE -p no:cacheprovider -n 4 --dist load \
-  --durations 10 > "$OUT/suite_gpu.txt" 2>&1 &
-gpu_tests=$!
-timeout "$left" "$PYTHON" -m pytest tests -m "not gpu" -v -rfE -p no:cacheprovider -n 12 \
-  --durations 15 > "$OUT/suite.txt" 2>&1
-echo "not gpu: exit $?"; wait $gpu_tests; echo "gpu: exit $?"
-tail -n 5 "$OUT/suite.txt" "$OUT/suite_gpu.txt"
+run_suite "$left" 12 4
