@@ -110,7 +110,10 @@ def test_pseudolabel_outputs_are_the_bytes_of_json_dumps(tmp_path, monkeypatch, 
     jsonl = [json.dumps({"id": e.id, "source": e.source, "target": r["target"], "candidates": p,
                          "scores": [-0.5 * i, -1.0 * i - 1]}, ensure_ascii=False)
              for i, (e, p, r) in enumerate(zip(examples, preds, legacy))]
-    assert (out / "test_pseudolabels.jsonl").read_text(encoding="utf-8") == "".join(x + "\n" for x in jsonl)
+    # U+2028 (in every prediction here), U+2029 and U+0085 escaped: one line per example for any line splitter
+    escaped = [x.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029").replace("\x85", "\\u0085") for x in jsonl]
+    assert (out / "test_pseudolabels.jsonl").read_text(encoding="utf-8") == "".join(x + "\n" for x in escaped)
+    assert len((out / "test_pseudolabels.jsonl").read_text(encoding="utf-8").splitlines()) == n
     # one line per example: a line separator inside a prediction becomes a space
     best = "".join(f"best {i}   ü\n" for i in range(n))
     assert (out / "test_generations.txt").read_text(encoding="utf-8") == best

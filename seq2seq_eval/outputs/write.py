@@ -15,6 +15,7 @@ from ..atomic import AdoptedFile, AtomicFile, dumps, write_atomic
 from ..config import EvalConfig
 from ..errors import OutputError
 from ..inputs.examples import Example
+from .jsonl import encode_line
 from ..scoring.totals import MetricTotals
 from .locations import (
     _one_line,
@@ -31,6 +32,9 @@ logger = logging.getLogger("seq2seq_eval")
 # One encoder for every record: json.dumps builds a new JSONEncoder per call when given options,
 # a fifth of rank 0's tail on a million pseudolabels. Same output as json.dumps(x, ensure_ascii=False).
 _encode = json.JSONEncoder(ensure_ascii=False).encode
+# A line of a JSON Lines file: the same, but U+0085, U+2028 and U+2029 escaped, so a reader
+# that splits lines with str.splitlines() sees one line per example (outputs/jsonl.py).
+_encode_line = encode_line
 
 
 def _indented(value: Any, level: int) -> str:
@@ -68,8 +72,8 @@ def output_lines(cfg: EvalConfig, examples: Sequence[Example], records: Sequence
             b",\n" + _legacy_record({"id": e.id, "source": e.source, "target": target_list(e.target), "preds": p})
             for e, p in zip(examples, preds)]
         lines["out_jsonl"] = [
-            (_encode({"id": e.id, "source": e.source, "target": target_list(e.target), "candidates": p,
-                      "scores": r.get("scores")})
+            (_encode_line({"id": e.id, "source": e.source, "target": target_list(e.target), "candidates": p,
+                           "scores": r.get("scores")})
              + "\n").encode("utf-8")
             for e, p, r in zip(examples, preds, records)]
     if cfg.scored and not cfg.no_examples_file:
@@ -193,4 +197,4 @@ def _example_line(e: Example, prediction: str, scores: Mapping[str, float] | Non
     """
     row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": prediction}
     row.update(scores or {})
-    return (_encode(row) + "\n").encode("utf-8")
+    return (_encode_line(row) + "\n").encode("utf-8")
