@@ -44,9 +44,9 @@ class EvalResult:
 
 def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
           metrics: str | Sequence[str] | None = CONFIG_FIELDS["metrics"].default,
-          task: str = CONFIG_FIELDS["task"].default, reference_layout: str | None = None,
+          task: str | None = CONFIG_FIELDS["task"].default, reference_layout: str | None = None,
           sources: Sequence[str] | None = None,
-          comet_model: str = CONFIG_FIELDS["comet_model"].default, comet_max_tokens: int | None = None) -> dict[str, Any]:
+          comet_model: str | None = CONFIG_FIELDS["comet_model"].default, comet_max_tokens: int | None = None) -> dict[str, Any]:
     """`seq2seq_eval score` over lists: corpus scores of `predictions` against `references`.
 
     `references`, as `evaluate` takes them: one text (or a list of texts) per prediction, or
@@ -55,39 +55,45 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
     `reference_layout` ("examples" or "streams") says which (scoring.references). `metrics`: a
     comma list or a sequence of names from bleu, chrf, chrf++, ter, rouge, comet (default: the
     task's); comet needs `sources` and runs `comet_model` here (the first GPU, else the CPU), in
-    forward passes of at most `comet_max_tokens` padded tokens (default: 4096 on CPU, 32768 on a GPU)."""
+    forward passes of at most `comet_max_tokens` padded tokens (default: 4096 on CPU, 32768 on a GPU).
+    `sources`, when given, are checked as a run checks them (one text per prediction). None for
+    any keyword means not given: its default."""
     return _score(predictions, references, metrics=metrics, task=task, reference_layout=reference_layout,
                   sources=sources, comet_model=comet_model, comet_max_tokens=comet_max_tokens)
 
 
 def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
-           metrics: str | Sequence[str] | None, task: str, reference_layout: str | None,
-           sources: Sequence[str] | None, comet_model: str, comet_max_tokens: int | None = None,
+           metrics: str | Sequence[str] | None, task: str | None, reference_layout: str | None,
+           sources: Sequence[str] | None, comet_model: str | None, comet_max_tokens: int | None = None,
            ranks: Any = None) -> dict[str, Any]:
     """`score`; `ranks` (model_metric.Ranks): `seq2seq_eval score` under torchrun, the model
     metrics' batches shared among the ranks."""
-    from .inputs.memory import texts
+    from .inputs.memory import source_texts, texts
     from .scoring import totals as metric_fns
     from .scoring.names import parse_metric_names, split_metric_names
     from .scoring.references import per_example
 
+    task = CONFIG_FIELDS["task"].default if task is None else task
+    comet_model = CONFIG_FIELDS["comet_model"].default if comet_model is None else comet_model
     parsed = parse_metric_names(metrics, task)
     model_names = split_metric_names(parsed, family_of(task) or "translation")[1]
     names = tuple(n for n in parsed if n not in model_names)  # with comet alone, nothing else
     if model_names and sources is None:
         raise ConfigError(f"metrics {','.join(model_names)}: needs sources, one per prediction")
-    if comet_max_tokens is not None and comet_max_tokens < 1:
-        raise ConfigError(f"comet_max_tokens must be >= 1, got {comet_max_tokens}")
+    if comet_max_tokens is not None and (isinstance(comet_max_tokens, bool) or not isinstance(comet_max_tokens, int)
+                                         or comet_max_tokens < 1):
+        raise ConfigError(f"comet_max_tokens must be an integer >= 1, got {comet_max_tokens!r}")
     preds = texts(predictions, "predictions")
     if not preds:
         raise DataError("predictions: empty; expected one prediction per example")
     rows = per_example(references, len(preds), reference_layout)
+    srcs = source_texts(sources, len(preds)) if sources is not None else None
     refs = [r[0] for r in rows] if all(len(r) == 1 for r in rows) else [tuple(r) for r in rows]
     result = metric_fns.score_metrics(names, preds, refs) if names else {}
     if model_names:
         from .scoring.model_metric import corpus_scores
 
-        result.update(corpus_scores(model_names, comet_model, texts(sources, "sources"), preds, rows,
+        result.update(corpus_scores(model_names, comet_model, srcs, preds, rows,
                                     max_tokens=comet_max_tokens, ranks=ranks))
     return result
 
@@ -122,9 +128,10 @@ def evaluate(
     line can evaluate again.
 
     `options`: EvalConfig's fields by their command-line names, with the same defaults (task,
-    metrics, bs, max_tokens, save_dir, tmp_dir, sync_timeout, seed, ...); any other keyword, or
-    `generate_kwargs`, is a model.generate() option as the command line's --key value
-    (num_beams=4, max_new_tokens=64).
+    metrics, bs, max_tokens, save_dir, tmp_dir, sync_timeout, seed, ...); None for any of them
+    (and for every keyword above) means not given. Any other keyword, or `generate_kwargs`, is a
+    model.generate() option as the command line's --key value (num_beams=4, max_new_tokens=64;
+    None is then a value, as --key none is).
 
     `process_group`: the group whose ranks evaluate together (default: the job's default group,
     which must be initialized when the job has several ranks); a group of every rank, as every
@@ -232,6 +239,7 @@ def _agreement(group: Any, settings: dict[str, str] | None, error: BaseException
 
 
 _RESUME_HINT = "; resume with: "
+_DATA_OPTIONS = ("data_dir", "dataset", "input_path", "reference_path")  # in-memory sources replace them
 
 
 def _clear_failed_run(tmp_dir: Path) -> None:
@@ -258,6 +266,9 @@ def _config(model: Any, in_memory: bool, sources: Any, references: Any, ids: Any
             generate_kwargs: Mapping[str, Any] | None, options: dict[str, Any]) -> EvalConfig:
     """The command line's config from keyword arguments: EvalConfig's fields by name, any other
     keyword a generate option (the command line's leftover --key value pairs)."""
+    # None for an option means not given: data_dir=args.data_dir beside sources gets the sources.
+    # (A generate option's None is a value, as --key none and model.generate(key=None) take it.)
+    options = {k: v for k, v in options.items() if not (v is None and k in _CONFIG_FIELDS)}
     for key, why in _REFUSED.items():
         if key in options:
             raise ConfigError(f"evaluate(): {key}: {why}")
@@ -265,6 +276,9 @@ def _config(model: Any, in_memory: bool, sources: Any, references: Any, ids: Any
     gen = {k: v for k, v in options.items() if k not in _CONFIG_FIELDS}
     if "generate_kwargs" in options:
         raise ConfigError("evaluate(): pass generate options as keywords or as generate_kwargs={...}")
+    if generate_kwargs is not None and not isinstance(generate_kwargs, Mapping):
+        raise ConfigError(f"evaluate(): generate_kwargs must be a dict of generate options, got "
+                          f"{type(generate_kwargs).__name__}")
     for key, value in (generate_kwargs or {}).items():
         if key in gen:
             raise ConfigError(f"evaluate(): generate option {key} given twice")
@@ -278,9 +292,10 @@ def _config(model: Any, in_memory: bool, sources: Any, references: Any, ids: Any
         if references is not None or ids is not None:
             raise ConfigError("evaluate(): references and ids go with sources")
         return EvalConfig(**values)
-    for key in ("data_dir", "dataset", "input_path", "reference_path"):
+    for key in _DATA_OPTIONS:
         if options.get(key):
             raise ConfigError(f"evaluate(): sources replace {key}; pass only one of them")
+        values.pop(key, None)  # "" (data_dir's default): not given either
     cfg = EvalConfig(**values)  # validated before its data file is named
     prefix = Path(cfg.save_dir) / cfg.output_prefix
     if references is None:

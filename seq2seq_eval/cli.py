@@ -46,7 +46,7 @@ def score_main(argv: Sequence[str], env: DistEnv | None = None) -> dict:
 
     from .api import score
     from .config import CONFIG_FIELDS
-    from .inputs.files import read_lines, read_references
+    from .inputs.files import read_lines, read_references, read_sources
     from .scoring.names import ACCEPTED_METRIC_NAMES, parse_metric_names
 
     parser = Parser(prog="seq2seq_eval score", allow_abbrev=False,
@@ -70,7 +70,7 @@ def score_main(argv: Sequence[str], env: DistEnv | None = None) -> dict:
     if not preds:
         raise DataError(f"{args.predictions}: no lines; expected one prediction per line")
     streams = [read_references(Path(r), len(preds), args.predictions, "prediction") for r in args.references]
-    sources = read_lines(Path(args.sources)) if args.sources else None  # score() checks the count
+    sources = read_sources(Path(args.sources), len(preds), args.predictions) if args.sources else None
     kwargs = dict(metrics=args.metrics, task=args.task, reference_layout="streams", sources=sources,
                   comet_model=args.comet_model, comet_max_tokens=args.comet_max_tokens)
     if env is None or env.world_size == 1 or not _model_metrics(args.metrics, args.task):

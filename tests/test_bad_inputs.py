@@ -108,9 +108,10 @@ CASES = [
     # one beam but a beam-only option the user set: transformers' reason, not an empty one
     ("greedy-with-length-penalty", ["--num_beams", "1", "--length_penalty", "2.0"],
      ["invalid generate options: GenerationConfig is invalid:", "`length_penalty`", "only used in beam-based"], 2),
-    # ---- datasets: a schema that changes after the first chunk (10 MB) of a JSON Lines file
-    ("dataset-schema-changes", ["--dataset", "{d}/schema.jsonl", "--n_obs", "2"],
-     ["{d}/schema.jsonl line 12001: column 'extra' is not in line 1", "(id, source, target)"], 1),
+    # ---- datasets: a local JSON Lines file is read as --data_dir reads it, with its messages
+    ("dataset-malformed-jsonl", ["--dataset", "{d}/malformed.jsonl"], ["{d}/malformed.jsonl line 3: malformed JSON"], 1),
+    ("dataset-duplicated-id", ["--dataset", "{d}/dup_id.jsonl"],
+     ["dataset {d}/dup_id.jsonl split test row 2 column 'id': duplicated id 'b' (first in row 1)"], 1),
 ]
 
 DEBUG_CASES = [
@@ -138,11 +139,6 @@ def _write_bad_inputs(d: Path) -> None:
     (d / "a_file").write_text("a regular file, not a folder\n", encoding="utf-8")
     (d / "collide").mkdir()
     (d / "collide" / "test_generations.txt").write_text('{"source": "a b", "target": "c"}\n', encoding="utf-8")
-    with open(d / "schema.jsonl", "w", encoding="utf-8") as f:
-        filler = "the cat sat on the mat " * 40  # ~1 KB a record: 12,000 records pass datasets' 10 MB chunk
-        for i in range(12000):
-            f.write('{"id": %d, "source": "%s", "target": "a"}\n' % (i, filler))
-        f.write('{"id": 12000, "source": "a", "target": "a", "extra": 1}\n')
     _write_not_seq2seq_models(d)
 
 

@@ -95,6 +95,68 @@ def test_csv_equals_jsonl(tiny_model, files, env, reference, tmp_path):
     _same_results(tmp_path / "out", reference)
 
 
+# Values a loader could change: one id column mixing strings and numbers (the datasets JSON loader
+# reads "007" as 7, "1e3" as 1000.0, and 0 and "0" as one id), a 71-bit integer, records without an
+# id (--data_dir numbers them by line), a blank line, references mixing a text and a list of texts
+# whose texts look like JSON ("42", "null", "true"), and texts holding every character
+# str.splitlines() splits on.
+AS_WRITTEN = [
+    {"id": "007", "source": "the cat sat", "target": "42"},
+    {"id": 8, "source": "a dog runs\u2028fast", "target": ["null", "a dog"]},
+    {"id": "0x1F", "source": "red house\x85tree", "target": "true"},
+    {"id": "1e3", "source": "blue\u2029mat", "target": "1e3"},
+    {"id": 0, "source": "Zürich café", "target": "x y"},
+    {"id": "0", "source": "big small", "target": ["007", "8"]},
+    None,  # a blank line
+    {"source": "on the mat", "target": "y z"},
+    {"id": 2**70, "source": "slow fast", "target": "z"},
+    {"id": "x9", "source": "a\x0bb\x0cc\x1cd\x1de\x1ef\rg\nh", "target": "w"},
+]
+
+
+def test_dataset_and_data_dir_read_one_file_alike(tiny_model, env, tmp_path):
+    """--dataset and --data_dir on the same JSON Lines file: every output byte the same, the ids
+    as the file holds them, one line per example for any line splitter."""
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join("\n" if r is None else json.dumps(r) + "\n" for r in AS_WRITTEN), encoding="utf-8")
+    saves = {flag: tmp_path / flag.strip("-") for flag in ("--dataset", "--data_dir")}
+    for flag, save in saves.items():
+        assert_ok(single(["--model_name", str(tiny_model), flag, str(data), *ARGS, "--save_dir", str(save)],
+                         cwd=tmp_path, env=env))
+    names = sorted(p.name for p in saves["--data_dir"].iterdir())
+    assert names == sorted(p.name for p in saves["--dataset"].iterdir())
+    for name in names:
+        a, b = (saves[flag] / name for flag in saves)
+        if name == "test_bleu.json":  # the provenance names the option; the scores are the same
+            assert metric_values(json.loads(a.read_text())) == metric_values(json.loads(b.read_text()))
+        elif not name.startswith("."):
+            assert a.read_bytes() == b.read_bytes(), name
+    written = [r.get("id", line) for line, r in enumerate(AS_WRITTEN) if r is not None]
+    text = (saves["--dataset"] / "test_examples.jsonl").read_text(encoding="utf-8")
+    assert len(text.splitlines()) == len(written)
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert [r["id"] for r in rows] == written
+    assert [r["source"] for r in rows] == [r["source"] for r in AS_WRITTEN if r is not None]
+
+
+def test_a_column_the_loader_changed_is_refused_where_the_file_cannot_be_read(tmp_path):
+    """A folder of JSON Lines files is loaded by the datasets loader alone: a column of mixed
+    kinds (which it changes) is refused, naming the column and a way out."""
+    from seq2seq_eval.config import EvalConfig
+    from seq2seq_eval.errors import DataError
+    from seq2seq_eval.inputs.hub import load_hf_examples
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    rows = [{"id": "007", "source": "a", "target": "x"}, {"id": 8, "source": "b", "target": "y"}]
+    (folder / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(DataError, match=r"column 'id': mixes kinds of values .* pass the data file itself as --dataset"):
+        load_hf_examples(EvalConfig(dataset=str(folder)), need_targets=True)
+    # The file itself: read as written.
+    examples = load_hf_examples(EvalConfig(dataset=str(folder / "test.jsonl")), need_targets=True)
+    assert [e.id for e in examples.items] == ["007", 8]
+
+
 def test_saved_folder_at_2_ranks_equals_1_rank(tiny_model, files, env, reference, tmp_path):
     """A save_to_disk DatasetDict, split picked by --type_path, over 2 real ranks."""
     save = tmp_path / "out"
@@ -204,7 +266,7 @@ def test_columns_table(tmp_path, columns, flags, expected):
 @pytest.mark.parametrize("columns, flags, message", [
     ({"source": ["a", "b"], "target": ["x", "y"], "id": ["k", "k"]}, {},
      "row 1 column 'id': duplicated id 'k' (first in row 0)"),
-    ({"source": ["a", "  "], "target": ["x", "y"]}, {}, "split test row 1 column 'source': expected a non-empty string"),
+    ({"source": ["a", "  "], "target": ["x", "y"]}, {}, "split test row 1 column 'source': empty source; expected non-empty text"),
     ({"source": ["a"], "target": [None]}, {}, "row 0 column 'target': expected a non-empty string, got None"),
     ({"source": ["a"], "target": ["x"], "id": [1.5]}, {}, "an id must be a string or an integer, got 1.5"),
     ({"source": ["a"]}, {}, "no target column 'target'"),

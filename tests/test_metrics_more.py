@@ -422,10 +422,11 @@ def test_jsonl_target_lists(tmp_path):
     path.write_text('{"source": "s", "target": ["a", "b"]}\n{"source": "t", "target": ["c"]}\n'
                     '{"source": "u", "target": "d"}\n', encoding="utf-8")
     assert [e.target for e in load_jsonl(path, need_targets=True).items] == [("a", "b"), "c", "d"]
-    for bad in ('[]', '["a", ""]', '["a", 3]'):
+    for bad, message in (('[]', "field 'target': an empty list; expected one or more references"),
+                         ('["a", ""]', "field 'target' item 1: empty reference; expected non-empty text"),
+                         ('["a", 3]', "field 'target' item 1: expected a non-empty string, got 3")):
         path.write_text('{"source": "s", "target": "a"}\n{"source": "s", "target": %s}\n' % bad, encoding="utf-8")
-        with pytest.raises(DataError, match=re.escape(f"{path} line 2: field 'target' must be a non-empty string or a "
-                                                      "non-empty list of non-empty strings")):
+        with pytest.raises(DataError, match=re.escape(f"{path} line 2 {message}")):
             load_jsonl(path, need_targets=True)
 
 
@@ -453,7 +454,7 @@ def test_dataset_several_target_columns_and_list_columns(tmp_path):
     with pytest.raises(DataError, match=re.escape("no column 'nope' (--target_column)")):
         load_hf_examples(EvalConfig(dataset=str(ds), target_column=("target", "nope")), need_targets=True)
     bad = _saved(tmp_path / "bad", {"source": ["s1", "s2"], "refs": [["c1"], ["c2", ""]]})
-    with pytest.raises(DataError, match=re.escape("split test row 1 column 'refs' item 1: expected a non-empty string")):
+    with pytest.raises(DataError, match=re.escape("split test row 1 column 'refs' item 1: empty reference; expected non-empty text")):
         load_hf_examples(EvalConfig(dataset=str(bad), target_column="refs"), need_targets=True)
     empty = _saved(tmp_path / "empty", {"source": ["s1"], "refs": [[]]})
     with pytest.raises(DataError, match=re.escape("row 0 column 'refs': an empty list; expected one or more references")):

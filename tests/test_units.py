@@ -597,3 +597,44 @@ def test_legacy_pseudolabel_records_are_json_dumps_with_indent_1():
                   "preds": [value() for _ in range(rng.randrange(0, 3))]}
         whole = json.dumps([record], ensure_ascii=False, sort_keys=True, indent=1)
         assert whole == "[\n" + _legacy_record(record).decode("utf-8") + "\n]"
+
+
+# ---------------------------------------------------------------- JSON Lines outputs
+
+
+# Every character str.splitlines() ends a line at, found rather than listed.
+LINE_BREAKS = "".join(c for c in map(chr, range(0x110000)) if len(f"a{c}b".splitlines()) == 2)
+
+
+def test_the_line_breaks_are_those_json_leaves_raw_plus_those_it_escapes():
+    from seq2seq_eval.outputs.jsonl import LINE_BREAKS_JSON_KEEPS
+
+    assert LINE_BREAKS == "\n\x0b\x0c\r\x1c\x1d\x1e\x85\u2028\u2029"
+    assert LINE_BREAKS_JSON_KEEPS == "".join(c for c in LINE_BREAKS if c in json.dumps(c, ensure_ascii=False))
+
+
+def test_jsonl_outputs_are_one_line_per_example_for_any_line_splitter(tmp_path):
+    """_examples.jsonl, _pseudolabels.jsonl and evaluate()'s _inputs.jsonl: texts holding each line
+    break give one line per example to str.splitlines(), and json.loads gives the texts back;
+    text without them is written as json.dumps writes it."""
+    from seq2seq_eval.inputs.memory import write_inputs
+    from seq2seq_eval.outputs.write import output_lines
+
+    texts = [f"a{c}b" for c in LINE_BREAKS] + ["plain ü \"q\" \t"]
+    examples = [Example(i, f"source {t}", f"reference {t}") for i, t in enumerate(texts)]
+    records = [{"pred": [f"best {t}", f"next {t}"], "scores": [-1.0, -2.0], "sentence_scores": {"bleu": 1.0}}
+               for t in texts]
+    scored = output_lines(EvalConfig(), examples, records)["out_example"]
+    pseudo = output_lines(EvalConfig(num_return_sequences=2, generate_kwargs=(("num_beams", 2),)), examples, records)["out_jsonl"]
+    for lines, text_key in ((scored, "prediction"), (pseudo, "candidates")):
+        whole = b"".join(lines).decode("utf-8")
+        rows = [json.loads(line) for line in whole.splitlines()]
+        assert len(rows) == len(texts)
+        assert [r["source"] for r in rows] == [e.source for e in examples]
+        got = [r[text_key] if text_key == "prediction" else r[text_key][0] for r in rows]
+        assert got == [f"best {t}" for t in texts]
+        assert lines[-1].decode("utf-8") == json.dumps(rows[-1], ensure_ascii=False) + "\n"  # plain text: unchanged
+    cfg = EvalConfig(save_dir=str(tmp_path), data_dir=str(tmp_path / "test_inputs.jsonl"))
+    write_inputs(cfg, [f"s {t}" for t in texts], [f"r {t}" for t in texts], None, None)
+    rows = [json.loads(line) for line in (tmp_path / "test_inputs.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [(r["source"], r["target"]) for r in rows] == [(f"s {t}", f"r {t}") for t in texts]

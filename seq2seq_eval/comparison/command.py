@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import ConfigError, DataError, OutputError
-from ..inputs.files import read_lines
+from ..inputs.files import check_lines, read_lines
 from ..scoring.names import parse_metric_names
 from ..scoring.results import ROUGE_KEYS, SEED
 from .details import report_details
@@ -24,6 +24,7 @@ from .paired import (
 )
 from .runs import Run, check_same_examples, load_run
 from .systems import (
+    COMET_MODEL,
     _check_seed,
     _rouge_matrix,
     comet_values,
@@ -56,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", nargs="+",
                    help=f"comma- or space-separated, from {', '.join(METRICS)} "
                    "(default: bleu for translation, rouge for summarization)")
-    p.add_argument("--comet_model", "--comet-model", dest="comet_model", default="Unbabel/wmt22-comet-da",
-                   help="with --metrics comet: a COMET model, hub name or folder (default: Unbabel/wmt22-comet-da)")
+    p.add_argument("--comet_model", "--comet-model", dest="comet_model", default=COMET_MODEL,
+                   help=f"with --metrics comet: a COMET model, hub name or folder (default: {COMET_MODEL})")
     p.add_argument("--paired_test", "--paired-test", dest="paired_test", choices=PAIRED_TESTS, default="bs",
                    help="bs: paired bootstrap resampling; ar: approximate randomization (default: bs)")
     p.add_argument("--n_samples", "--n-samples", dest="n_samples", type=int,
@@ -117,7 +118,8 @@ def _task(arg: str | None, runs: Sequence[Run]) -> str:
 
 def _references(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[list[list[str]], str]:
     if args.references:
-        return [read_lines(Path(r)) for r in args.references], " ".join(args.references)
+        # Each line a reference, as score and a run read them (inputs.checks).
+        return [check_lines(Path(r), read_lines(Path(r)), "reference") for r in args.references], " ".join(args.references)
     known = [r for r in runs if r.references is not None]
     if not known:
         why = "; ".join(f"{r.path}: {r.references_note}" for r in runs)
@@ -195,7 +197,7 @@ def compare_main(argv: Sequence[str]) -> str:
     sources: list[str] | None = None
     source_name = ""
     if args.sources:
-        sources, source_name = read_lines(Path(args.sources)), args.sources
+        sources, source_name = check_lines(Path(args.sources), read_lines(Path(args.sources)), "source"), args.sources
     else:
         with_sources = [r for r in runs if r.sources is not None]
         if with_sources:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..config import CONFIG_FIELDS
 from ..errors import ConfigError, DataError
 from ..scoring.results import ROUGE_KEYS, SEED
 from ..scoring.rouge import rouge_example_scores
@@ -23,6 +24,10 @@ from .paired import (
     rouge_baseline_interval,
     rouge_paired_test,
 )
+
+
+COMET_MODEL = CONFIG_FIELDS["comet_model"].default
+"""compare's default COMET model (--comet_model): the run's."""
 
 
 def _check_seed(seed: int) -> None:
@@ -176,16 +181,16 @@ def compare(
     systems: Mapping[str, Sequence[str]],
     references: Sequence[str] | Sequence[Sequence[str]],
     *,
-    task: str = "translation",
+    task: str | None = "translation",
     metrics: str | Sequence[str] | None = None,
-    paired_test: str = "bs",
+    paired_test: str | None = "bs",
     n_samples: int | None = None,
-    seed: int = SEED,
+    seed: int | None = SEED,
     rouge_scores: Mapping[str, Sequence[Mapping[str, float]]] | None = None,
     reference_layout: str | None = None,
     example_scores: Mapping[str, Mapping[str, Any]] | None = None,
     sources: Sequence[str] | None = None,
-    comet_model: str = "Unbabel/wmt22-comet-da",
+    comet_model: str | None = COMET_MODEL,
 ) -> dict[str, Any]:
     """`seq2seq_eval compare` over lists (the Python API's `seq2seq_eval.compare(...)`): every
     system scored, each tested against the first (the baseline). ``systems``: a dict (any
@@ -194,10 +199,16 @@ def compare(
     ``reference_layout`` for the shape that fits both). ``metrics``: default the task's; with
     comet, ``sources`` (one per example) and ``comet_model`` score every system here, as
     ``compare --metrics comet`` does. Returns what ``compare --json`` prints, less "inputs"
-    (see compare_systems)."""
+    (see compare_systems). ``sources``, when given, are checked as a run checks them (one text
+    per example). None for any keyword means not given: its default."""
+    from ..inputs.memory import source_texts
     from ..scoring.names import parse_metric_names
     from ..scoring.references import per_example
 
+    task = "translation" if task is None else task
+    paired_test = "bs" if paired_test is None else paired_test
+    seed = SEED if seed is None else seed
+    comet_model = COMET_MODEL if comet_model is None else comet_model
     default_metrics(task)  # checks the task even when metrics are given
     if not isinstance(systems, Mapping):
         raise ConfigError(f"compare(systems): expected a dict of name -> predictions (baseline first), got "
@@ -216,12 +227,11 @@ def compare(
     else:
         k = max(len(r) for r in rows)
         streams = [[r[j] if j < len(r) else None for r in rows] for j in range(k)]
+    srcs = source_texts(sources, n) if sources is not None else None
     if "comet" in names and example_scores is None:
-        if sources is None:
+        if srcs is None:
             raise ConfigError("compare(metrics=comet): needs sources, one per example")
-        from ..inputs.memory import texts
-
-        example_scores = {"comet": comet_values(comet_model, texts(sources, "sources"), systems, streams)}
+        example_scores = {"comet": comet_values(comet_model, srcs, systems, streams)}
     comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores,
                                  example_scores=example_scores)
     comparison["task"] = task

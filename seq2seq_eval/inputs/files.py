@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from .checks import check_id, check_references, check_text, check_texts, duplicate_id, text_error
 from .examples import BLOCK_ROWS, Block, Example, ExampleId, Examples
 from .seen import SeenIds
 
@@ -126,12 +127,14 @@ class _Lines:
 
 
 def _empty_text(path: Path, lineno: int, what: str) -> str:
-    return f"{path} line {lineno}: empty {what}; expected non-empty text"
+    return str(text_error("", what, f"{path} line {lineno}"))
 
 
-def _check_text(path: Path, lineno: int, text: str, what: str) -> None:
-    if not text.strip():
-        raise DataError(_empty_text(path, lineno, what))
+def check_lines(path: Path, texts: Sequence[str], what: str) -> list[str]:
+    """A file's lines (read_lines), each a source or reference text (inputs.checks): the line
+    that is not says so."""
+    check_texts(texts, what, lambda i: f"{path} line {i + 1}")
+    return list(texts)
 
 
 def read_references(path: Path, n_lines: int, against: str, per: str) -> list[str]:
@@ -139,9 +142,16 @@ def read_references(path: Path, n_lines: int, against: str, per: str) -> list[st
     refs = read_lines(path)
     if len(refs) != n_lines:
         raise DataError(f"{path}: {len(refs)} lines but {against} has {n_lines}; expected one reference per {per} line")
-    for i, t in enumerate(refs, start=1):
-        _check_text(path, i, t, "reference")
-    return refs
+    return check_lines(path, refs, "reference")
+
+
+def read_sources(path: Path, n_lines: int, against: str) -> list[str]:
+    """A source file beside predictions (score, compare): `n_lines` non-empty lines, one per
+    line of the file `against`."""
+    sources = read_lines(path)
+    if len(sources) != n_lines:
+        raise DataError(f"{path}: {len(sources)} lines but {against} has {n_lines}; expected one source per prediction line")
+    return check_lines(path, sources, "source")
 
 
 def _check_count(path: Path, n_lines: int, against: Path, per: str) -> None:
@@ -239,9 +249,9 @@ def load_jsonl(path: Path, need_targets: bool) -> Examples:
     return Examples(tuple(iter_jsonl(path, need_targets)), str(path))
 
 
-def iter_jsonl(path: Path, need_targets: bool) -> Iterator[Example]:
-    """JSON Lines as a stream: {"id": ..., "source": ..., "target": ...} per line."""
-    seen = SeenIds()  # 8 bytes an id, not a dict entry (inputs/seen.py)
+def json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(1-based line number, object) for each non-blank line of a JSON Lines file: the one
+    reader of JSON Lines, for --data_dir and for --dataset (inputs/jsonfile.py)."""
     for lineno, line in iter_lines(path):
         if not line.strip():
             continue
@@ -251,9 +261,14 @@ def iter_jsonl(path: Path, need_targets: bool) -> Iterator[Example]:
             raise DataError(f"{path} line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
         if not isinstance(record, dict):
             raise DataError(f"{path} line {lineno}: expected a JSON object, got {type(record).__name__}")
-        ex_id = record.get("id", lineno - 1)
-        if isinstance(ex_id, bool) or not isinstance(ex_id, (int, str)):
-            raise DataError(f"{path} line {lineno}: field 'id' must be a string or an integer, got {ex_id!r}")
+        yield lineno, record
+
+
+def iter_jsonl(path: Path, need_targets: bool) -> Iterator[Example]:
+    """JSON Lines as a stream: {"id": ..., "source": ..., "target": ...} per line."""
+    seen = SeenIds()  # 8 bytes an id, not a dict entry (inputs/seen.py)
+    for lineno, record in json_records(path):
+        ex_id = check_id(record.get("id", lineno - 1), lambda: f"{path} line {lineno} field 'id'")
         if seen.add(ex_id):
             _check_duplicates(path, lineno)
         source = _field(record, "source", path, lineno, required=True)
@@ -278,7 +293,7 @@ def _check_duplicates(path: Path, upto: int | None) -> None:
         record = json.loads(line)
         ex_id = record.get("id", lineno - 1)
         if ex_id in first:
-            raise DataError(f"{path} line {lineno}: duplicated id {ex_id!r} (first on line {first[ex_id]})")
+            raise duplicate_id(f"{path} line {lineno}", ex_id, f"on line {first[ex_id]}")
         first[ex_id] = lineno
 
 
@@ -287,21 +302,13 @@ def _field(record: dict, name: str, path: Path, lineno: int, required: bool) -> 
         if required:
             raise DataError(f"{path} line {lineno}: missing field {name!r}; expected a non-empty string")
         return None
-    value = record[name]
-    if not isinstance(value, str) or not value.strip():
-        raise DataError(f"{path} line {lineno}: field {name!r} must be a non-empty string, got {value!r}")
-    return value
+    what = "reference" if name == "target" else name
+    return check_text(record[name], what, lambda: f"{path} line {lineno} field {name!r}")
 
 
 def _target_field(record: dict, path: Path, lineno: int, required: bool) -> str | tuple[str, ...] | None:
-    """The "target" field: a non-empty string, or a list of them for several references (a list
-    of one is kept as a plain string: the same example as without the list)."""
-    value = record.get("target")
-    if not isinstance(value, list):
+    """The "target" field: a text, or a list of them for several references (a list of one is
+    kept as a plain string: the same example as without the list)."""
+    if "target" not in record:
         return _field(record, "target", path, lineno, required)
-    if not value or not all(isinstance(v, str) and v.strip() for v in value):
-        raise DataError(
-            f"{path} line {lineno}: field 'target' must be a non-empty string or a non-empty list of "
-            f"non-empty strings, got {value!r}"
-        )
-    return value[0] if len(value) == 1 else tuple(value)
+    return check_references(record["target"], lambda: f"{path} line {lineno} field 'target'")

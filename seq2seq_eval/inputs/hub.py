@@ -2,6 +2,8 @@
 
 --dataset is read as:
   - a local .json/.jsonl/.csv/.parquet file: the file *is* the requested split, whatever its name;
+    a JSON Lines or JSON file is read as --data_dir reads it, each value as the file holds it
+    (inputs/jsonfile.py), the others by the `datasets` loaders (CSV cells as text);
   - a folder written by `save_to_disk`: `datasets.load_from_disk` (a DatasetDict must hold the split);
   - anything else (a hub name, or a folder of data files): `datasets.load_dataset(name, --dataset_config)`.
 
@@ -10,15 +12,17 @@ Columns come from --source_column/--target_column/--id_column; a dotted path suc
 CNN/DailyMail (article, highlights), XSum (document, summary), plain (source, target), and WMT
 (a `translation` dict keyed by language, picked with --src_lang/--tgt_lang).
 
-Ids come from --id_column, else an `id` column, else the row number. Messages number rows from 0,
-like those default ids.
+Ids come from --id_column, else an `id` column, else the row number (in a JSON Lines file, as
+--data_dir numbers them: the 0-based line number). Messages number rows from 0. Every value is
+checked by inputs.checks, as every other input is.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,9 @@ from .columns import (
     column_paths,
     resolve_columns,
 )
-from .examples import Example, ExampleId, Examples
+from .checks import UniqueIds, check_references, check_texts
+from .examples import Example, Examples
+from .jsonfile import json_slices
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -52,11 +58,47 @@ SLICE_ROWS = 10_000
 
 def iter_hf_examples(cfg: EvalConfig, need_targets: bool) -> tuple[Iterator[Example], str]:
     """The split's examples one slice at a time, and where they come from (for messages). The
-    split is loaded (and checked: rows, columns) at once; its rows are read as the iterator goes."""
+    split is loaded (and checked: rows, columns) at once; its rows are read as the iterator goes.
+    A local JSON Lines or JSON file is read as --data_dir reads it (inputs/jsonfile.py)."""
     if cfg.dataset is None:
         raise DataError("load_hf_examples needs --dataset")
     split = cfg.split or cfg.type_path
     where = f"dataset {cfg.dataset}" + (f" ({cfg.dataset_config})" if cfg.dataset_config else "") + f" split {split}"
+    file = Path(cfg.dataset).expanduser()
+    if file.is_file() and FILE_BUILDERS.get(file.suffix.lower()) == "json":
+        features, slices = json_slices(file, cfg.n_obs, cfg.id_column, SLICE_ROWS)
+        id_col = cfg.id_column or "id"
+    else:
+        ds = _load(cfg, split, where)
+        features = ds.features
+        id_col = cfg.id_column or ("id" if "id" in ds.column_names else None)
+        slices = _dataset_slices(ds, id_col)
+    src_col, tgt_col = resolve_columns(features, cfg, where, need_targets)
+    has_targets = isinstance(tgt_col, tuple) or (tgt_col is not None and _has_path(features, tgt_col))
+    if not has_targets and need_targets:
+        raise DataError(
+            f"{where}: no target column{f' {tgt_col!r}' if tgt_col else ''}; expected references to score against "
+            f"(pass --target_column); columns: {', '.join(column_paths(features))}"
+        )
+    targets_of = (tgt_col,) if isinstance(tgt_col, str) else tgt_col or ()
+    _refuse_changed_values(features, [p for p in (src_col, *targets_of, id_col) if p is not None], where)
+
+    def rows() -> Iterator[Example]:
+        unique = UniqueIds(lambda row: f"{where} row {row} column {id_col!r}", lambda row: f"in row {row}")
+        base = 0
+        for values, ids in slices:
+            sources = _texts(values(src_col), src_col, where, base)
+            targets = _references(values, tgt_col, where, base) if has_targets else [None] * len(ids)
+            for row, value in enumerate(ids, start=base):
+                unique.add(value, row)
+            yield from (Example(i, s, t) for i, s, t in zip(ids, sources, targets))
+            base += len(ids)
+
+    return rows(), where
+
+
+def _load(cfg: EvalConfig, split: str, where: str) -> Any:
+    """The split as a `datasets.Dataset`, cut to --n_obs; an empty one is refused."""
     # Said only for hub datasets, which may download for a while; a local file loads at once.
     local = Path(cfg.dataset).expanduser().exists()
     logger.log(logging.DEBUG if local else logging.INFO, "loading %s", where)
@@ -67,25 +109,16 @@ def iter_hf_examples(cfg: EvalConfig, need_targets: bool) -> tuple[Iterator[Exam
     if cfg.n_obs is not None and cfg.n_obs < len(ds):
         # Before reading any column: --n_obs 100 on a 300k-row split reads 100 rows.
         ds = ds.select(range(cfg.n_obs))
-    features = ds.features
-    src_col, tgt_col = resolve_columns(features, cfg, where, need_targets)
-    has_targets = isinstance(tgt_col, tuple) or (tgt_col is not None and _has_path(features, tgt_col))
-    if not has_targets and need_targets:
-        raise DataError(
-            f"{where}: no target column{f' {tgt_col!r}' if tgt_col else ''}; expected references to score against "
-            f"(pass --target_column); columns: {', '.join(column_paths(features))}"
-        )
+    return ds
 
-    def rows() -> Iterator[Example]:
-        first_row: dict[ExampleId, int] = {}
-        for base in range(0, len(ds), SLICE_ROWS):
-            part = ds.select(range(base, min(base + SLICE_ROWS, len(ds))))
-            sources = _texts(part, src_col, where, base)
-            targets = _references(part, tgt_col, where, base) if has_targets else [None] * len(sources)
-            ids = _ids(part, cfg.id_column, where, base, first_row)
-            yield from (Example(i, s, t) for i, s, t in zip(ids, sources, targets))
 
-    return rows(), where
+def _dataset_slices(ds: Any, id_col: str | None) -> Iterator[tuple[Callable[[str], list[Any]], list[Any]]]:
+    """The dataset's rows SLICE_ROWS at a time: the values at a column path, and the ids (the
+    id column's, else the row numbers)."""
+    for base in range(0, len(ds), SLICE_ROWS):
+        part = ds.select(range(base, min(base + SLICE_ROWS, len(ds))))
+        values = partial(_values, part)
+        yield values, list(range(base, base + len(part))) if id_col is None else values(id_col)
 
 
 def load_split(name: str, config: str | None, split: str) -> Any:
@@ -102,15 +135,8 @@ def load_split(name: str, config: str | None, split: str) -> Any:
             # CSV cells are read as the text the file holds: type inference would turn an id
             # "000" into the integer 0 (and "007" into 7, colliding ids that differ as text).
             options = {"features": _csv_text_features(path), "keep_default_na": False} if builder == "csv" else {}
-            # data_files={split: file}: a lone file is the requested split, so `test.jsonl` needs no --split.
-            try:
-                return datasets.load_dataset(builder, data_files={split: str(path)}, split=split, **options)
-            except DatasetsError as e:
-                if builder == "json":
-                    where = _first_schema_difference(path)
-                    if where:
-                        raise DataError(f"{path} {where}") from e
-                raise
+            # data_files={split: file}: a lone file is the requested split, so `test.parquet` needs no --split.
+            return datasets.load_dataset(builder, data_files={split: str(path)}, split=split, **options)
         if path.is_file():
             raise DataError(
                 f"--dataset {name}: unsupported file type {path.suffix or '(none)'!r}; "
@@ -147,44 +173,6 @@ def _csv_text_features(path: Path) -> Any:
     if not header:
         raise DataError(f"{path}: no header line; expected a CSV file whose first line names its columns")
     return datasets.Features({name: datasets.Value("string") for name in header})
-
-
-def _first_schema_difference(path: Path) -> str | None:
-    """Where a JSON Lines file stops matching its first record's columns and value kinds: what
-    `datasets` reports only as "Couldn't cast", without the line or the column."""
-    import json
-
-    def kind(value: Any) -> str:
-        return {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "a list",
-                dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
-
-    first: dict[str, str] | None = None
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                return f"line {lineno}: malformed JSON; expected one JSON object per line"
-            if not isinstance(record, dict):
-                return f"line {lineno}: expected a JSON object, got {kind(record)}"
-            kinds = {k: kind(v) for k, v in record.items()}
-            if first is None:
-                first, first_line = kinds, lineno
-                continue
-            for key, k in kinds.items():
-                if key not in first:
-                    return (f"line {lineno}: column {key!r} is not in line {first_line}; "
-                            f"expected the same columns in every record ({', '.join(first)})")
-                if k != first[key] and "null" not in (k, first[key]):
-                    return (f"line {lineno}: column {key!r} holds {k} where line {first_line} holds {first[key]}; "
-                            "expected one kind of value per column")
-            for key in first:
-                if key not in kinds:
-                    return (f"line {lineno}: column {key!r} is missing (line {first_line} has it); "
-                            f"expected the same columns in every record ({', '.join(first)})")
-    return None
 
 
 def _looks_local(name: str) -> bool:
@@ -248,58 +236,48 @@ def _values(ds: Any, path: str) -> list[Any]:
     return values
 
 
-def _texts(ds: Any, path: str, where: str, base: int = 0) -> list[str]:
-    values = _values(ds, path)
-    for row, value in enumerate(values, start=base):
-        if not isinstance(value, str) or not value.strip():
-            raise DataError(f"{where} row {row} column {path!r}: expected a non-empty string, got {_short(value)}")
+def _texts(values: list[Any], path: str, where: str, base: int = 0) -> list[str]:
+    check_texts(values, "source", lambda i: f"{where} row {base + i} column {path!r}")
     return values
 
 
-def _references(ds: Any, columns: str | tuple[str, ...], where: str, base: int = 0) -> list[str | tuple[str, ...]]:
-    """Each row's reference(s), from one or more target columns, each holding a string or a list of
-    strings per row. A row with one reference gets a str, one with several a tuple (in column order)."""
-    per_row: list[list[str]] = [[] for _ in range(len(ds))]
+def _references(values: Callable[[str], list[Any]], columns: str | tuple[str, ...], where: str,
+                base: int = 0) -> list[str | tuple[str, ...]]:
+    """Each row's reference(s), from one or more target columns (`values(column)`), each holding
+    a text or a list of texts per row. A row with one reference gets a str, one with several a
+    tuple (in column order)."""
+    per_row: list[list[str]] | None = None
     for column in (columns,) if isinstance(columns, str) else columns:
-        for i, value in enumerate(_values(ds, column)):
-            row = base + i
-            if isinstance(value, list):
-                if not value:
-                    raise DataError(f"{where} row {row} column {column!r}: an empty list; expected one or more references")
-                for k, item in enumerate(value):
-                    if not isinstance(item, str) or not item.strip():
-                        raise DataError(
-                            f"{where} row {row} column {column!r} item {k}: expected a non-empty string, got {_short(item)}"
-                        )
-                per_row[i].extend(value)
-            elif isinstance(value, str) and value.strip():
-                per_row[i].append(value)
-            else:
-                raise DataError(f"{where} row {row} column {column!r}: expected a non-empty string, got {_short(value)}")
-    return [refs[0] if len(refs) == 1 else tuple(refs) for refs in per_row]
+        column_values = values(column)
+        if per_row is None:
+            per_row = [[] for _ in column_values]
+        for i, value in enumerate(column_values):
+            refs = check_references(value, lambda: f"{where} row {base + i} column {column!r}")
+            per_row[i].extend((refs,) if isinstance(refs, str) else refs)
+    return [refs[0] if len(refs) == 1 else tuple(refs) for refs in per_row or []]
 
 
-def _ids(ds: Any, id_column: str | None, where: str, base: int = 0,
-         first_row: dict[ExampleId, int] | None = None) -> list[ExampleId]:
-    """Ids from --id_column, else an "id" column when present, else the 0-based row number.
-    `first_row` carries the ids seen in earlier slices, so duplicates are found across them."""
-    column = id_column or ("id" if "id" in ds.column_names else None)
-    if column is None:
-        return list(range(base, base + len(ds)))
-    ids = _values(ds, column)
-    first_row = {} if first_row is None else first_row
-    for row, value in enumerate(ids, start=base):
-        if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise DataError(f"{where} row {row} column {column!r}: an id must be a string or an integer, got {_short(value)}")
-        if value in first_row:
-            raise DataError(
-                f"{where} row {row} column {column!r}: duplicated id {value!r} (first in row {first_row[value]}); "
-                "expected unique ids"
-            )
-        first_row[value] = row
-    return ids
+def _refuse_changed_values(features: Mapping[str, Any], paths: Sequence[str], where: str) -> None:
+    """A column of the datasets JSON loader's `Json` type mixes kinds of values, and the loader
+    has changed some of them already (a string "007" read as 7; inputs/jsonfile.py). A local file
+    is read as written instead; a folder or a hub dataset cannot be, so it is refused."""
+    for path in paths:
+        feature: Any = features
+        for key in path.split(".") if path not in features else [path]:
+            feature = feature.get(key) if isinstance(feature, Mapping) else None
+            if _holds_json(feature):
+                raise DataError(
+                    f"{where} column {path!r}: mixes kinds of values (strings and numbers, or texts and lists), "
+                    "which the datasets JSON loader changes (the string \"007\" reads as 7); expected one kind "
+                    "per column: pass the data file itself as --dataset (read as written) or as --data_dir, or "
+                    "write every value of the column as a string")
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _holds_json(feature: Any) -> bool:
+    """Whether a feature is, or holds, the datasets `Json` type."""
+    if type(feature).__name__ == "Json":
+        return True
+    if isinstance(feature, Mapping):
+        return any(_holds_json(f) for f in feature.values())
+    inner = getattr(feature, "feature", None)
+    return inner is not None and _holds_json(inner)

@@ -1,15 +1,17 @@
-"""evaluate()'s in-memory examples written as the command line reads them: JSON Lines with
-references (`{type_path}_inputs.jsonl`), one source per line without (`_sources.txt`)."""
+"""Texts given as Python lists (predictions, sources) checked as the files are, and evaluate()'s
+in-memory examples written as the command line reads them: JSON Lines with references
+(`{type_path}_inputs.jsonl`), one source per line without (`_sources.txt`)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..config import EvalConfig
 from ..errors import DataError
+from ..outputs.jsonl import encode_line
+from .checks import UniqueIds, check_texts
 
 
 def texts(values: Any, where: str) -> list[str]:
@@ -22,6 +24,16 @@ def texts(values: Any, where: str) -> list[str]:
     return list(values)
 
 
+def source_texts(values: Any, n: int) -> list[str]:
+    """The sources given beside `n` predictions (score, compare): one text per prediction, each
+    a source as the run reads it (inputs.checks)."""
+    given = texts(values, "sources")
+    if len(given) != n:
+        raise DataError(f"sources: {len(given)} entries for {n} predictions; expected one source per prediction")
+    check_texts(given, "source", lambda i: f"sources[{i}]")
+    return given
+
+
 def write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any, layout: str | None) -> None:
     """In-memory examples as the command line reads them. Rewritten only when they changed: the
     examples cache is keyed by the file's modification time."""
@@ -30,9 +42,7 @@ def write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any, layou
     given = texts(sources, "sources")
     if not given:
         raise DataError("sources: empty; expected one source per example")
-    for i, s in enumerate(given):
-        if not s.strip():
-            raise DataError(f"sources[{i}]: empty source; expected non-empty text")
+    check_texts(given, "source", lambda i: f"sources[{i}]")
     if references is None:
         for i, s in enumerate(given):
             if "\n" in s or "\r" in s:
@@ -48,15 +58,11 @@ def write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any, layou
         elif isinstance(ids, str) or not isinstance(ids, Sequence) or len(ids) != len(given):
             n = len(ids) if isinstance(ids, Sequence) else type(ids).__name__
             raise DataError(f"ids: {n} but {len(given)} sources; expected one id per source")
-        seen: dict[Any, int] = {}
+        unique = UniqueIds(lambda i: f"ids[{i}]", lambda i: f"at ids[{i}]")
         lines = []
         for i, (ex_id, s, target) in enumerate(zip(ids, given, rows)):
-            if isinstance(ex_id, bool) or not isinstance(ex_id, (int, str)):
-                raise DataError(f"ids[{i}]: must be a string or an integer, got {ex_id!r}")
-            if ex_id in seen:
-                raise DataError(f"ids[{i}]: duplicated id {ex_id!r} (first at ids[{seen[ex_id]}])")
-            seen[ex_id] = i
-            lines.append(json.dumps({"id": ex_id, "source": s, "target": target[0] if len(target) == 1 else target}, ensure_ascii=False) + "\n")
+            unique.add(ex_id, i)
+            lines.append(encode_line({"id": ex_id, "source": s, "target": target[0] if len(target) == 1 else target}) + "\n")
         path, data = Path(cfg.data_dir), "".join(lines).encode("utf-8")
     from ..outputs.record import OutputRecord
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ConfigError, DataError
+from ..inputs.checks import check_texts
 
 LAYOUTS = ("examples", "streams")
 """reference_layout's values: one entry per example, or sacrebleu's reference streams."""
@@ -33,7 +34,7 @@ def per_example(references: Any, n: int, layout: str | None = None, what: str = 
         raise DataError(f"references: empty; expected references for {n} {what}")
     for i, r in enumerate(items):
         if not isinstance(r, str) and (not isinstance(r, Sequence) or any(not isinstance(t, str) for t in r)):
-            raise DataError(f"references[{i}]: expected a text or a list of texts, got {_kind(r)}")
+            raise DataError(f"references[{i}]: expected a non-empty string or a list of them, got {_kind(r)}")
     lists = not any(isinstance(r, str) for r in items)
     as_examples = len(items) == n
     as_streams = lists and all(len(r) == n for r in items)
@@ -61,10 +62,8 @@ def per_example(references: Any, n: int, layout: str | None = None, what: str = 
         rows, where = _transpose(items, n), "references[{j}][{i}]"
     for i, row in enumerate(rows):
         if not row:
-            raise DataError(f"references[{i}]: no reference; expected at least one non-empty text")
-        for j, t in enumerate(row):
-            if not t.strip():
-                raise DataError(f"{where.format(i=i, j=j)}: empty reference; expected non-empty text")
+            raise DataError(f"references[{i}]: an empty list; expected one or more references")
+        check_texts(row, "reference", lambda j: where.format(i=i, j=j))
     return rows
 
 
