@@ -97,17 +97,28 @@ def test_a_failing_rank_makes_every_rank_raise(jobs):
     assert all(f["all_reduce"] == 2.0 for f in (last0, last1, first0, first1))
 
 
-def test_trainer_callback_logs_the_command_lines_metrics(tmp_path):
+def test_trainer_callback_scores_belong_to_the_weights(tmp_path):
+    """A Seq2SeqTrainer whose translations get worse at each step: load_best_model_at_end loads an
+    earlier checkpoint, and trainer.evaluate() then gives the command line's scores on that
+    checkpoint (not the last evaluation's), under the prefix it was called with; weights loaded
+    by hand give their own checkpoint's scores."""
     out = tmp_path / "trainer"
     assert_ok(launch(2, "api_trainer.py", ["--out", str(out), "--n_obs", "9"], tmp_path))
-    logged = [h for h in json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())["log_history"]
-              if "eval_bleu" in h]
-    assert [h["step"] for h in logged] == [2]
+    history = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())["log_history"]
+    logged = {h["step"]: h["eval_bleu"] for h in history if "eval_bleu" in h}
+    assert sorted(logged) == [2, 4, 6]
+    after = json.loads((out / "after.json").read_text())
+    best = Path(after["best"]).name
+    assert best != "checkpoint-6" and logged[int(best.split("-")[1])] > logged[6], (best, logged)
     cli = tmp_path / "cli"
-    assert_ok(single(["--model_name", str(out / "checkpoint-2"), "--data_dir", str(DATA), "--n_obs", "9", "--bs", "4",
+    assert_ok(single(["--model_name", str(out / best), "--data_dir", str(DATA), "--n_obs", "9", "--bs", "4",
                       "--save_dir", str(cli)], cwd=tmp_path))
-    assert logged[0]["eval_bleu"] == metrics_of(cli)["bleu"]
-    ours = out / "seq2seq_eval" / "step_2"
+    assert after["evaluate"]["eval_bleu"] == metrics_of(cli)["bleu"] != logged[6]
+    assert after["evaluate_test"]["test_bleu"] == metrics_of(cli)["bleu"]
+    assert not any(k.startswith("eval_") for k in after["evaluate_test"])  # test_loss beside test_bleu
+    by_hand = after["by_hand"]
+    assert by_hand["evaluate"]["eval_bleu"] == logged[int(by_hand["checkpoint"].split("-")[1])]
+    ours = out / "seq2seq_eval" / f"step_{best.split('-')[1]}"
     assert (ours / "test_generations.txt").read_bytes() == (cli / "test_generations.txt").read_bytes()
     assert metrics_of(ours)["n_gpus"] == 2
 
@@ -172,3 +183,70 @@ def test_in_memory_data_errors(tmp_path):
         seq2seq_eval.evaluate(model, sources=["a b", "c d"], references=["x"], save_dir=str(tmp_path))
     with pytest.raises(ConfigError, match="sources replace data_dir"):
         seq2seq_eval.evaluate(model, sources=["a"], references=["x"], data_dir=str(DATA), save_dir=str(tmp_path))
+
+
+def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp_path, monkeypatch):
+    """The callback's cache, in-process with evaluate() recorded: a result is reused for the same
+    weights (another step, another eval dataset's prefix), never for other weights, other data
+    file contents or other options; a second set of weights at one step gets its own folder."""
+    import types
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from seq2seq_eval import callback as cb
+    from seq2seq_eval.api import EvalResult
+
+    runs: list[str] = []
+
+    def recorded(model, tokenizer, *, save_dir, **options):
+        runs.append(Path(save_dir).name)
+        return EvalResult(metrics={"bleu": float(len(runs)), "n_obs": 2})
+
+    monkeypatch.setattr(cb, "evaluate", recorded)
+    logged: list[dict] = []
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"source": "a", "target": "b"}\n', encoding="utf-8")
+    model, tokenizer = torch.nn.Linear(3, 2), AutoTokenizer.from_pretrained(str(EMBEDDED_MODEL))
+    callback = cb.EvalCallback(types.SimpleNamespace(log=logged.append), data_dir=str(data), bs=4)
+    args = types.SimpleNamespace(output_dir=str(tmp_path / "out"))
+
+    def evaluation(step: int, prefix: str = "eval") -> dict:
+        metrics = {f"{prefix}_loss": 1.0, f"{prefix}_runtime": 0.5, "epoch": 1.0}
+        callback.on_evaluate(args, types.SimpleNamespace(global_step=step), None, metrics, model=model,
+                             processing_class=tokenizer)
+        return metrics
+
+    assert evaluation(2)["eval_bleu"] == 1.0 and runs == ["step_2"]
+    assert evaluation(2, "eval_other")["eval_other_bleu"] == 1.0 and runs == ["step_2"]  # a dict of eval datasets
+    first = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight[0, 0] = torch.nextafter(model.weight[0, 0], torch.tensor(2.0))  # one bit of one weight
+    assert evaluation(4)["eval_bleu"] == 2.0 and runs == ["step_2", "step_4"]
+    model.load_state_dict(first)  # the step-2 weights again, at a later step (load_best_model_at_end)
+    test = evaluation(6, "test")
+    assert test["test_bleu"] == 1.0 and "eval_bleu" not in test and runs == ["step_2", "step_4"]
+    with torch.no_grad():
+        model.bias.add_(1.0)
+    assert evaluation(6)["eval_bleu"] == 3.0
+    with torch.no_grad():
+        model.bias.add_(1.0)
+    assert evaluation(6)["eval_bleu"] == 4.0  # other weights at the same step: another folder
+    assert runs[2] == "step_6" and runs[3].startswith("step_6_weights_") and len(runs) == 4
+    data.write_text('{"source": "a", "target": "c d"}\n', encoding="utf-8")  # the data changed (and its size)
+    assert evaluation(8)["eval_bleu"] == 5.0
+    callback.options["bs"] = 8  # the options changed
+    assert evaluation(8)["eval_bleu"] == 6.0
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(num_beams=1)  # generate()'s defaults are read there
+    assert evaluation(10)["eval_bleu"] == 7.0
+    model.generation_config = GenerationConfig(num_beams=2)
+    assert evaluation(10)["eval_bleu"] == 8.0
+    model.generation_config = GenerationConfig(num_beams=1)
+    assert evaluation(12)["eval_bleu"] == 7.0 and len(runs) == 8
+    assert [list(d) for d in logged][:3] == [["eval_bleu"], ["eval_other_bleu"], ["eval_bleu"]]
+    mine = cb.EvalCallback(types.SimpleNamespace(log=logged.append), metric_key_prefix="mine", data_dir=str(data))
+    metrics = {"eval_runtime": 0.5}
+    mine.on_evaluate(args, types.SimpleNamespace(global_step=1), None, metrics, model=model, processing_class=tokenizer)
+    assert "mine_bleu" in metrics
