@@ -596,6 +596,43 @@ def test_report_renders_in_headless_chromium(report_page, tmp_path):
     assert len(colours) > 20  # text, bars and background, not a blank page
 
 
+def _long_token_report(tmp_path: Path) -> Path:
+    """A report whose example shows one 20,000-character token (a URL, base64, a run of digits)."""
+    token = "x" * 20_000
+    refs = ["the cat sat on the mat", f"a dog {token}", "it is red"]
+    systems = {"a": ["the cat sat", f"a dog {token}", "it is blue"], "b": ["the cat sat on the mat", "a dog", "it is red"]}
+    paths = [_write(tmp_path / f"{name}.txt", lines) for name, lines in systems.items()]
+    out = tmp_path / "long.html"
+    compare_main(["--predictions", *map(str, paths), "--references", str(_write(tmp_path / "r.txt", refs)),
+                  "--task", "translation", "--n_samples", "10", "--report", str(out)])
+    return out
+
+
+def test_a_long_token_wraps_inside_its_box(tmp_path):
+    """The example boxes wrap a token anywhere, and their grid cells may shrink below its width:
+    without both, one long token widens the page to hundreds of thousands of pixels."""
+    page = _long_token_report(tmp_path).read_text(encoding="utf-8")
+    rules = dict(re.findall(r"^(\.ex [^{]+?)\s*\{([^}]*)\}", page, flags=re.M))
+    assert "overflow-wrap: anywhere" in rules[".ex .text"] and "min-width: 0" in rules[".ex .text"]
+    assert "min-width: 0" in rules[".ex .grid > div"]
+
+
+def test_a_long_token_keeps_the_page_width_in_headless_chromium(tmp_path):
+    browser = _browser()
+    if browser is None:
+        pytest.skip("no chromium / chromium-browser / google-chrome on PATH (Debian: apt-get install -y chromium)")
+    page = _long_token_report(tmp_path).read_text(encoding="utf-8")
+    probe = tmp_path / "probe.html"
+    width_probe = ("<script>const pre = document.createElement('pre'); pre.id = 'probe'; "
+                   "pre.textContent = document.documentElement.scrollWidth; document.body.appendChild(pre);</script></body>")
+    probe.write_text(page.replace("</body>", width_probe), encoding="utf-8")
+    dom = subprocess.run([browser, "--headless", "--disable-gpu", "--no-sandbox", "--window-size=1200,1400",
+                          "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120)
+    match = re.search(r'<pre id="probe">(\d+)</pre>', dom.stdout)
+    assert match, dom.stderr[-2000:]
+    assert int(match.group(1)) <= 1200
+
+
 def test_render_report_escapes_text():
     comparison = compare_systems({"<a>": ["x & y"], "b": ["<script>"]}, [["x & y"]], ["bleu"], "bs", 10)
     details = report_data.report_details(comparison, {"<a>": ["x & y"], "b": ["<script>"]}, [["x & y"]])

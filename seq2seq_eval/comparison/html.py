@@ -40,7 +40,9 @@ svg.chart { width: 100%; height: auto; }
 .ex .head { font-weight: 600; margin-bottom: 4px; } .better { color: #0a7a32; } .worse { color: #b3261e; }
 .ex .grid { display: grid; grid-template-columns: 1fr 1fr; gap: 6px 12px; }
 .ex .wide { grid-column: 1 / 3; } .ex .label { color: #555; font-size: 12px; }
-.ex .text { white-space: pre-wrap; max-height: 11em; overflow: auto; background: #f7f7f8; padding: 4px 6px; border-radius: 4px; }
+.ex .grid > div { min-width: 0; }
+.ex .text { white-space: pre-wrap; overflow-wrap: anywhere; min-width: 0; max-height: 11em; overflow: auto;
+            background: #f7f7f8; padding: 4px 6px; border-radius: 4px; }
 dl.sig dt { font-weight: 600; } dl.sig dd { margin: 0 0 6px 16px; font-family: ui-monospace, monospace; font-size: 12px; }
 """
 
