@@ -228,7 +228,9 @@ def _blocks(src_path: Path, ref_paths: list[Path], rows: int) -> Iterator[Block]
             if not taken[0][0]:
                 return
             # The first problem in line order, as a line-by-line reader meets it: on one line,
-            # invalid UTF-8 in any file comes before an empty text.
+            # invalid UTF-8 in any file comes before an empty text. Lines lose their trailing
+            # whitespace, so a line that is not a text (checks.is_text) is exactly an empty one,
+            # found at C speed.
             problems = []
             for k, (reader, (texts, bad)) in enumerate(zip(readers, taken)):
                 problems += [(i, 0, k, m) for i, m in bad.items()]
