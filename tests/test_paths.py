@@ -169,8 +169,8 @@ def test_the_temp_dir_is_the_tools_own(case, tmp_path):
     before = snapshot(tmp_path)
     for extra in (["--dry_run"], []):
         line = one_line(single([*common, "--save_dir", str(tmp_path / "out"), "--tmp_dir", str(mine), *extra], cwd=tmp_path))
-        assert line.startswith(f"--tmp_dir {mine}: holds files seq2seq_eval did not make (manifest.json (not a "
-                               "seq2seq_eval manifest), .draft.tmp, cache/notes.txt)"), line
+        assert line.startswith(f"--tmp_dir {mine}: holds files (manifest.json (not a seq2seq_eval manifest), "
+                               ".draft.tmp, cache/notes.txt) but no .seq2seq_eval_tmp marker"), line
     assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
     # An empty folder of the user's is used and left as it was: empty, still there.
     empty = tmp_path / "empty"
@@ -196,23 +196,6 @@ def test_a_file_the_user_adds_to_the_temp_dir_survives_cleanup(case, tmp_path):
     (tmp / "mine.txt").write_text("keep\n")
     assert_ok(single([*args, "--resume"], cwd=tmp_path))
     assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")) == ["cache", "cache/notes.txt", "mine.txt"]
-
-
-def test_a_temp_dir_from_before_the_marker_is_resumed(case, tmp_path):
-    """A temp dir of a release that did not mark it (only the tool's own files in it) is taken
-    as the tool's: an interrupted run started before the upgrade still resumes."""
-    _, model, data, _ = case
-    save = tmp_path / "out"
-    args = ["--model_name", str(model), "--data_dir", str(data), "--bs", "3", "--save_dir", str(save)]
-    assert_ok(single([*args, "--debug"], cwd=tmp_path))
-    reference = (save / "test_generations.txt").read_bytes()
-    tmp = Path(f"{save}_tmp")
-    (tmp / ".seq2seq_eval_tmp").unlink()
-    shutil.rmtree(save)
-    assert_ok(single([*args, "--resume"], cwd=tmp_path))
-    assert (save / "test_generations.txt").read_bytes() == reference
-    assert json.loads((save / "test_bleu.json").read_text())["throughput"]["generated_examples"] == 0
-    assert not tmp.exists()
 
 
 def test_a_run_that_journaled_nothing_does_not_block_the_next(case, tmp_path):
