@@ -4,6 +4,7 @@ references (`{type_path}_inputs.jsonl`), one source per line without (`_sources.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,6 @@ def texts(values: Any, where: str) -> list[str]:
 def write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any, layout: str | None) -> None:
     """In-memory examples as the command line reads them. Rewritten only when they changed: the
     examples cache is keyed by the file's modification time."""
-    from ..atomic import write_atomic
-
     given = texts(sources, "sources")
     if not given:
         raise DataError("sources: empty; expected one source per example")
@@ -58,12 +57,11 @@ def write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any, layou
             seen[ex_id] = i
             lines.append(json.dumps({"id": ex_id, "source": s, "target": target[0] if len(target) == 1 else target}, ensure_ascii=False) + "\n")
         path, data = Path(cfg.data_dir), "".join(lines).encode("utf-8")
-    from ..outputs.record import OutputRecord
+    from ..outputs.publish import publish_bytes
 
-    if path.is_file() and path.read_bytes() == data:
+    if path.is_file() and not path.is_symlink() and path.read_bytes() == data:
         return  # nothing to write (and the examples cache keeps its key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = OutputRecord(path.parent)
-    record.check_writable([path], {path: "the examples evaluate() was given"})
-    write_atomic(path, data)
-    record.update(written=[path])
+    # Published as a run's outputs are: recorded with the run's prefix, written over only when it
+    # is the tool's file of that prefix.
+    publish_bytes(path.parent, {path.name: data}, cfg.output_prefix, "input",
+                  {Path(os.path.abspath(path)): "the examples evaluate() was given"})
