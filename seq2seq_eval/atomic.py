@@ -1,7 +1,8 @@
 """Files that appear complete or not at all: written beside their target, fsynced, renamed over it.
 
-Every file a run leaves for someone else to read (manifest, rank files, outputs, converted
-models' markers) goes through here, so no reader, and no crash, ever sees half of one.
+Every file a run leaves for someone else to read (manifest, rank files, the record and intent of
+a publish, converted models' markers) goes through here, so no reader, and no crash, ever sees
+half of one. The outputs themselves are published as a set (outputs/publish.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 from .errors import EvalError, RunFailed
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the renames and removals in a folder durable (its entries flushed)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -37,96 +39,35 @@ def resumable_write_error(path: Path, e: OSError) -> RunFailed:
                      "make room, then rerun the same command with --resume")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary name in the same folder, fsync, then rename over `path`.
+def write_atomic(path: Path, data: bytes, scratch: Path | None = None) -> None:
+    """Write to a temporary name in the same folder (or in `scratch`, a folder of the tool's on
+    the same filesystem, where a crash leaves nothing in the target's folder), fsync, then rename
+    over `path`.
 
     A reader sees the old file or the new one, never half of one; if the disk fills up the
     temporary file is removed and the old file stays as it was. The rename is atomic only within
     one filesystem, hence the temporary file beside the target rather than in /tmp.
     """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = (scratch or path.parent) / f".{path.name}.{os.getpid()}.tmp"
+    made = False
     try:
-        with open(tmp, "wb") as f:
+        # O_NOFOLLOW: a link planted at the temporary name is refused (ELOOP), never written through.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666)
+        made = True
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         # The rename itself is durable only once the directory entry is flushed.
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as e:
         # Cleaning up must not replace the real reason (a save_dir that is a file makes the
         # unlink fail too).
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        if made:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
         raise write_error(path, e) from e
-
-
-class AtomicFile:
-    """A file written in pieces that appears complete or not at all: the pieces go to a
-    temporary name beside it, which `commit` fsyncs and renames over the target (as
-    write_atomic does in one piece). Used for outputs too large to build in memory."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            self._f = open(self._tmp, "wb")
-        except OSError as e:
-            raise write_error(path, e) from e
-
-    def write(self, data: bytes) -> None:
-        try:
-            self._f.write(data)
-        except OSError as e:
-            self.discard()
-            raise write_error(self.path, e) from e
-
-    def commit(self) -> None:
-        try:
-            self._f.flush()
-            os.fsync(self._f.fileno())
-            self._f.close()
-            os.replace(self._tmp, self.path)
-            _fsync_dir(self.path.parent)
-        except OSError as e:
-            self.discard()
-            raise write_error(self.path, e) from e
-
-    def discard(self) -> None:
-        with contextlib.suppress(OSError):
-            self._f.close()
-        with contextlib.suppress(OSError):
-            self._tmp.unlink()
-
-
-class AdoptedFile:
-    """A complete, fsynced file written elsewhere (the shared tail's outputs, assembled in the
-    temp dir) that `commit` moves over the target, as AtomicFile does its temporary; across
-    filesystems, where no rename reaches, it is copied beside the target first."""
-
-    def __init__(self, path: Path, source: Path) -> None:
-        self.path = path
-        self.source = source
-
-    def commit(self) -> None:
-        try:
-            os.replace(self.source, self.path)
-            _fsync_dir(self.path.parent)
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise write_error(self.path, e) from e
-            copy = AtomicFile(self.path)
-            try:
-                with open(self.source, "rb") as f:
-                    while block := f.read(COPY_BYTES):
-                        copy.write(block)
-            except OSError as e:
-                copy.discard()
-                raise write_error(self.path, e) from e
-            copy.commit()
-
-    def discard(self) -> None:
-        """Nothing to undo: the source stays in the temp dir, whose cleanup removes it."""
 
 
 COPY_BYTES = 16 << 20

@@ -25,9 +25,9 @@ from typing import Any
 from .options import build_parser, parse_generate_kwargs
 from .config import CONFIG_FIELDS, EvalConfig
 from .errors import ConfigError
-from .atomic import write_atomic
+from .atomic import COPY_BYTES
 from .outputs.locations import Role
-from .outputs.record import OutputRecord
+from .outputs.publish import Staging
 
 SUBCOMMANDS = ("score", "compare")
 """First words that name a subcommand; any other first word that is not an option is MODEL."""
@@ -71,30 +71,52 @@ class LegacyOutputs:
         return tuple(named)
 
     def finish(self, cfg: EvalConfig, outcome: Any) -> Any:
-        """On rank 0 after a completed run: write SAVE_PATH (and SCORE_PATH) from the run's outputs."""
+        """On rank 0 after a completed run: publish SAVE_PATH (and SCORE_PATH) from the run's
+        outputs, one transaction per folder (outputs/publish.py), written over only where their
+        folder's record says the tool wrote them."""
         save_dir = Path(cfg.save_dir)
-        generations = save_dir / f"{cfg.type_path}_generations.txt"
-        self.save_path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.save_path, generations.read_bytes())
-        written = [self.save_path]
+        generations = save_dir / f"{cfg.output_prefix}_generations.txt"
+        files: dict[Path, Any] = {self.save_path: generations}
         table = outcome.table
         if self.score_path is not None:
             scores = legacy_scores(outcome.metrics, cfg.gen_kwargs if self.dump_args else {}, self.info)
-            self.score_path.parent.mkdir(parents=True, exist_ok=True)
             # Key order as run_eval.py writes them: scores, n_obs, runtime, seconds_per_sample, ...
-            write_atomic(self.score_path, (json.dumps(scores, ensure_ascii=False) + "\n").encode("utf-8"))
-            written.append(self.score_path)
+            files[self.score_path] = (json.dumps(scores, ensure_ascii=False) + "\n").encode("utf-8")
             table = f"{table}\n{json.dumps(scores, ensure_ascii=False)}"
+        roles = {r.path: r.what for r in self.writes()}
+        for folder in dict.fromkeys(Path(os.path.abspath(p)).parent for p in files):
+            _publish_named(folder, {Path(os.path.abspath(p)).name: v for p, v in files.items()
+                                    if Path(os.path.abspath(p)).parent == folder},
+                           {Path(os.path.abspath(p)): w for p, w in roles.items()})
+        written = list(files)
         if self.keep_save_dir:
             written = list(outcome.written) + written
         else:
-            # The run's own outputs only: the folder is removed if nothing else is left in it.
-            for path in outcome.written:
-                path.unlink(missing_ok=True)
-            OutputRecord(save_dir).update(removed=outcome.written)
+            # The run's own outputs only (as the record knows them), in one transaction; the
+            # folder is removed if nothing else is left in it.
+            Staging(save_dir, cfg.output_prefix, "output").publish(remove=[p.name for p in outcome.written])
             with contextlib.suppress(OSError):
                 os.rmdir(save_dir)
         return replace(outcome, written=written, table=table)
+
+
+def _publish_named(folder: Path, files: dict[str, Any], roles: dict[Path, str]) -> None:
+    """SAVE_PATH (a copy of the generations, streamed) and SCORE_PATH (bytes) of one folder."""
+    staging = Staging(folder, None, "named")
+    try:
+        for name, content in files.items():
+            if isinstance(content, bytes):
+                staging.add(name, content)
+                continue
+            f = staging.file(name)
+            with open(content, "rb") as src:
+                while block := src.read(COPY_BYTES):
+                    f.write(block)
+            f.close()
+    except BaseException:
+        staging.discard()
+        raise
+    staging.publish(roles=roles, way_out="move it away or name another file")
 
 
 def legacy_scores(summary: dict[str, Any], dumped: dict[str, Any], info: str | None) -> dict[str, Any]:

@@ -252,10 +252,10 @@ def test_concurrent_run_is_refused_and_dead_holder_is_not(slow_case, tmp_path):
     root, args, reference = slow_case
     save = tmp_path / "out"
     tmp = Path(f"{save}_tmp")
-    tmp.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from seq2seq_eval.run.tmpdir import RunLock;"
-         "RunLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); time.sleep(120)", str(tmp)],
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from seq2seq_eval.run.tmpdir import RunLock, "
+         "claim_tmp_dir; claim_tmp_dir(Path(sys.argv[1])); RunLock(Path(sys.argv[1])).acquire(); print('locked', "
+         "flush=True); time.sleep(120)", str(tmp)],
         stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"  # type: ignore[union-attr]
     proc = single(args + ["--save_dir", str(save), "--n_obs", "3"], cwd=tmp_path)

@@ -164,8 +164,10 @@ def test_readme_example_under_torchrun_equals_the_projects_form(tmp_path):
     assert scores["seconds_per_sample"] == round(scores["runtime"] / 100, 4)
     assert scores["bleu"] == _bleu(generations, references)
     assert scores["bleu"] == json.loads((own_dir / "val_bleu.json").read_text())["bleu"]
-    # Only run_eval.py's two files: the project's own outputs went to a folder removed afterwards.
-    assert sorted(p.name for p in legacy_dir.iterdir()) == ["enro_bleu.json", "t5_val_generations.txt"]
+    # Only run_eval.py's two files and their folder's record (so that a rerun replaces them, and
+    # nothing else): the project's own outputs went to a folder removed afterwards.
+    assert sorted(p.name for p in legacy_dir.iterdir()) == [".seq2seq_eval_outputs.json", "enro_bleu.json",
+                                                           "t5_val_generations.txt"]
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
@@ -209,7 +211,7 @@ def test_legacy_runs_and_one_line_errors(t5_style, tmp_path):
     generations = (a / "out" / "gen.txt").read_text(encoding="utf-8").splitlines()
     assert len(generations) == 5
     # run_eval.py writes SCORE_PATH only against references; nothing else is left behind.
-    assert sorted(str(p.relative_to(a)) for p in a.rglob("*")) == ["out", "out/gen.txt"]
+    assert sorted(str(p.relative_to(a)) for p in a.rglob("*")) == ["out", "out/.seq2seq_eval_outputs.json", "out/gen.txt"]
 
     expected = {
         "plain-translation": (2, ["--task translation:", "translation_en_to_de, translation_en_to_fr, translation_en_to_ro",

@@ -87,8 +87,8 @@ def test_no_output_flag_can_be_pointed_at_an_input(case):
     results = dict(zip(table, _run_all(list(table.values()), root)))
     for name, proc in results.items():
         line = one_line(proc)
-        assert any(why in line for why in ("would write over", "is a file", "holds files seq2seq_eval did not make",
-                                           "is not a report this tool wrote")), f"{name}: {line}"
+        assert any(why in line for why in ("would write over", "is a file", "but no .seq2seq_eval_tmp marker",
+                                           "exists and seq2seq_eval did not write it")), f"{name}: {line}"
         assert "rank 0:" not in proc.stderr, f"{name}: generation started"
     assert snapshot(root) == before
     assert not (root / "out").exists() and not (root / "out_tmp").exists()
@@ -144,7 +144,7 @@ def test_a_users_file_in_save_dir_is_neither_written_over_nor_removed(case, tmp_
     for extra in (["--dry_run"], []):
         line = one_line(single([*common, *extra], cwd=tmp_path))
         assert line.startswith(f"{out / 'test_bleu.json'} (output test_bleu.json of --save_dir): exists and "
-                               "seq2seq_eval did not write it"), line
+                               "seq2seq_eval did not write it (no entry in .seq2seq_eval_outputs.json there)"), line
     assert snapshot(tmp_path) == before
     # A pseudolabel run does not write test_bleu.json: it would have been "stale", but is the user's.
     (out / "test_run_info.json").unlink()
@@ -154,7 +154,8 @@ def test_a_users_file_in_save_dir_is_neither_written_over_nor_removed(case, tmp_
     gen = out / "test_generations.txt"
     gen.write_text(gen.read_text() + "edited\n")
     line = one_line(single([*common, "--num_return_sequences", "2", "--num_beams", "2"], cwd=tmp_path))
-    assert "test_generations.txt (output test_generations.txt of --save_dir): was changed since seq2seq_eval wrote it" in line
+    assert ("test_generations.txt (output test_generations.txt of --save_dir): is not the file seq2seq_eval wrote here "
+            "(its bytes differ from those in .seq2seq_eval_outputs.json)") in line
 
 
 def test_the_temp_dir_is_the_tools_own(case, tmp_path):
@@ -169,8 +170,8 @@ def test_the_temp_dir_is_the_tools_own(case, tmp_path):
     before = snapshot(tmp_path)
     for extra in (["--dry_run"], []):
         line = one_line(single([*common, "--save_dir", str(tmp_path / "out"), "--tmp_dir", str(mine), *extra], cwd=tmp_path))
-        assert line.startswith(f"--tmp_dir {mine}: holds files seq2seq_eval did not make (manifest.json (not a "
-                               "seq2seq_eval manifest), .draft.tmp, cache/notes.txt)"), line
+        assert line.startswith(f"--tmp_dir {mine}: holds files (manifest.json (not a seq2seq_eval manifest), "
+                               ".draft.tmp, cache/notes.txt) but no .seq2seq_eval_tmp marker"), line
     assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
     # An empty folder of the user's is used and left as it was: empty, still there.
     empty = tmp_path / "empty"
@@ -196,23 +197,6 @@ def test_a_file_the_user_adds_to_the_temp_dir_survives_cleanup(case, tmp_path):
     (tmp / "mine.txt").write_text("keep\n")
     assert_ok(single([*args, "--resume"], cwd=tmp_path))
     assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")) == ["cache", "cache/notes.txt", "mine.txt"]
-
-
-def test_a_temp_dir_from_before_the_marker_is_resumed(case, tmp_path):
-    """A temp dir of a release that did not mark it (only the tool's own files in it) is taken
-    as the tool's: an interrupted run started before the upgrade still resumes."""
-    _, model, data, _ = case
-    save = tmp_path / "out"
-    args = ["--model_name", str(model), "--data_dir", str(data), "--bs", "3", "--save_dir", str(save)]
-    assert_ok(single([*args, "--debug"], cwd=tmp_path))
-    reference = (save / "test_generations.txt").read_bytes()
-    tmp = Path(f"{save}_tmp")
-    (tmp / ".seq2seq_eval_tmp").unlink()
-    shutil.rmtree(save)
-    assert_ok(single([*args, "--resume"], cwd=tmp_path))
-    assert (save / "test_generations.txt").read_bytes() == reference
-    assert json.loads((save / "test_bleu.json").read_text())["throughput"]["generated_examples"] == 0
-    assert not tmp.exists()
 
 
 def test_a_run_that_journaled_nothing_does_not_block_the_next(case, tmp_path):
@@ -290,7 +274,9 @@ def test_report_replaces_only_an_earlier_report(case, tmp_path):
     notes = tmp_path / "notes.html"
     notes.write_text("<p>mine</p>\n")
     line = one_line(single([*argv, "--report", str(notes)], cwd=tmp_path))
-    assert line == f"--report {notes}: exists and is not a report this tool wrote; expected a new file or an earlier report to replace"
+    assert line == (f"{notes} (--report): exists and seq2seq_eval did not write it (no entry in "
+                    ".seq2seq_eval_outputs.json there); move it away or name another file: the tool writes over only "
+                    "its own earlier outputs")
     assert notes.read_text() == "<p>mine</p>\n"
     report = tmp_path / "sub" / "report.html"
     assert_ok(single([*argv, "--report", str(report)], cwd=tmp_path))

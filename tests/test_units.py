@@ -353,31 +353,6 @@ def test_write_atomic_replaces_and_leaves_no_temp_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
 
 
-def test_adopted_file_moves_in_place_and_copies_across_filesystems(tmp_path, monkeypatch):
-    """The shared tail's outputs, assembled in the temp dir, are renamed into --save_dir; where the
-    two are on different filesystems (no rename reaches) they are copied, block by block, through
-    a temporary beside the target, and the target appears complete or not at all."""
-    source, target = tmp_path / "assembled", tmp_path / "out" / "test_generations.txt"
-    target.parent.mkdir()
-    data = os.urandom(3000)
-    source.write_bytes(data)
-    atomic.AdoptedFile(target, source).commit()
-    assert target.read_bytes() == data and not source.exists()
-    source.write_bytes(data[::-1])
-    monkeypatch.setattr(atomic, "COPY_BYTES", 1000)  # several blocks
-    real = os.replace
-
-    def across(src, dst):
-        if Path(src) == source:
-            raise OSError(errno.EXDEV, "Invalid cross-device link")
-        return real(src, dst)
-
-    monkeypatch.setattr(atomic.os, "replace", across)
-    atomic.AdoptedFile(target, source).commit()
-    assert target.read_bytes() == data[::-1]
-    assert sorted(p.name for p in target.parent.iterdir()) == ["test_generations.txt"]  # no temporary left
-
-
 def test_write_atomic_missing_folder(tmp_path):
     path = tmp_path / "no_such_dir" / "out.json"
     with pytest.raises(EvalError, match=r"no_such_dir/out\.json: cannot write \(No such file or directory\)"):

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from ..errors import ConfigError, DataError, OutputError
+from ..errors import ConfigError, DataError
 from ..inputs.files import check_lines, read_lines
 from ..scoring.names import parse_metric_names
 from ..scoring.results import ROUGE_KEYS, SEED
@@ -150,7 +151,7 @@ def _check_lengths(named: Mapping[str, _System], refs: Sequence[Sequence[str]], 
 def _check_report_path(args: argparse.Namespace) -> None:
     """Before anything is read: --report must not replace a file the comparison reads (a run
     folder's files included), and its folder must take it."""
-    from ..outputs.locations import Role, check_paths
+    from ..outputs.locations import Role, check_named, check_paths
 
     reads = []
     for arg in args.predictions:
@@ -160,22 +161,11 @@ def _check_report_path(args: argparse.Namespace) -> None:
     reads += [Role(Path(r), f"--references {r}") for r in args.references or []]
     if args.sources:
         reads.append(Role(Path(args.sources), f"--sources {args.sources}"))
-    report = Path(args.report)
+    report = Path(os.path.abspath(args.report))
     check_paths([Role(report, "--report")], reads, [("--report", report.parent)])
-    if report.exists() and not _is_report(report):
-        raise OutputError(f"--report {report}: exists and is not a report this tool wrote; "
-                          "expected a new file or an earlier report to replace")
-
-
-def _is_report(path: Path) -> bool:
-    from .html import GENERATOR
-
-    try:
-        with open(path, "rb") as f:
-            head = f.read(512)
-    except OSError:
-        return False
-    return f'<meta name="generator" content="{GENERATOR}">'.encode() in head
+    # Written over only when the record of its folder says compare wrote it, unchanged since
+    # (an earlier report the user has annotated is theirs).
+    check_named([Role(report, "--report")])
 
 
 def compare_main(argv: Sequence[str]) -> str:
@@ -227,12 +217,13 @@ def compare_main(argv: Sequence[str]) -> str:
     comparison["inputs"] = {name: str(s.path) for name, s in named.items()}
     out = json.dumps(comparison, indent=1, ensure_ascii=False) if args.json else format_table(comparison)
     if args.report:
-        from ..atomic import write_atomic
+        from ..outputs.publish import publish_bytes
         from .html import render_report
 
         details = report_details(comparison, predictions, refs, sources, ids, rouge_rows, example_scores)
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(Path(args.report), render_report(comparison, details).encode("utf-8"))
+        report = Path(os.path.abspath(args.report))
+        publish_bytes(report.parent, {report.name: render_report(comparison, details).encode("utf-8")}, None, "named",
+                      {report: "--report"}, "move it away or name another file")
         if not args.json:
             out += f"\nreport: {args.report}"
     return out

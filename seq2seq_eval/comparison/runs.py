@@ -115,7 +115,7 @@ def _run_examples(config: Mapping[str, Any], type_path: str) -> tuple[Examples |
     return examples, f"{path}"
 
 
-def load_run(save_dir: str | Path) -> Run:
+def load_run(save_dir: str | Path, complete: bool = True) -> Run:
     """Read an earlier run's predictions, and its references, sources, ids and task.
 
     The predictions are ``{type_path}_generations.txt``. The rest comes from the provenance
@@ -127,6 +127,12 @@ def load_run(save_dir: str | Path) -> Run:
     save_dir = Path(save_dir)
     if not save_dir.is_dir():
         raise DataError(f"{save_dir}: not a directory")
+    if complete:
+        # A publish cut short there is completed (or undone) first, as any command does before
+        # it reads or writes the folder; `complete=False` (the dry run) reads it as it is.
+        from ..outputs.publish import recover
+
+        recover(save_dir)
     generations = sorted(save_dir.glob("*_generations.txt"))
     if not generations:
         raise DataError(f"{save_dir}: no *_generations.txt; expected the --save_dir of an earlier run")

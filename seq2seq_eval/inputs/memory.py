@@ -4,6 +4,7 @@ in-memory examples written as the command line reads them: JSON Lines with refer
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,6 @@ def source_texts(values: Any, n: int) -> list[str]:
 def write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any, layout: str | None) -> None:
     """In-memory examples as the command line reads them. Rewritten only when they changed: the
     examples cache is keyed by the file's modification time."""
-    from ..atomic import write_atomic
-
     given = texts(sources, "sources")
     if not given:
         raise DataError("sources: empty; expected one source per example")
@@ -64,12 +63,11 @@ def write_inputs(cfg: EvalConfig, sources: Any, references: Any, ids: Any, layou
             unique.add(ex_id, i)
             lines.append(encode_line({"id": ex_id, "source": s, "target": target[0] if len(target) == 1 else target}) + "\n")
         path, data = Path(cfg.data_dir), "".join(lines).encode("utf-8")
-    from ..outputs.record import OutputRecord
+    from ..outputs.publish import publish_bytes
 
-    if path.is_file() and path.read_bytes() == data:
+    if path.is_file() and not path.is_symlink() and path.read_bytes() == data:
         return  # nothing to write (and the examples cache keeps its key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = OutputRecord(path.parent)
-    record.check_writable([path], {path: "the examples evaluate() was given"})
-    write_atomic(path, data)
-    record.update(written=[path])
+    # Published as a run's outputs are: recorded with the run's prefix, written over only when it
+    # is the tool's file of that prefix.
+    publish_bytes(path.parent, {path.name: data}, cfg.output_prefix, "input",
+                  {Path(os.path.abspath(path)): "the examples evaluate() was given"})

@@ -1,12 +1,15 @@
 """What identifies the model a run loads: the hub snapshot a hub name resolves to, or the
 content of a local folder. Read by the conversion cache's key (engines/ct2_convert.py) and by the
-run's provenance (run/prepare.py), so that both name the same weights."""
+run's provenance (run/prepare.py), so that both name the same weights; and whether a local
+folder's weight files are whole (check_safetensors), before any work."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 from pathlib import Path
+
+from ..errors import ModelError
 
 
 def hub_revision(model_name: str) -> str | None:
@@ -43,3 +46,38 @@ def file_sha256(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def check_safetensors(folder: Path) -> None:
+    """Every *.safetensors file of a local model folder has a readable header, and its tensors
+    lie inside the file: a truncated or damaged file is one line before any work (in the dry run
+    too), not a traceback from the loader after the temp dir is made. Reads each file's header only."""
+    for path in sorted(folder.glob("*.safetensors")):
+        why = _safetensors_problem(path)
+        if why is not None:
+            raise ModelError(f"--model_name {folder}: {path.name} {why}; expected a complete safetensors file "
+                             "(save or download it again)")
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's framing (8 bytes of header length, the JSON header,
+    then the tensors' bytes at the header's data_offsets), or None."""
+    import json
+
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            return f"is {size} bytes long, too short for a safetensors header"
+        n = int.from_bytes(head, "little")
+        if n > size - 8:
+            return f"is truncated: its header says {n} bytes of header, but {size - 8} bytes follow the length"
+        try:
+            header = json.loads(fh.read(n))
+            ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "has an unreadable header (expected a JSON object of tensors with their data_offsets)"
+    need = 8 + n + max(ends, default=0)
+    if need > size:
+        return f"is truncated: its tensors end at byte {need}, but the file holds {size} bytes"
+    return None

@@ -5,8 +5,9 @@ reads; `check_paths` refuses, in one line naming both roles, a write onto a file
 writes onto one file, and tries each output folder for real (created and removed again if
 missing), so that a folder that cannot take the outputs fails before generation, not after.
 Output names built from user text (--type_path, a dataset split) must be plain file names.
-Inside --save_dir the tool writes over, and removes, only the files its record says it wrote
-(outputs/record.py); the temp dir is the tool's own (run/tmpdir.py).
+Inside --save_dir (and the folders of the files the user names) the tool writes over, and
+removes, only the files its record says it wrote, of the same prefix (outputs/record.py), all
+published as one unit (outputs/publish.py); the temp dir is the tool's own (run/tmpdir.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import NamedTuple
 
 from ..config import EvalConfig
 from ..errors import OutputError
-from .record import RECORD, OutputRecord
+from .record import INTENT, RECORD, STAGING, OutputRecord, bookkeeping, tool_files
 
 
 class Role(NamedTuple):
@@ -36,19 +37,13 @@ def _one_line(text: str) -> str:
     return " ".join(text.splitlines())
 
 
-# Every result file a run may leave in --save_dir, after its prefix. A run removes the ones of
-# its own prefix that it does not write itself and that the record says an earlier run wrote,
-# so a metric file of an earlier run (another task, or scores where this run made pseudolabels)
-# is never left beside new generations.
-RESULT_SUFFIXES = (
-    "_bleu.json", "_rouge.json", "_generations.txt", "_pseudolabels.jsonl", ".pseudo.target",
-    "_run_info.json", "_references.txt", "_examples.jsonl",
-)
-
-
 def planned_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Path]:
     """The files this run writes into --save_dir, in the order written, the metric (or run
-    info) file last. With --debug, `n_refs` reference files (the number of reference sets)."""
+    info) file last. With --debug, `n_refs` reference files (the number of reference sets).
+    Results of an earlier run of the same prefix that this run does not write are removed when
+    it publishes, by their names in the record (record.OutputRecord.stale), so a metric file of
+    an earlier run (another task, or scores where this run made pseudolabels) is never left
+    beside new generations."""
     save_dir, p = Path(cfg.save_dir), cfg.output_prefix
     paths = [save_dir / f"{p}_generations.txt"]
     if cfg.pseudolabels:
@@ -61,20 +56,6 @@ def planned_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Path]:
         paths.append(save_dir / f"{p}_examples.jsonl")
     paths.append(save_dir / (f"{p}_{cfg.metric_name}.json" if cfg.scored else f"{p}_run_info.json"))
     return paths
-
-
-def stale_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Path]:
-    """Results of an earlier run with this prefix that this run does not write: removed, but only
-    those the record says the tool wrote, unchanged since, and never a file this run reads."""
-    planned = set(planned_outputs(cfg, n_refs))
-    save_dir = Path(cfg.save_dir)
-    record = OutputRecord(save_dir)
-    inputs = {os.path.realpath(r.path) for r in run_inputs(cfg)}
-    candidates = [save_dir / f"{cfg.output_prefix}{s}" for s in RESULT_SUFFIXES]
-    if cfg.debug or n_refs > 1:
-        candidates += sorted(save_dir.glob(f"{cfg.output_prefix}_references.*.txt"))
-    return [p for p in candidates
-            if p not in planned and record.owns(p) and os.path.realpath(p) not in inputs]
 
 
 def _files(folder: Path) -> list[Path]:
@@ -98,7 +79,13 @@ def _data_roles(cfg: EvalConfig) -> list[Role]:
         return [Role(path, f"{flag} file")]
     if not path.is_dir():
         return []  # a hub dataset, or a missing path (reported when the data is read)
-    found = _files(path) if cfg.dataset is not None else sorted(f for f in path.glob(f"{cfg.type_path}.*") if f.is_file())
+    if cfg.dataset is not None:
+        found = _files(path)
+    else:  # the legacy layout: exactly the files iter_legacy reads (a .pseudo.target beside them is not one)
+        tp = cfg.type_path
+        found = sorted(f for f in path.glob(f"{tp}.*") if f.is_file() and (
+            f.name in (f"{tp}.source", f"{tp}.target") or (f.name.startswith(f"{tp}.target.")
+                                                         and f.name[len(tp) + 8:].isdigit())))
     return [Role(f, f"{flag} file {f.name}") for f in found]
 
 
@@ -110,7 +97,11 @@ def run_inputs(cfg: EvalConfig) -> list[Role]:
                        ("--compare_to", cfg.compare_to)):
         if name:
             folder = Path(name).expanduser()
-            roles += [Role(f, f"{flag} file {f.relative_to(folder)}") for f in _files(folder)]
+            # The model's loaders read its own files, not what the tool published there (a
+            # model folder given as --save_dir too); --compare_to's outputs are what it reads.
+            skip = tool_files(folder) if flag != "--compare_to" else bookkeeping(folder)
+            roles += [Role(f, f"{flag} file {f.relative_to(folder)}") for f in _files(folder)
+                      if os.path.realpath(f) not in skip]
     return roles
 
 
@@ -174,15 +165,49 @@ def output_folders(cfg: EvalConfig, extra: Sequence[tuple[str, Path]] = ()) -> l
     return [("--save_dir", Path(cfg.save_dir)), ("--tmp_dir", Path(cfg.tmp_dir)), *extra]
 
 
+def check_apart(cfg: EvalConfig) -> None:
+    """--save_dir neither is nor lies inside --tmp_dir (emptied and removed after the run: the
+    next run would find the outputs there as files the tool did not make), and neither folder
+    lies inside a local --dataset folder (read as a whole: the outputs would become data)."""
+    save, tmp = os.path.realpath(os.path.expanduser(cfg.save_dir)), os.path.realpath(os.path.expanduser(cfg.tmp_dir))
+    if save == tmp or save.startswith(tmp + os.sep):
+        where = "is --tmp_dir" if save == tmp else f"is inside --tmp_dir {cfg.tmp_dir}"
+        raise OutputError(f"--save_dir {cfg.save_dir}: {where}, the run's scratch folder, which is emptied and "
+                          "removed after the run; expected --save_dir apart from it (by default --tmp_dir is "
+                          "{save_dir}_tmp)")
+    if cfg.dataset is not None and Path(cfg.dataset).expanduser().is_dir():
+        data = os.path.realpath(os.path.expanduser(cfg.dataset))
+        for flag, value, real in (("--save_dir", cfg.save_dir, save), ("--tmp_dir", cfg.tmp_dir, tmp)):
+            if real == data or real.startswith(data + os.sep):
+                raise OutputError(f"{flag} {value}: is inside the --dataset folder {cfg.dataset}, which is read "
+                                  f"as a whole: what the run writes would become data; expected {flag} outside it")
+
+
+def check_named(writes: Sequence[Role]) -> None:
+    """Files the user named (the legacy form's SAVE_PATH and SCORE_PATH, compare's --report):
+    written over only when their folder's record says the tool wrote them, as they are."""
+    for r in writes:
+        if r.path.name in (RECORD, INTENT, STAGING):
+            raise OutputError(f"{r.path}: {r.what} is named like seq2seq_eval's own bookkeeping in its folder; "
+                              "name another file")
+        if r.path.parent.is_dir():
+            OutputRecord(r.path.parent).check_writable([r.path], None, {r.path: r.what}, "move it away or name another file")
+
+
 def check_output_locations(cfg: EvalConfig, extra_writes: Sequence[Role] = (), n_refs: int = 1) -> None:
     """Before any work (the dry run too), on every rank (the output names were checked with the
-    config: config.check_output_name): no output replaces a file the run reads, and none replaces a file of the user's in --save_dir (a
-    --debug run once wrote its copy of the references over the user's {type_path}.target).
+    config: config.check_output_name): no output replaces a file the run reads, and none replaces
+    a file that is not the tool's, or the tool's file of another prefix, in --save_dir (a --debug
+    run once wrote its copy of the references over the user's {type_path}.target; a pseudolabel
+    run of another --type_path once replaced pseudolabel_results.json).
     `extra_writes`: the legacy form's SAVE_PATH and SCORE_PATH. The folders are tried apart
     (try_folder: one process at a time, as trying creates and removes them)."""
     save_dir = Path(cfg.save_dir)
+    check_apart(cfg)
     outputs = run_outputs(cfg, n_refs)
     writes = [*outputs, Role(save_dir / RECORD, f"the record {RECORD} of --save_dir"), *extra_writes]
     check_paths(writes, run_inputs(cfg))
     if save_dir.is_dir():
-        OutputRecord(save_dir).check_writable([r.path for r in outputs], {r.path: r.what for r in outputs})
+        OutputRecord(save_dir).check_writable([r.path for r in outputs], cfg.output_prefix,
+                                              {r.path: r.what for r in outputs})
+    check_named(extra_writes)

@@ -7,10 +7,12 @@ adds to each per-example output file (slice_sizes, from the rank files' offsets 
 function of the sizes) and writes them at those offsets into the output files being assembled in
 the temp dir, {tmp_dir}/tail_out.<role>; a scored run's rank also writes each example's metric
 statistics and sentence scores (one line each, JSON and JSON separated by a tab) into
-tail_<k>.scores. tail_<k>.json, written last, says the slice is complete. Rank 0 then writes the
-files' first and last bytes (the legacy list's brackets), adds up the metric statistics in data
-order and moves the files into --save_dir: exactly the bytes and the arithmetic of writing them
-itself, with every byte written once, by the rank that holds it.
+tail_<k>.scores. tail_<k>.json, written last, says the slice is complete, with the digests of
+the blocks of each file the slice holds whole (outputs/digest.py: the record's digest, without
+reading the outputs again). Rank 0 then writes the files' first and last bytes (the legacy
+list's brackets), adds up the metric statistics in data order and publishes the files into
+--save_dir: exactly the bytes and the arithmetic of writing them itself, with every byte written
+once, by the rank that holds it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from ..atomic import write_error
 from ..errors import RunStateError
+from .digest import SliceHash, assemble
 from .shuffle import ROWS_PER_CHUNK, prefetched
 
 # Per-example output files, by role: the rank-file column whose bytes each holds.
@@ -102,12 +105,14 @@ def layout(slices: Sequence[SliceInfo], role_names: Sequence[str]) -> tuple[list
 class Parts:
     """The ranks' slices of a run's outputs, complete: the output files assembled in the temp dir
     (by role) and their lengths, and each slice's file stem (tail_<k>, whose .scores a scored run
-    adds up) and rows, in data order."""
+    adds up), rows and, by role, the digests of the blocks it wrote whole (digest.SliceHash), in
+    data order."""
 
     stems: Sequence[Path]
     counts: Sequence[int]
     assembled: Mapping[str, Path]
     lengths: Mapping[str, int]
+    blocks: Sequence[Mapping[str, Any]] = ()
 
     @property
     def rows(self) -> int:
@@ -162,24 +167,28 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[done:], offset + done
 
 
-def write_slice(cfg: Any, rows: Iterable[Any], targets: Mapping[str, tuple[Path, Placement]], stem: Path) -> int:
+def write_slice(cfg: Any, rows: Iterable[Any], targets: Mapping[str, tuple[Path, Placement]],
+                stem: Path) -> tuple[int, dict[str, Any]]:
     """This rank's slice, in place: `rows`, tables of its examples in data order (shuffle.in_chunks
     or shuffle.in_data_order), their bytes written into each assembled output file at its
     placement (`targets`, by role) and, when scored, their statistics into stem.scores. Returns
-    the number of rows. The caller marks the slice complete afterwards."""
+    the number of rows and, by role, the digests of the blocks the slice holds whole
+    (digest.SliceHash, hashed as they are written). The caller marks the slice complete afterwards."""
     fds: dict[str, int] = {}
     scores = None
     at = {role: placement.offset for role, (_, placement) in targets.items()}
     skip = {role: placement.skip for role, (_, placement) in targets.items()}
+    hashes = {role: SliceHash(placement.offset) for role, (_, placement) in targets.items()}
     path = stem
     n_rows = 0
     try:
         for role, (path, _) in targets.items():
             # No O_TRUNC: the other ranks write their slices into the same file at the same time.
-            fds[role] = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
+            # O_NOFOLLOW: the temp dir's files are the tool's, never written through a link.
+            fds[role] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         if cfg.scored:
             path = stem.with_name(f"{stem.name}.scores")
-            scores = open(path, "wb")
+            scores = os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666), "wb")
         for part in prefetched(rows):
             n_rows += part.num_rows
             for role, fd in fds.items():
@@ -187,6 +196,7 @@ def write_slice(cfg: Any, rows: Iterable[Any], targets: Mapping[str, tuple[Path,
                 skip[role] = 0
                 path = targets[role][0]
                 _pwrite_all(fd, data, at[role])
+                hashes[role].update(data)
                 at[role] += len(data)
             if scores is not None:
                 path = scores.name
@@ -203,16 +213,19 @@ def write_slice(cfg: Any, rows: Iterable[Any], targets: Mapping[str, tuple[Path,
             os.close(fd)
         if scores is not None:
             scores.close()
-    return n_rows
+    return n_rows, {role: h.result() for role, h in hashes.items()}
 
 
-def complete(parts: Parts) -> None:
+def complete(parts: Parts) -> dict[str, tuple[int, str]]:
     """Rank 0, once every slice is written: each assembled file's first and last bytes, its exact
-    length (whatever an earlier attempt left there) and an fsync, before it is moved into place."""
+    length (whatever an earlier attempt left there) and an fsync, before it is moved into place.
+    Returns each file's size and content digest: the slices' blocks, and the few blocks no slice
+    held whole read back (digest.assemble)."""
     head, tail = legacy_ends(parts.rows)
+    done: dict[str, tuple[int, str]] = {}
     for role, path in parts.assembled.items():
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o666)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
             try:
                 if role == "legacy":
                     _pwrite_all(fd, memoryview(head), 0)
@@ -221,8 +234,10 @@ def complete(parts: Parts) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            done[role] = (parts.lengths[role], assemble(path, parts.lengths[role], [b[role] for b in parts.blocks]))
         except OSError as e:
             raise write_error(path, e) from e
+    return done
 
 
 def add_scores(parts: Parts, totals: Any) -> None:

@@ -6,23 +6,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import AdoptedFile, AtomicFile, dumps, write_atomic
+from ..atomic import dumps
 from ..config import EvalConfig
-from ..errors import OutputError
 from ..inputs.examples import Example
 from .jsonl import encode_line
 from ..scoring.totals import MetricTotals
-from .locations import (
-    _one_line,
-    planned_outputs,
-    stale_outputs,
-)
+from .locations import _one_line, planned_outputs, run_inputs, run_outputs
 from .parts import Parts, add_scores, complete, concatenated, legacy_ends, scores_of
+from .publish import Staging
 from .record import OutputRecord
 from .shuffle import ROWS_PER_CHUNK, prefetched
 
@@ -97,29 +94,25 @@ def write_outputs(
     summarize: Callable[[MetricTotals | None], dict[str, Any]],
     tail_since: float | None = None,
 ) -> tuple[list[Path], dict[str, Any], MetricTotals | None]:
-    """Write every output in one pass over the examples in data order, each file through a
-    temporary name, so a failure midway leaves no half file behind. Per-example lines come
+    """Write every output in one pass over the examples in data order into a staging folder
+    inside --save_dir, then publish them as one unit (outputs/publish.py), so a failure or a kill
+    midway leaves either the earlier outputs or these, never half of them. Per-example lines come
     serialized from the ranks (output_lines); the metrics are added up in the same pass;
-    `summarize(totals)` then builds the metric file's content, written last: its presence means
+    `summarize(totals)` then builds the metric file's content, published last: its presence means
     the run completed. `rows` gives every example's row of the rank files in data order, as tables
     a chunk or a bucket at a time (shuffle.gathered, with the columns parts.columns_taken names
     for this run); or `rows` is the ranks' slices of the outputs (Parts: the files the ranks wrote in place,
-    parts.write_slice), which are completed and moved into place. With `tail_since` (a
-    perf_counter time), the seconds from then to just before that last write are recorded as
+    parts.write_slice), which are completed and moved into the staging folder. With `tail_since` (a
+    perf_counter time), the seconds from then to just before the publish are recorded as
     time_breakdown.tail."""
     save_dir = Path(cfg.save_dir)
-    try:
-        save_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(f"--save_dir {save_dir}: cannot create the folder ({e.strerror})") from e
     n_refs = store.max_references if cfg.debug else 1
     planned = planned_outputs(cfg, n_refs)
-    # Checked before any work too; again here, as the user may have put a file there since.
-    OutputRecord(save_dir).check_writable(planned)
-    removed = stale_outputs(cfg, n_refs)
-    for path in removed:
-        path.unlink()
-        logger.info("removed %s: an earlier run's result, not written by this run", path)
+    prefix = cfg.output_prefix
+    # Checked before any work too; again here, as the user may have put a file there since (and
+    # once more under the folder's lock as the files are published).
+    if save_dir.is_dir():
+        OutputRecord(save_dir).check_writable(planned, prefix)
     names = iter(planned)
     paths = {"gen": next(names)}
     if cfg.pseudolabels:
@@ -130,16 +123,21 @@ def write_outputs(
     if cfg.scored and not cfg.no_examples_file:
         paths["example"] = next(names)
     shared = isinstance(rows, Parts)
-    if shared:
-        complete(rows)
+    assembled = complete(rows) if shared else {}
+    # A recovery that completes this publish for a run killed in it also removes its temp dir,
+    # as the run would have next (unless --debug keeps it).
+    staging = Staging(save_dir, prefix, "output", None if cfg.debug else Path(cfg.tmp_dir))
     files: dict[str, Any] = {}
-    refs_files: list[AtomicFile] = []
+    refs_files: list[Any] = []
     totals = MetricTotals(cfg.metric_names) if cfg.scored else None
     try:
         for role, path in paths.items():
-            files[role] = AdoptedFile(path, rows.assembled[role]) if shared else AtomicFile(path)
-        refs_files = [AtomicFile(path) for path in refs_paths]
-        gen, legacy, jsonl = files["gen"], files.get("legacy"), files.get("jsonl")
+            if shared:
+                staging.adopt(path.name, rows.assembled[role], *assembled[role])
+            else:
+                files[role] = staging.file(path.name)
+        refs_files = [staging.file(path.name) for path in refs_paths]
+        gen, legacy, jsonl = files.get("gen"), files.get("legacy"), files.get("jsonl")
         pseudo, examples_file = files.get("pseudo"), files.get("example")
         if shared:
             if totals is not None:
@@ -168,22 +166,28 @@ def write_outputs(
                                 for e in examples).encode("utf-8"))
         if legacy is not None and not shared:
             legacy.write(legacy_ends(len(store))[1])
-        summary = summarize(totals)
         for f in [*files.values(), *refs_files]:
-            f.commit()
+            f.close()
+        summary = summarize(totals)
     except BaseException:
         for f in [*files.values(), *refs_files]:
-            f.discard()
+            f.abandon()
+        staging.discard()
         raise
-    summary["provenance"] = {**summary.get("provenance", {}),
-                             "outputs": [p.name for p in planned],
-                             "removed_stale_outputs": [p.name for p in removed]}
-    if tail_since is not None and "throughput" in summary:
-        summary["throughput"]["time_breakdown"]["tail"] = time.perf_counter() - tail_since
-    write_atomic(planned[-1], dumps(summary))
-    # Last: a crash before this line leaves outputs the record does not list, which the next
-    # run then refuses to write over (one line naming them) rather than taking them for its own.
-    OutputRecord(save_dir).update(written=planned, removed=removed)
+
+    def metric_file(removed: list[str]) -> bytes:
+        # Made under the folder's lock, once the stale results this publish removes are known.
+        summary["provenance"] = {**summary.get("provenance", {}), "outputs": [p.name for p in planned],
+                                 "removed_stale_outputs": removed}
+        if tail_since is not None and "throughput" in summary:
+            summary["throughput"]["time_breakdown"]["tail"] = time.perf_counter() - tail_since
+        return dumps(summary)
+
+    inputs = {os.path.realpath(r.path) for r in run_inputs(cfg)}
+    roles = {r.path: r.what for r in run_outputs(cfg, n_refs)}
+    removed = staging.publish((planned[-1].name, metric_file), stale=True, inputs=inputs, roles=roles)
+    for name in removed:
+        logger.info("removed %s: an earlier run's result, not written by this run", save_dir / name)
     return planned, summary, totals
 
 

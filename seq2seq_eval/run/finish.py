@@ -64,7 +64,7 @@ def earlier_run(cfg: EvalConfig, prep: Prepared) -> Any:
         return None
     from ..comparison.runs import check_same_examples, check_same_references, load_run
 
-    earlier = load_run(cfg.compare_to)
+    earlier = load_run(cfg.compare_to, complete=not cfg.dry_run)
     check_same_examples(earlier, prep.store.ids(range(len(prep.store))), "this run")
     check_same_references(earlier, _reference_fingerprints(prep), "this run")
     return earlier

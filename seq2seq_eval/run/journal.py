@@ -36,21 +36,22 @@ class Journal:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._drop_torn_tail()
         # Unbuffered: after a failed write nothing of the line may stay in a buffer, where a later
         # flush (at close, once the truncation below has freed some space) would append its tail.
-        self._f = open(path, "ab", buffering=0)
+        # O_NOFOLLOW: a link in the journal's place is refused (ELOOP), never read, cut or
+        # appended through.
+        self._f = open(path, "ab", buffering=0, opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o666))
+        self._drop_torn_tail()
 
     def _drop_torn_tail(self) -> None:
         # A crash mid-write leaves a last line without its newline; appending after it would
         # glue the next record onto garbage.
-        if not self.path.exists():
+        if not os.fstat(self._f.fileno()).st_size:
             return
         data = self.path.read_bytes()
         keep = data.rfind(b"\n") + 1
         if keep != len(data):
-            with open(self.path, "r+b") as f:
-                f.truncate(keep)
+            os.ftruncate(self._f.fileno(), keep)
 
     def append(self, entry: Mapping[str, Any]) -> None:
         line = json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"

@@ -17,7 +17,8 @@ from ..config import EvalConfig
 from ..inputs.read import iter_examples
 from ..errors import DataError
 from ..model.generate_check import check_generate_settings
-from ..model.identity import hub_revision
+from ..model.fingerprint import tokenizer_fingerprint
+from ..model.identity import check_safetensors, hub_revision
 from ..model.settings import (
     generation_config_for,
     load_model_config,
@@ -75,6 +76,13 @@ def _model_identity(model_config: Any, model_name: str) -> dict[str, Any]:
                         h.update(chunk)
         identity["weights_sha256"] = h.hexdigest()
     return identity
+
+
+def _config_digest(model_config: Any) -> str:
+    """The model's configuration as it was loaded, but its own path and the transformers release
+    that wrote it (the same model named another way, or saved again, is the same run)."""
+    config = {k: v for k, v in model_config.to_diff_dict().items() if k not in ("_name_or_path", "transformers_version")}
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _data_key(cfg: EvalConfig) -> str:
@@ -153,6 +161,8 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     """Everything before generation. `device_type` picks the default batch budget
     (plan.batch_budget); `model`, `tokenizer`: a model (and its tokenizer) already in memory
     (api.evaluate), used instead of loading --model_name."""
+    if model is None and Path(cfg.model_name).expanduser().is_dir():
+        check_safetensors(Path(cfg.model_name).expanduser())
     model_config, base_gc = load_model_config(cfg) if model is None else model_config_of(model, cfg.model_name)
     tokenizer = load_tokenizer(cfg, tokenizer)
     entry = task_entry(model_config, cfg.task)
@@ -169,8 +179,11 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     store, data = _examples_store(cfg, pg, cache)
     _give_back_freed_memory()
     t1 = time.perf_counter()
+    # The tokenizer's content (vocabulary, pipeline, special tokens, limits and sides), not its
+    # name: a tokenizer.json with swapped ids is another tokenizer, for the token cache and --resume.
+    tokenizer_identity = tokenizer_fingerprint(tokenizer)
     token_key = hashlib.sha256(json.dumps(
-        [data["sha256"], identity, prefix, max_source_length, type(tokenizer).__name__, len(tokenizer)], sort_keys=True
+        [data["sha256"], identity, prefix, max_source_length, tokenizer_identity], sort_keys=True
     ).encode()).hexdigest()
     tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length)
     t2 = time.perf_counter()
@@ -187,6 +200,9 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     gen_settings = {k: v for k, v in gc.to_diff_dict().items() if k != "transformers_version"}
     manifest = {
         "model": identity,
+        "tokenizer": tokenizer_identity,
+        # The model's configuration beyond its generation settings (recorded below).
+        "model_config_sha256": _config_digest(model_config),
         "data": {
             # Resolved: the same files named relatively, absolutely or with a trailing slash
             # are the same run to --resume.

@@ -4,6 +4,7 @@ rank 0 also wait, merge by id, score and report."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import tempfile
 import time
@@ -14,6 +15,7 @@ from .. import engines
 from ..config import EvalConfig
 from ..errors import EvalError, Interrupted, RunFailed, RunStateError
 from ..outputs.locations import Role, check_output_locations, output_folders, run_inputs, try_folder
+from ..outputs.publish import pending, recover
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .model_scores import check_model_metrics, score_model_metrics
@@ -30,6 +32,7 @@ from .tmpdir import (
     main_rank_state,
     prepare_tmp_dir,
     refuse_earlier_run,
+    remove_finished_tmp_dir,
 )
 
 MAIN_POLL_S = 0.5
@@ -76,12 +79,19 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
         # and makes every check the run makes before its first batch.
         for flag, folder in output_folders(cfg, also_folders):
             try_folder(flag, folder)
-        claim_tmp_dir(tmp_dir, run_inputs(cfg), create=False)
+        # The run first completes a publish cut short in --save_dir, and with it removes the
+        # temp dir of the run that died in it (unless it resumes from it): not checked then.
+        removed_first = _report_pending(Path(cfg.save_dir)) == os.path.realpath(tmp_dir) and not cfg.resume
+        for _, folder in also_folders:
+            _report_pending(folder)
+        if not removed_first:
+            claim_tmp_dir(tmp_dir, run_inputs(cfg), create=False)
         device, _ = resolve_device(cfg, env)
         with tempfile.TemporaryDirectory(prefix="seq2seq_eval_dry_run_") as cache:
             prep = prepare(cfg, env, None, Path(cache), device.type)
             check_output_locations(cfg, also_writes, n_refs=prep.store.max_references)
-            check_tmp_dir(tmp_dir, prep.manifest, cfg.resume)
+            if not removed_first:
+                check_tmp_dir(tmp_dir, prep.manifest, cfg.resume)
             earlier_run(cfg, prep)
             check_model_metrics(cfg)
             return Outcome(plan_text=describe_plan(prep, env.world_size))
@@ -206,6 +216,14 @@ def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Pat
     def claim() -> None:
         for flag, folder in output_folders(cfg, also_folders):
             try_folder(flag, folder)
+        # Before anything else touches --save_dir: a publish a killed run left half done there
+        # is completed (or undone), and so is what that run had left to do, its temp dir's
+        # removal; unless this run resumes from that temp dir (--resume, or a torchrun restart):
+        # its journals then give every batch again, and only the tail runs.
+        resuming = cfg.resume or env.restart_count > 0
+        for intent in recover(Path(cfg.save_dir)):
+            if intent.get("tmp_dir") and not (resuming and _same(intent["tmp_dir"], tmp_dir)):
+                remove_finished_tmp_dir(Path(intent["tmp_dir"]))
         try:
             claim_tmp_dir(tmp_dir, run_inputs(cfg))
         except OSError as e:
@@ -222,6 +240,24 @@ def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Pat
 
     _agree(env, pg, claim)
     return holder[0] if holder else None
+
+
+def _same(a: str | Path, b: str | Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _report_pending(folder: Path) -> str | None:
+    """The dry run writes nothing: a publish cut short in an output folder is said, and left to
+    the command that runs next, which completes (or undoes) it before anything else. Returns the
+    real path of the temp dir that completing it removes, if any."""
+    found = pending(folder)
+    if found is None:
+        return None
+    intent, completes = found
+    logger.warning("%s: holds a publish cut short (run %s, %d file(s)); the run %s it before anything else",
+                   folder, intent.get("run"), len(intent["files"]),
+                   "completes" if completes else "undoes (some of its files are gone)")
+    return os.path.realpath(intent["tmp_dir"]) if completes and intent.get("tmp_dir") else None
 
 
 def _check_manifest(cfg: EvalConfig, env: DistEnv, tmp_dir: Path, manifest: dict[str, Any]) -> None:

@@ -121,11 +121,12 @@ def write_my_part(cfg: Any, env: Any, store: Any, tmp_dir: Path, describe: Calla
         gathered = in_chunks(outputs, order, columns)
     placements, _ = layout(slices, roles(cfg))
     targets = {role: (assembled(tmp_dir, role), placement) for role, placement in placements[env.rank].items()}
-    rows = write_slice(cfg, gathered, targets, part_stem(tmp_dir, env.rank))
+    rows, blocks = write_slice(cfg, gathered, targets, part_stem(tmp_dir, env.rank))
     gathered = outputs = []  # the rank files are memory-mapped: let them go before they may be removed
     if rows != len(order):
         raise RunStateError(f"the tail's slice {env.rank} wrote {rows} examples; expected {len(order)}")
-    write_atomic(part_done(tmp_dir, env.rank), dumps({"rank": env.rank, "start": lo, "end": hi, "rows": rows}))
+    write_atomic(part_done(tmp_dir, env.rank),
+                 dumps({"rank": env.rank, "start": lo, "end": hi, "rows": rows, "blocks": blocks}))
 
 
 def wait_for_parts(cfg: Any, world_size: int, tmp_dir: Path, describe: Callable[[list[int]], str] | None = None) -> Parts:
@@ -135,5 +136,6 @@ def wait_for_parts(cfg: Any, world_size: int, tmp_dir: Path, describe: Callable[
     slices = _slices(tmp_dir, world_size)
     names = roles(cfg)
     _, lengths = layout(slices, names)
+    blocks = [json.loads(part_done(tmp_dir, r).read_text())["blocks"] for r in range(world_size)]
     return Parts([part_stem(tmp_dir, r) for r in range(world_size)], [s.rows for s in slices],
-                 {role: assembled(tmp_dir, role) for role in names}, lengths)
+                 {role: assembled(tmp_dir, role) for role in names}, lengths, blocks)

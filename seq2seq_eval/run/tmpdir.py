@@ -1,7 +1,7 @@
 """The temp dir: the tool's own folder for manifest, run lock, per-rank batch journals, and the
 final rank files. The tool works only in a folder it made or one that was empty (marked as its
-own by MARKER), removes only the files it names there (OWN), and leaves nothing behind after a
-successful run.
+own by MARKER) and that holds no symbolic link, removes only the files it names there (OWN), and
+leaves nothing behind after a successful run.
 
 Layout of {tmp_dir}:
     .seq2seq_eval_tmp       the marker: this folder is the tool's (and which folders it created)
@@ -93,12 +93,22 @@ def _marked(tmp_dir: Path) -> bool:
         return False
 
 
+def _links(tmp_dir: Path) -> list[str]:
+    """Every symbolic link inside the temp dir (none is followed to find them), relative to it."""
+    found = []
+    for root, dirs, files in os.walk(tmp_dir):
+        rel = os.path.relpath(root, tmp_dir)
+        found += [os.path.normpath(os.path.join(rel, n)) for n in [*dirs, *files] if os.path.islink(os.path.join(root, n))]
+    return sorted(found)
+
+
 def claim_tmp_dir(tmp_dir: Path, inputs: Sequence[Role] = (), create: bool = True) -> None:
     """Make `tmp_dir` the tool's own, or refuse it, before anything is written there. Taken: a
-    missing folder (created, with its missing parents), an empty one, one marked as the tool's,
-    or one holding only the tool's own files (a temp dir of a release before the marker). Any
-    other file is the user's: the folder is refused rather than shared, since cleanup would
-    leave it half emptied. `create=False` (the dry run) checks without writing."""
+    missing folder (created, with its missing parents), an empty one, or one marked as the
+    tool's (MARKER). A folder holding files but no marker is refused, whatever their names
+    (a user's run.lock or cache/examples.json would be written over, then removed), rather than
+    shared. A folder holding a symbolic link anywhere is refused too: the tool neither writes nor
+    removes through a link there. `create=False` (the dry run) checks without writing."""
     made: list[str] = []
     if not tmp_dir.exists():
         if not create:
@@ -109,19 +119,24 @@ def claim_tmp_dir(tmp_dir: Path, inputs: Sequence[Role] = (), create: bool = Tru
                 made.append(str(parent))
     elif not tmp_dir.is_dir():
         raise OutputError(f"--tmp_dir {tmp_dir}: is a file; expected a folder (created if missing)")
-    elif not _marked(tmp_dir):
+    else:
         entries = _entries(tmp_dir)
-        foreign = [e for e in entries if not (is_own(e) or e.rstrip("/") in _OWN_FOLDERS)]
-        if (tmp_dir / MANIFEST).exists() and not _is_our_manifest(tmp_dir / MANIFEST):
-            foreign.insert(0, f"{MANIFEST} (not a seq2seq_eval manifest)")
-        if foreign:
-            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        if not _marked(tmp_dir) and entries:
+            if (tmp_dir / MANIFEST).exists() and not _is_our_manifest(tmp_dir / MANIFEST):
+                entries = [f"{MANIFEST} (not a seq2seq_eval manifest)", *(e for e in entries if e != MANIFEST)]
+            shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
             raise RunStateError(
-                f"--tmp_dir {tmp_dir}: holds files seq2seq_eval did not make ({shown}); expected a missing or "
-                "empty folder, or one a run of this tool made: give another --tmp_dir"
+                f"--tmp_dir {tmp_dir}: holds files ({shown}) but no {MARKER} marker, so they are not known to be "
+                "seq2seq_eval's; expected a missing or empty folder, or a temp dir a run of this tool made: give "
+                "another --tmp_dir"
             )
-        if entries:
-            made.append(str(tmp_dir.absolute()))  # every file in it is the tool's: so was the folder
+        links = _links(tmp_dir)
+        if links:
+            raise RunStateError(
+                f"--tmp_dir {tmp_dir}: {links[0]} is a symbolic link (to {os.readlink(tmp_dir / links[0])}); the tool "
+                "neither writes nor removes anything through a link in its temp dir: remove the link, or give "
+                "another --tmp_dir"
+            )
     for r in inputs:
         try:
             rel = Path(os.path.realpath(r.path)).relative_to(os.path.realpath(tmp_dir))
@@ -132,6 +147,32 @@ def claim_tmp_dir(tmp_dir: Path, inputs: Sequence[Role] = (), create: bool = Tru
                               "expected inputs outside --tmp_dir")
     if create and not _marked(tmp_dir):
         write_json_atomic(tmp_dir / MARKER, {"tool": "seq2seq_eval", "made": made})
+
+
+def _through_link(tmp_dir: Path, rel: str) -> bool:
+    """Whether a path inside the temp dir is, or lies under, a symbolic link."""
+    path = tmp_dir
+    for part in rel.split("/"):
+        path = path / part
+        if os.path.islink(path):
+            return True
+    return False
+
+
+def remove_finished_tmp_dir(tmp_dir: Path) -> None:
+    """The temp dir of a run whose outputs were published (a recovery completed the publish the
+    run was killed in): removed as that run would have, unless another run holds it now."""
+    if not _marked(tmp_dir):
+        return
+    lock = RunLock(tmp_dir)
+    try:
+        lock.acquire()
+    except RunStateError:
+        return  # in use: that run decides
+    try:
+        cleanup_tmp_dir(tmp_dir)
+    finally:
+        lock.release()
 
 
 def compare_manifests(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
@@ -152,7 +193,7 @@ class RunLock:
 
     def acquire(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:
             raise RunStateError(f"{self.path}: cannot create the run lock ({e.strerror}); is --tmp_dir writable?") from e
         try:
@@ -293,7 +334,9 @@ def cleanup_tmp_dir(tmp_dir: Path) -> None:
     except (OSError, ValueError, AttributeError):
         made = []
     for rel in _entries(tmp_dir):
-        if is_own(rel) and rel != MARKER:
+        # Only the tool's regular files, found without following a link: a link in their place
+        # (or in a folder's) is not the tool's, and nothing is removed through one.
+        if is_own(rel) and rel != MARKER and not _through_link(tmp_dir, rel):
             with contextlib.suppress(OSError):
                 (tmp_dir / rel).unlink()
     for folder in _OWN_FOLDERS:
