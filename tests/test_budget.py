@@ -275,6 +275,16 @@ def test_resume_and_restart_at_other_world_sizes_take_the_recorded_budget(defaul
         assert outputs(save) == expected, n
 
 
+def test_resuming_with_another_budget_is_refused_naming_the_recorded_one(default_at_3):
+    root, args, save = default_at_3
+    budget = plan_of(save)["max_tokens"]
+    proc = single([*args, "--max_tokens", str(budget + 1), "--save_dir", str(save), "--resume", "--dry_run"], cwd=root)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"seq2seq_eval: error: --resume: {save}_tmp belongs to a run with different plan (its batches were cut with "
+        f"--max_tokens {budget}); rerun with the same settings, or remove {save}_tmp to start over")
+
+
 def world(n: int) -> dict[str, str]:
     """A dry run planned for n ranks, as run_eval.sh starts it (one process that joins no group)."""
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n)}

@@ -271,8 +271,13 @@ def check_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> b
         raise RunStateError(f"{path}: unreadable manifest ({e}); remove {tmp_dir} to start over") from e
     differ = compare_manifests(old, manifest)
     if differ:
+        # The budget is the one plan setting a user may not know: a default chose it.
+        budget = recorded_budget(tmp_dir)
+        cut = "" if "plan" not in differ or budget is None else (
+            f" (its batches were cut with --bs {budget[0]})" if budget[0] is not None
+            else f" (its batches were cut with --max_tokens {budget[1]})")
         raise RunStateError(
-            f"--resume: {tmp_dir} belongs to a run with different {', '.join(differ)}; "
+            f"--resume: {tmp_dir} belongs to a run with different {', '.join(differ)}{cut}; "
             f"rerun with the same settings, or remove {tmp_dir} to start over"
         )
     return True
