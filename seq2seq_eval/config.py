@@ -139,7 +139,7 @@ class EvalConfig:
     comet_max_tokens: int | None = None
     """With --metrics comet: padded tokens per COMET forward pass (default: 4096 on CPU, 32768 on a GPU)."""
     bs: int | None = None
-    """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --fp16/--bf16 or --engine ctranslate2))."""
+    """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --fp16/--bf16 or --engine ctranslate2), lowered on a set too small to keep every rank busy; the run records the budget it took, docs/performance.md)."""
     max_tokens: int | None = None
     """Fill batches up to this many padded source tokens instead of a fixed --bs (the default on every device; see --bs)."""
     max_source_length: int | None = None

@@ -234,3 +234,28 @@ def test_gpu_benchmark_reads_pytest_counts(tmp_path, xml, counts):
     path = tmp_path / "junit.xml"
     path.write_text(xml)
     assert _gpu_bench().pytest_counts(path) == counts
+
+
+def test_gpu_batches_replays_the_deal_with_stealing_and_projects_from_timings(tmp_path):
+    """benchmarks/gpu_batches.py without a GPU: the replay of measured batch times (three equal
+    batches dealt [[0, 2], [1]] on 2 ranks) and the projection from a timings file."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_batches
+
+    from seq2seq_eval.run.plan import make_batches
+
+    plan = make_batches([10, 10, 10], bs=1)
+    # Batch 0 is slow: rank 1 finishes batch 1 at 1 s and takes batch 2 from the end of rank 0's share.
+    assert gpu_batches.replay(plan, [5.0, 1.0, 1.0], 2) == (5.0, 0)
+    # Batch 2 is slow: rank 0 had started it at 1 s (its own share), nothing is left to take.
+    assert gpu_batches.replay(plan, [1.0, 1.0, 5.0], 2) == (6.0, 0)
+    assert gpu_batches.replay(plan, [1.0, 1.0, 1.0], 4) == (1.0, 1)
+    lengths = [40] * 20 + [12] * 60
+    timings = {str(b): [[len(x.members) * 4, x.padded_len, min(x.padded_len, 120), 0.01 * x.padded_len + 0.001 * len(x.members)]
+                        for x in make_batches(lengths, max_tokens=b)]
+               for b in (65536, 512, 256)}
+    data = {"settings": {"text": "synthetic", "max_steps": 120}, "lengths": lengths, "timings": {"float16": timings}}
+    text = gpu_batches.project(data, [1, 2, 8])
+    rows = [line.split() for line in text.splitlines() if line.strip() and line.split()[0] in ("1", "2", "8")]
+    assert [r[0] for r in rows] == ["1", "2", "8"] and rows[0][1] == "65536"
+    assert "step overhead fitted" in text

@@ -20,8 +20,9 @@ SCORE_TOLERANCE = 1e-5
 @pytest.fixture(scope="module")
 def runs(tiny_model, data23, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("threads")
+    # One budget at every world size: the default depends on it on a set this small (plan.default_plan).
     args = ["--model_name", str(tiny_model), "--data_dir", str(data23), "--num_return_sequences", "2",
-            "--pseudo_target"]
+            "--pseudo_target", "--max_tokens", "1024"]
     out = {name: root / name for name in ("w1_t1", "w2_t1", "w1_t2")}
     # The fork server's torch started with OMP_NUM_THREADS=1 (conftest._env): 1 thread in each
     # process forked from it, the 2 ranks' as the one process's; a fresh interpreter for 2

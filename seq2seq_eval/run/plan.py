@@ -1,10 +1,12 @@
 """Which examples form which batch, and which rank runs which batch. Pure functions.
 
-Batches are cut globally from the length-sorted examples, before any rank is involved. A batch's
-members, and so every example's padding and its generated text, therefore do not depend on the
-world size; only the dealing of whole batches to ranks does. That is what makes 1, 2 and 3
-processes give identical generations, and what lets a resumed run reuse batches finished under
-another world size.
+Batches are cut globally from the length-sorted examples, before any rank is involved. For a given
+budget, a batch's members, and so every example's padding and its generated text, therefore do
+not depend on the world size; only the dealing of whole batches to ranks does. That is what makes
+1, 2 and 3 processes give identical generations, and what lets a resumed run reuse batches
+finished under another world size. The one thing the world size decides is the default budget of
+a run given neither --bs nor --max_tokens (default_plan: a small set is cut finer so that every
+rank has work); the run records it, and that budget pinned gives the same batches at any world size.
 """
 
 from __future__ import annotations
@@ -52,10 +54,12 @@ def _length_order(lengths: Any) -> np.ndarray:
     return order.astype(np.int32) if len(order) < 2**31 else order
 
 
-def estimate_cost(n: int, padded_len: int, out_len: float, beams: int) -> float:
+def estimate_cost(n: int, padded_len: int, out_len: float, beams: int, step_overhead: float = 0.0) -> float:
     """Encoder work plus decoder steps: a beam batch runs until its longest member ends, each step
-    costing n*beams times a term that grows with the source length (cross-attention)."""
-    return n * padded_len + n * beams * out_len * (1.0 + padded_len / 256.0)
+    costing n*beams times a term that grows with the source length (cross-attention), plus the
+    step's fixed cost on the device (`step_overhead`, STEP_OVERHEAD: 0 on CPU)."""
+    cost = n * padded_len + n * beams * out_len * (1.0 + padded_len / 256.0)
+    return cost + out_len * step_overhead if step_overhead else cost
 
 
 class Plan:
@@ -113,6 +117,23 @@ def _cut_by_tokens(sorted_lengths: np.ndarray, max_tokens: int) -> np.ndarray:
     return np.asarray(starts + [n], dtype=np.int64)
 
 
+def _batch_costs(first_lengths: np.ndarray, bounds: np.ndarray, out_ratio: float, out_cap: int | None, beams: int,
+                 step_overhead: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each batch's padded length and estimated cost (estimate_cost), for the batches that start
+    at `bounds` in length order; `first_lengths`: each batch's first member's length. Sorted
+    longest first, a batch's first member is its longest."""
+    padded = first_lengths.astype(np.int64)
+    sizes = np.diff(bounds)
+    # The same float operations, in the same order, as estimate_cost on Python numbers, so the
+    # costs (and the deal that sorts by them) are bit for bit what they were.
+    ratio = padded * float(out_ratio)
+    out_len = ratio if out_cap is None else np.where(ratio <= out_cap, ratio, float(out_cap))
+    cost = (sizes * padded) + (sizes * beams) * out_len * (1.0 + padded / 256.0)
+    if step_overhead:
+        cost = cost + out_len * float(step_overhead)
+    return padded.astype(np.int32), cost.astype(np.float64)
+
+
 def make_batches(
     lengths: Sequence[int],
     *,
@@ -121,9 +142,11 @@ def make_batches(
     out_ratio: float = 1.0,
     out_cap: int | None = None,
     beams: int = 1,
+    step_overhead: float = 0.0,
 ) -> Plan:
     """Cut length-sorted examples into batches of `bs` examples, or of at most `max_tokens`
-    padded source tokens (an example longer than the budget gets a batch of its own)."""
+    padded source tokens (an example longer than the budget gets a batch of its own).
+    `step_overhead`: a decoder step's fixed cost on the device, in the cost's units (STEP_OVERHEAD)."""
     if (bs is None) == (max_tokens is None):
         raise ValueError("give exactly one of bs and max_tokens")
     lengths = _as_lengths(lengths)
@@ -133,21 +156,15 @@ def make_batches(
         bounds = np.r_[np.arange(0, n, bs, dtype=np.int64), n] if n else np.zeros(1, np.int64)
     else:
         bounds = _cut_by_tokens(lengths[order], max_tokens)  # type: ignore[arg-type]
-    # Sorted longest first: a batch's first member is its longest.
-    padded = lengths[order[bounds[:-1]]].astype(np.int64) if n else np.zeros(0, np.int64)
-    sizes = np.diff(bounds)
-    # The same float operations, in the same order, as estimate_cost on Python numbers, so the
-    # costs (and the deal that sorts by them) are bit for bit what they were.
-    ratio = padded * float(out_ratio)
-    out_len = ratio if out_cap is None else np.where(ratio <= out_cap, ratio, float(out_cap))
-    cost = (sizes * padded) + (sizes * beams) * out_len * (1.0 + padded / 256.0)
-    return Plan(order, bounds, padded.astype(np.int32), cost.astype(np.float64))
+    padded, cost = _batch_costs(lengths[order[bounds[:-1]]], bounds, out_ratio, out_cap, beams, step_overhead)
+    return Plan(order, bounds, padded, cost)
 
 
 DEFAULT_MAX_TOKENS = {"hf": {"cpu": 1024, "cuda": 32768}, "ctranslate2": {"cpu": 2048, "cuda": 65536},
                       "hf_half": {"cpu": 1024, "cuda": 65536}}
-"""The batch budget of a run given neither --bs nor --max_tokens, per engine and device type: the
-measured best (benchmarks/budget.py on CPU for both engines: the HF engine peaks at 1024 on the
+"""The batch budget of a run given neither --bs nor --max_tokens on one rank (and on many, when
+the set keeps them busy: default_plan), per engine and device type: the measured best for one
+device (benchmarks/budget.py on CPU for both engines: the HF engine peaks at 1024 on the
 embedded model and is within 3% of its best there at opus-mt size; CTranslate2 peaks at 2048 on
 both, 10% ahead of 1024 at opus-mt size; on an H100, benchmarks/gpu.py's curve at opus-mt size:
 the HF engine in fp32 peaks at 32768, CTranslate2 at 65536 in float32 and in float16; on an H200,
@@ -159,7 +176,8 @@ a split (run/oom.py), not the run."""
 def batch_budget(bs: int | None, max_tokens: int | None, device_type: str, engine: str = "hf",
                  half: bool = False) -> tuple[int | None, int | None]:
     """(bs, max_tokens), exactly one of them set: --max_tokens when given, else --bs when given,
-    else the engine's default token budget for the device (`half`: the HF engine in fp16/bf16)."""
+    else the engine's default token budget for the device (`half`: the HF engine in fp16/bf16),
+    which default_plan may lower for the world size."""
     if max_tokens is not None:
         return None, max_tokens
     if bs is not None:
@@ -167,6 +185,96 @@ def batch_budget(bs: int | None, max_tokens: int | None, device_type: str, engin
     key = "hf_half" if engine == "hf" and half else engine
     budgets = DEFAULT_MAX_TOKENS.get(key, DEFAULT_MAX_TOKENS["hf"])
     return None, budgets.get(device_type, budgets["cpu"])
+
+
+STEP_OVERHEAD = {"hf": {"cpu": 16.0, "cuda": 900.0}, "ctranslate2": {"cpu": 16.0, "cuda": 900.0},
+                 "hf_half": {"cpu": 16.0, "cuda": 3000.0}}
+"""A decoder step's fixed cost, in the cost estimate's units (one row, an example's beam, at one
+step), per engine and device type: what a step costs whatever the batch's size (kernel launches,
+the host's share). On an H200 at opus-mt size, each planned batch of newstest2017 timed on its
+own (benchmarks/gpu_batches.py, docs/gpu.md) fits 880 in fp32 and 3,140 in fp16; CTranslate2
+was not timed there and takes fp32's. On CPU, 1.4 ms a step beside 0.34 ms an example at 4 beams
+on the embedded model (benchmarks/README.md) makes about 16. Unlisted devices take the CPU's."""
+
+BATCHES_PER_RANK = 8
+"""A set that gives every rank this many batches at the device's default budget keeps it; below
+that, the default rule (default_plan) tries the budgets that give 1, 2, ..., this many per rank."""
+
+WALL_TOLERANCE = 1.05
+"""Of the budgets the default rule tries, it takes the largest whose predicted wall time is within
+this factor of the lowest (default_plan)."""
+
+
+def step_overhead(device_type: str, engine: str = "hf", half: bool = False) -> float:
+    """STEP_OVERHEAD for the engine and device (`half`: the HF engine in fp16/bf16)."""
+    key = "hf_half" if engine == "hf" and half else engine
+    overheads = STEP_OVERHEAD.get(key, STEP_OVERHEAD["hf"])
+    return overheads.get(device_type, overheads["cpu"])
+
+
+def rank_loads(batches: Sequence[Batch] | Plan, world_size: int) -> np.ndarray:
+    """Each rank's estimated cost under assign_batches' deal; a rank with no batch has 0."""
+    costs = _costs(batches)
+    return np.asarray([costs[np.asarray(share, np.int64)].sum() for share in assign_batches(batches, world_size)])
+
+
+def _largest_budget(sorted_lengths: np.ndarray, batches: int, upper: int) -> int:
+    """The largest budget up to `upper` whose cut gives at least `batches` batches (at most one
+    per example: a budget of 1 gives that). A larger budget never gives more batches (each batch
+    reaches at least as far into the sorted order), so the budgets that do are 1 up to the answer."""
+    count = lambda budget: len(_cut_by_tokens(sorted_lengths, budget)) - 1  # noqa: E731
+    if count(upper) >= batches:
+        return upper
+    good, bad = 1, upper  # count(good) >= batches > count(bad)
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if count(mid) >= batches else (good, mid)
+    return good
+
+
+def default_plan(lengths: Sequence[int], world_size: int, default: int, *, out_ratio: float = 1.0,
+                 out_cap: int | None = None, beams: int = 1, step_overhead: float = 0.0) -> tuple[int, Plan]:
+    """The batch budget of a run given neither --bs nor --max_tokens on `world_size` ranks, and
+    its plan. The rule, a pure function of the lengths, the world size and the device's defaults
+    (`default` from DEFAULT_MAX_TOKENS, `step_overhead` from STEP_OVERHEAD):
+
+    - one rank, or a set that gives every rank at least BATCHES_PER_RANK batches at `default`,
+      takes `default`, the measured best for one device (on large sets nothing changes);
+    - otherwise the candidates are `default` and, for k = 1 .. BATCHES_PER_RANK, the largest
+      budget that gives at least k batches per rank (a batch per example, where there are fewer
+      examples than that). Each is cut and dealt as the run would be
+      (make_batches, assign_batches); its predicted wall time is the busiest rank's estimated
+      cost. The budget is the largest candidate that gives a batch to as many ranks as any
+      candidate does (every rank, when there are at least as many examples as ranks) and whose
+      predicted wall time is within WALL_TOLERANCE of the lowest among those.
+
+    On a CPU a step's fixed cost (STEP_OVERHEAD) is small beside its rows': smaller batches cost
+    little and the rule evens the ranks out. On a GPU it is the cost of hundreds of rows, so the
+    rule keeps batches as large as keeping every rank busy allows: one batch per rank where more,
+    smaller ones would cost more in steps than the imbalance. The budget depends on the world
+    size: the run records it (the manifest's "plan"), and --max_tokens with that value gives the
+    same batches at any world size."""
+    lengths = _as_lengths(lengths)
+    order = _length_order(lengths)
+    sorted_lengths = lengths[order]
+
+    def plan_for(budget: int) -> Plan:
+        bounds = _cut_by_tokens(sorted_lengths, budget)
+        padded, cost = _batch_costs(sorted_lengths[bounds[:-1]], bounds, out_ratio, out_cap, beams, step_overhead)
+        return Plan(order, bounds, padded, cost)
+
+    first = plan_for(default)
+    if world_size == 1 or len(first) >= BATCHES_PER_RANK * world_size:
+        return default, first
+    # k batches per rank, or a batch per example where there are fewer examples than that.
+    budgets = sorted({_largest_budget(sorted_lengths, min(k * world_size, len(order)), default)
+                      for k in range(1, BATCHES_PER_RANK + 1)} | {default}, reverse=True)
+    plans = [(b, first if b == default else plan_for(b)) for b in budgets]
+    loads = [rank_loads(plan, world_size) for _, plan in plans]
+    busy = [int(np.count_nonzero(load)) for load in loads]
+    walls = [float(load.max()) if len(load) else 0.0 for load in loads]
+    lowest = min(w for w, b in zip(walls, busy) if b == max(busy))
+    return next(p for p, w, b in zip(plans, walls, busy) if b == max(busy) and w <= WALL_TOLERANCE * lowest)
 
 
 def _costs(batches: Sequence[Batch] | Plan) -> np.ndarray:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import engines
 from ..config import EvalConfig
 from ..inputs.read import iter_examples
@@ -33,7 +35,7 @@ from ..atomic import write_json_atomic
 from ..inputs.store import ROWS_PER_BATCH, ExampleStore, write_blocks
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
-from .plan import Plan, assign_batches, batch_budget, make_batches, padding_efficiency, plan_digest
+from .plan import Plan, assign_batches, batch_budget, default_plan, make_batches, padding_efficiency, plan_digest, step_overhead
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -51,6 +53,7 @@ class Prepared:
     batches: Plan  # the batches as arrays; batches[i] makes batch i's Batch
     manifest: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per preparation step on this rank
+    budget: dict[str, Any] = field(default_factory=dict)  # how the batch budget was chosen (_plan)
 
 
 def _canonical(name: str) -> str:
@@ -156,11 +159,31 @@ def _in_memory_identity(model: Any) -> dict[str, Any]:
             "dtype": str(params[0].dtype).removeprefix("torch.") if params else None}
 
 
+def _plan(cfg: EvalConfig, lengths: Any, world_size: int, device_type: str, cost: dict[str, Any],
+          recorded: tuple[int | None, int | None] | None) -> tuple[Plan, int | None, int | None, dict[str, Any]]:
+    """The batches, their budget (bs, max_tokens) and how it was chosen: --bs or --max_tokens as
+    given; else, resuming, the budget the earlier run recorded (its batches are the journals');
+    else the default for the device and the world size (plan.default_plan)."""
+    if cfg.bs is None and cfg.max_tokens is None and recorded is not None:
+        bs, max_tokens = recorded
+        how: dict[str, Any] = {"from": "resumed"}
+    else:
+        bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type, cfg.engine, half=cfg.fp16 or cfg.bf16)
+        if cfg.bs is None and cfg.max_tokens is None:
+            default = max_tokens
+            max_tokens, plan = default_plan(lengths, world_size, default, **cost)  # type: ignore[arg-type]
+            return plan, None, max_tokens, {"from": "default", "device_default": default, "world_size": world_size}
+        how = {"from": "--max_tokens" if cfg.max_tokens is not None else "--bs"}
+    return make_batches(lengths, bs=bs, max_tokens=max_tokens, **cost), bs, max_tokens, how
+
+
 def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path, device_type: str = "cpu",
-            model: Any = None, tokenizer: Any = None) -> Prepared:
-    """Everything before generation. `device_type` picks the default batch budget
-    (plan.batch_budget); `model`, `tokenizer`: a model (and its tokenizer) already in memory
-    (api.evaluate), used instead of loading --model_name."""
+            model: Any = None, tokenizer: Any = None, recorded: tuple[int | None, int | None] | None = None) -> Prepared:
+    """Everything before generation. `device_type` and the world size pick the default batch
+    budget (plan.default_plan); `recorded`: the budget (bs, max_tokens) of the run being resumed
+    (tmpdir.recorded_budget), taken when neither --bs nor --max_tokens is given; `model`,
+    `tokenizer`: a model (and its tokenizer) already in memory (api.evaluate), used instead of
+    loading --model_name."""
     if model is None and Path(cfg.model_name).expanduser().is_dir():
         check_safetensors(Path(cfg.model_name).expanduser())
     model_config, base_gc = load_model_config(cfg) if model is None else model_config_of(model, cfg.model_name)
@@ -187,16 +210,9 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     ).encode()).hexdigest()
     tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length)
     t2 = time.perf_counter()
-    out_cap = gc.max_new_tokens or gc.max_length
-    bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type, cfg.engine, half=cfg.fp16 or cfg.bf16)
-    batches = make_batches(
-        tokens.lengths,
-        bs=bs,
-        max_tokens=max_tokens,
-        out_ratio=1.0 if cfg.task_family == "translation" else 0.25,
-        out_cap=out_cap,
-        beams=gc.num_beams or 1,
-    )
+    cost = {"out_ratio": 1.0 if cfg.task_family == "translation" else 0.25, "out_cap": gc.max_new_tokens or gc.max_length,
+            "beams": gc.num_beams or 1, "step_overhead": step_overhead(device_type, cfg.engine, half=cfg.fp16 or cfg.bf16)}
+    batches, bs, max_tokens, budget = _plan(cfg, tokens.lengths, env.world_size, device_type, cost, recorded)
     gen_settings = {k: v for k, v in gc.to_diff_dict().items() if k != "transformers_version"}
     manifest = {
         "model": identity,
@@ -224,15 +240,47 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     }
     _give_back_freed_memory()
     timings = {"examples": t1 - t0, "tokenize": t2 - t1, "plan": time.perf_counter() - t2}
-    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings)
+    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings, budget)
+
+
+def _flag(prep: Prepared) -> str:
+    plan = prep.manifest["plan"]
+    return f"--bs {plan['bs']}" if plan["bs"] is not None else f"--max_tokens {plan['max_tokens']}"
+
+
+def describe_budget(prep: Prepared) -> str:
+    """The budget and where it came from, as the dry run prints it."""
+    plan, how, flag = prep.manifest["plan"], prep.budget, _flag(prep)
+    if how.get("from") == "resumed":
+        return f"{flag}: the budget of the run being resumed"
+    if how.get("from") != "default":
+        return flag
+    if plan["max_tokens"] == how["device_default"]:
+        return f"{flag}: the device's default"
+    return (f"{flag}: the default for {how['world_size']} ranks, lowered from the device's {how['device_default']}; "
+            f"give {flag} to get these batches at any world size")
+
+
+def idle_ranks_warning(prep: Prepared, world_size: int) -> str | None:
+    """One line when some rank would get no batch, else None. The deal gives the costliest
+    batches to distinct ranks first, so with fewer batches than ranks the rest idle."""
+    idle = world_size - min(len(prep.batches), world_size)
+    if not idle:
+        return None
+    if prep.budget.get("from") == "default":
+        fix = f"the set has only {len(prep.store)} examples; run it on fewer ranks"
+    elif prep.budget.get("from") == "resumed":
+        fix = "the budget of the run being resumed, whose journals hold these batches"
+    else:
+        fix = "give a smaller budget, or neither --bs nor --max_tokens for one that keeps every rank busy"
+    return f"{idle} of {world_size} ranks get no batch ({len(prep.batches)} batches at {_flag(prep)}); {fix}"
 
 
 def describe_plan(prep: Prepared, world_size: int) -> str:
     deal = assign_batches(prep.batches, world_size)
-    plan = prep.manifest["plan"]
-    budget = f"--bs {plan['bs']}" if plan["bs"] is not None else f"--max_tokens {plan['max_tokens']}"
+    loads = np.asarray([prep.batches.cost[np.asarray(share, np.int64)].sum() for share in deal])
     lines = [
-        f"{len(prep.store)} examples from {prep.store.origin}, {len(prep.batches)} batches ({budget}), "
+        f"{len(prep.store)} examples from {prep.store.origin}, {len(prep.batches)} batches ({describe_budget(prep)}), "
         f"source padding efficiency {padding_efficiency(prep.batches, prep.tokens.lengths):.3f}",
         f"engine: {json.dumps(prep.manifest['engine'], sort_keys=True)}",
         f"task settings: {_describe_entry(prep.manifest['task_settings'])}",
@@ -241,11 +289,17 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
         f"sources truncated to {prep.manifest['max_source_length']} tokens: {prep.tokens.truncated}"
         if prep.manifest["max_source_length"] is not None else "sources are not truncated (no model limit)",
     ]
-    sizes, costs = prep.batches.sizes, prep.batches.cost
+    mean = float(loads.sum()) / world_size if world_size else 0.0
+    sizes = prep.batches.sizes
     for rank, indices in enumerate(deal):
-        n = int(sizes[indices].sum())
-        cost = float(costs[indices].sum())
-        lines.append(f"rank {rank}: {len(indices)} batches, {n} examples, est. cost {cost:.0f}")
+        share = f" ({loads[rank] / mean:.2f} of the mean)" if mean else ""
+        lines.append(f"rank {rank}: {len(indices)} batches, {int(sizes[indices].sum())} examples, "
+                     f"est. cost {loads[rank]:.0f}{share}")
+    if mean:
+        lines.append(f"predicted load (estimated cost): max/mean {loads.max() / mean:.3f} over {world_size} ranks")
+    warning = idle_ranks_warning(prep, world_size)
+    if warning:
+        lines.append(f"WARNING: {warning}")
     lines.append("prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
     return "\n".join(lines)
 

@@ -19,7 +19,7 @@ from ..outputs.publish import pending, recover
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .model_scores import check_model_metrics, score_model_metrics
-from .prepare import Prepared, describe_plan, prepare
+from .prepare import Prepared, describe_plan, idle_ranks_warning, prepare
 from .rank import generate_rank
 from .sharedtail import write_my_part
 from .tmpdir import (
@@ -31,6 +31,7 @@ from .tmpdir import (
     finished_journals,
     main_rank_state,
     prepare_tmp_dir,
+    recorded_budget,
     refuse_earlier_run,
     remove_finished_tmp_dir,
 )
@@ -88,7 +89,8 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             claim_tmp_dir(tmp_dir, run_inputs(cfg), create=False)
         device, _ = resolve_device(cfg, env)
         with tempfile.TemporaryDirectory(prefix="seq2seq_eval_dry_run_") as cache:
-            prep = prepare(cfg, env, None, Path(cache), device.type)
+            recorded = recorded_budget(tmp_dir) if cfg.resume else None
+            prep = prepare(cfg, env, None, Path(cache), device.type, recorded=recorded)
             check_output_locations(cfg, also_writes, n_refs=prep.store.max_references)
             if not removed_first:
                 check_tmp_dir(tmp_dir, prep.manifest, cfg.resume)
@@ -109,7 +111,13 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
     try:
         with _Signals():
             lock = _claim_tmp_dir(cfg, env, pg, tmp_dir, also_folders)
-            prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type, model, tokenizer)
+            # Resuming (or restarted by torchrun), the earlier run's budget, read once by rank 0
+            # (which holds the lock) and sent to all: every rank plans the same batches.
+            resuming = cfg.resume or env.restart_count > 0
+            recorded = pg.broadcast(recorded_budget(tmp_dir) if resuming and env.is_main else None)
+            prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type, model, tokenizer, recorded=recorded)
+            if env.is_main and (idle := idle_ranks_warning(prep, env.world_size)):
+                logger.warning("%s", idle)
             n_refs = prep.store.max_references
             _agree(env, pg, lambda: check_output_locations(cfg, also_writes, n_refs=n_refs))
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))

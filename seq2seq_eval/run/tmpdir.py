@@ -278,6 +278,24 @@ def refuse_earlier_run(tmp_dir: Path, resume: bool) -> None:
         )
 
 
+def recorded_budget(tmp_dir: Path) -> tuple[int | None, int | None] | None:
+    """The batch budget (bs, max_tokens) of the earlier run whose journals a resumed run reuses,
+    from its manifest; None when there is nothing to resume or no readable budget (check_tmp_dir
+    then says what is wrong). A default budget depends on the world size (plan.default_plan): a
+    run resumed under another one takes this budget, and so the same batches, instead."""
+    if not finished_journals(tmp_dir):
+        return None
+    try:
+        plan = json.loads((tmp_dir / MANIFEST).read_text(encoding="utf-8"))["plan"]
+        bs, max_tokens = plan["bs"], plan["max_tokens"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    valid = lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)  # noqa: E731
+    if not (valid(bs) and valid(max_tokens)) or (bs is None) == (max_tokens is None):
+        return None
+    return bs, max_tokens
+
+
 def check_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> bool:
     """Whether the temp dir already belongs to this run (read-only; raises if it may not be used).
 
@@ -294,8 +312,13 @@ def check_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> b
         raise RunStateError(f"{path}: unreadable manifest ({e}); remove {tmp_dir} to start over") from e
     differ = compare_manifests(old, manifest)
     if differ:
+        # The budget is the one plan setting a user may not know: a default chose it.
+        budget = recorded_budget(tmp_dir)
+        cut = "" if "plan" not in differ or budget is None else (
+            f" (its batches were cut with --bs {budget[0]})" if budget[0] is not None
+            else f" (its batches were cut with --max_tokens {budget[1]})")
         raise RunStateError(
-            f"--resume: {tmp_dir} belongs to a run with different {', '.join(differ)}; "
+            f"--resume: {tmp_dir} belongs to a run with different {', '.join(differ)}{cut}; "
             f"rerun with the same settings, or remove {tmp_dir} to start over"
         )
     return True

@@ -1,0 +1,133 @@
+"""Rank balance of the default batch budget: whole multi-rank runs under the world-size rule
+(run/plan.py, default_plan) against the old rule (the device's default budget at every world
+size), in one invocation.
+
+    python benchmarks/balance.py [--model opus] [--n 240,600] [--engines hf,ctranslate2] [--nproc 2]
+                                 [--max_new_tokens 64] [--rounds 1] [--out bench_balance]
+
+For each engine and set size (the first N examples of `scripts/make_data.py --bench`), a real
+job (torchrun, gloo, CPU, one thread per rank) with no budget flag, then the same with the old
+rule pinned (`--max_tokens` = DEFAULT_MAX_TOKENS for the engine on CPU). Where the rule chose the
+old budget the plan is the same, and the one run stands for both. Reported per job: the budget,
+the batches per rank, the metric file's rank_imbalance (the slowest rank's generation seconds over
+the mean), its generation seconds and the whole job's wall seconds (torchrun start to exit).
+Goals: rank_imbalance <= 1.10 for every job under the rule, and its wall time at the largest N no
+worse than the old rule's (within 3%: the spread of one job run twice here). A warm-up job per
+engine first (the CTranslate2 conversion, the caches). Writes {out}/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from throughput import build_opus_size, child_env, fresh, machine  # noqa: E402
+
+from seq2seq_eval.run.plan import DEFAULT_MAX_TOKENS  # noqa: E402
+
+MAX_RANK_IMBALANCE = 1.10
+WALL_TOLERANCE = 1.03
+
+
+def run_job(a: argparse.Namespace, model: str, data: Path, engine: str, n: int, budget: list[str], save: Path) -> dict[str, Any]:
+    fresh(save)
+    fresh(Path(f"{save}_tmp"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}", "-m", "seq2seq_eval",
+           "--model_name", model, "--data_dir", str(data), "--n_obs", str(n), "--engine", engine,
+           "--max_new_tokens", str(a.max_new_tokens), "--save_dir", str(save), *budget]
+    log = save.parent / f"{save.name}.log"
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=REPO, env=child_env(), stdout=f, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmark: {engine} n={n} {budget or 'default'} failed with exit code {proc.returncode}; see {log}")
+    metrics = json.loads((save / "test_bleu.json").read_text())
+    tp, plan = metrics["throughput"], metrics["provenance"]["plan"]
+    return {
+        "max_tokens": plan["max_tokens"], "budget": plan.get("budget"), "wall_seconds": wall,
+        "generation_seconds": tp["generation_seconds"], "rank_imbalance": tp["rank_imbalance"],
+        "batches_per_rank": [r["batches"] for r in tp["per_rank"]],
+        "generation_seconds_per_rank": [r["generation_seconds"] for r in tp["per_rank"]],
+        "generations": (save / "test_generations.txt").read_bytes().decode(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="opus", help="a model folder, or 'opus': a random BART at opus-mt-en-de's size")
+    p.add_argument("--n", default="240,600", help="set sizes (the first N benchmark examples)")
+    p.add_argument("--engines", default="hf,ctranslate2")
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--max_new_tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--out", default="bench_balance")
+    a = p.parse_args(argv)
+    root = Path(a.out).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    sizes = [int(x) for x in a.n.split(",") if x]
+    engines = [e for e in a.engines.split(",") if e]
+    model = str(build_opus_size(root / "bart-opus-size")) if a.model == "opus" else a.model
+    data = root / "data" / "translation"
+    if not (data / "test.source").exists():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_data.py"), "--task", "translation", "--bench",
+                        str(max(sizes)), "--out", str(root / "data")], check=True, capture_output=True, timeout=300)
+    for engine in engines:  # warm-up: the CTranslate2 conversion, the file caches
+        run_job(a, model, data, engine, 4, [], root / f"warmup_{engine}")
+    rounds: list[dict[str, Any]] = []
+    for r in range(a.rounds):
+        jobs: dict[str, Any] = {}
+        for engine in engines:
+            for n in sizes:
+                rule = run_job(a, model, data, engine, n, [], root / f"{engine}_{n}_rule")
+                old_budget = DEFAULT_MAX_TOKENS[engine]["cpu"]
+                same = rule["max_tokens"] == old_budget
+                old = rule if same else run_job(a, model, data, engine, n, ["--max_tokens", str(old_budget)],
+                                               root / f"{engine}_{n}_old")
+                jobs[f"{engine} {n}"] = {"rule": rule, "old": old, "same_plan": same,
+                                         "identical_generations": rule["generations"] == old["generations"]}
+                print(f"round {r + 1} {engine} n={n}: rule --max_tokens {rule['max_tokens']} {rule['batches_per_rank']} "
+                      f"imbalance {rule['rank_imbalance']:.3f} wall {rule['wall_seconds']:.1f} s; old --max_tokens {old_budget}"
+                      + (" (the same plan)" if same else f" {old['batches_per_rank']} imbalance {old['rank_imbalance']:.3f} "
+                         f"wall {old['wall_seconds']:.1f} s"), flush=True)
+        rounds.append(jobs)
+    med = lambda key, which, f: statistics.median(r[key][which][f] for r in rounds)  # noqa: E731
+    print(f"\n{a.nproc} ranks, model {model}, {a.max_new_tokens} new tokens at most, median of {a.rounds} round(s)")
+    print(f"{'job':<18}{'rule budget':>12}{'batches':>14}{'imbalance':>10}{'wall s':>8}{'old budget':>12}{'batches':>14}"
+          f"{'imbalance':>10}{'wall s':>8}")
+    goals = []
+    for key in rounds[0]:
+        rule, old = rounds[0][key]["rule"], rounds[0][key]["old"]
+        print(f"{key:<18}{rule['max_tokens']:>12}{str(rule['batches_per_rank']):>14}{med(key, 'rule', 'rank_imbalance'):>10.3f}"
+              f"{med(key, 'rule', 'wall_seconds'):>8.1f}{old['max_tokens']:>12}{str(old['batches_per_rank']):>14}"
+              f"{med(key, 'old', 'rank_imbalance'):>10.3f}{med(key, 'old', 'wall_seconds'):>8.1f}")
+        imb = med(key, "rule", "rank_imbalance")
+        goals.append((f"{key}: rank_imbalance under the rule <= {MAX_RANK_IMBALANCE}: {imb:.3f}", imb <= MAX_RANK_IMBALANCE))
+        if key.endswith(f" {max(sizes)}"):
+            ratio = med(key, "rule", "wall_seconds") / med(key, "old", "wall_seconds")
+            same = all(r[key]["same_plan"] for r in rounds)
+            goals.append((f"{key}: wall time under the rule / the old rule's <= {WALL_TOLERANCE}: {ratio:.3f}"
+                          + (" (the same plan: one run)" if same else ""), ratio <= WALL_TOLERANCE))
+    for text, ok in goals:
+        print(f"{'PASS' if ok else 'MISS'}  {text}")
+    for r in rounds:
+        for job in r.values():
+            for which in ("rule", "old"):
+                job[which].pop("generations", None)
+    (root / "results.json").write_text(json.dumps({"machine": machine(), "args": vars(a), "rounds": rounds,
+                                                   "goals": [{"goal": t, "pass": ok} for t, ok in goals]}, indent=1))
+    return 0 if all(ok for _, ok in goals) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
