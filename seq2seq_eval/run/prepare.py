@@ -17,6 +17,7 @@ from ..config import EvalConfig
 from ..inputs.read import iter_examples
 from ..errors import DataError
 from ..model.generate_check import check_generate_settings
+from ..model.generation import full_dict
 from ..model.identity import hub_revision
 from ..model.settings import (
     generation_config_for,
@@ -159,7 +160,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     if entry.note and (pg is None or pg.env.is_main):  # every rank sees the same; one says it
         logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
-    engines.check(cfg, model_config, gc, tokenizer)
+    engines.check(cfg, model_config, gc, tokenizer, device_type)
     check_generate_settings(gc, model_config)
     prefix = source_prefix(model_config, cfg)
     max_source_length = source_limit(model_config, tokenizer, cfg)
@@ -184,7 +185,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
         out_cap=out_cap,
         beams=gc.num_beams or 1,
     )
-    gen_settings = {k: v for k, v in gc.to_diff_dict().items() if k != "transformers_version"}
+    gen_settings = full_dict(gc)  # every field, generate()'s defaults included
     manifest = {
         "model": identity,
         "data": {
