@@ -114,7 +114,7 @@ def test_a_model_value_out_of_range_names_its_option(tmp_path):
 
 
 def _texts(engine: str, *settings: tuple) -> list[list[str]]:
-    """Three sampled candidates for 8 sources, through the engine as a run builds it."""
+    """Three sampled candidates for 16 sources, through the engine as a run builds it."""
     import torch
 
     from seq2seq_eval import engines
@@ -122,15 +122,16 @@ def _texts(engine: str, *settings: tuple) -> list[list[str]]:
     from seq2seq_eval.model import settings as model_settings
     from seq2seq_eval.run.dist import DistEnv
 
+    # A flat distribution (temperature 3): tokens beyond the 50 most likely are drawn now and then.
     cfg = EvalConfig(engine=engine, num_return_sequences=3,
-                     generate_kwargs=(("do_sample", True), ("num_beams", 1), *settings))
+                     generate_kwargs=(("do_sample", True), ("num_beams", 1), ("temperature", 3.0), *settings))
     tok = model_settings.load_tokenizer(cfg)
     model_config, base = model_settings.load_model_config(cfg)
     gc = model_settings.generation_config_for(model_config, base, tok, cfg)
     engine_ = engines.load(cfg, tokenizer=tok, model_config=model_config, generation_config=gc,
                            device=torch.device("cpu"), env=DistEnv())
-    ids, _ = model_settings.encode_sources(tok, SOURCES[:8], "translate: ", 1024)
-    return engine_.generate(ids, 3).preds
+    ids, _ = model_settings.encode_sources(tok, SOURCES, "translate: ", 1024)
+    return engine_.generate(ids[:8], 3).preds + engine_.generate(ids[8:], 4).preds
 
 
 @pytest.mark.parametrize("engine", ["hf", "ctranslate2"])
@@ -157,7 +158,7 @@ def test_the_provenance_records_every_field_with_generates_defaults(tmp_path):
 CT2 = ["--engine", "ctranslate2"]
 
 
-@pytest.mark.parametrize("args, line", [
+REFUSED = [
     # a list of forced end tokens: generate() picks one by its score, CTranslate2 cannot
     ([*CT2, "--forced_eos_token_id", "[5, 1]"], "generation setting forced_eos_token_id=[5, 1] (generate() forces one"),
     # 0 is not "no limit": generate() stops at once
@@ -179,9 +180,23 @@ CT2 = ["--engine", "ctranslate2"]
     # a compute type the device does not support, before converting
     ([*CT2, "--compute_type", "float16"], "--compute_type float16: CTranslate2 "),
     ([*CT2, "--compute_type", "int8_float16"], "--compute_type int8_float16: CTranslate2 "),
-])
-@pytest.mark.parametrize("dry", [True, False], ids=["dry run", "run"])
-def test_refused_before_any_work_in_one_line(tmp_path, monkeypatch, args, line, dry):
+]
+
+
+@pytest.mark.parametrize("args, line", REFUSED)
+def test_refused_by_the_dry_run_in_one_line(tmp_path, monkeypatch, args, line):
+    _refused(tmp_path, monkeypatch, args, line, dry=True)
+
+
+@pytest.mark.parametrize("args, line", [case for case in REFUSED if case[0][:1] == CT2[:1] and any(
+    flag in case[0] for flag in ("--forced_eos_token_id", "--min_new_tokens", "--compute_type"))])
+def test_refused_by_the_run_before_converting(tmp_path, monkeypatch, args, line):
+    """What the dry run refuses, the run refuses too, before the model is converted or loaded (the
+    same checks, prepare's): not at the first batch, nor after converting."""
+    _refused(tmp_path, monkeypatch, args, line, dry=False)
+
+
+def _refused(tmp_path: Path, monkeypatch, args: list[str], line: str, dry: bool) -> None:
     cache = tmp_path / "cache"
     monkeypatch.setenv("SEQ2SEQ_EVAL_CACHE", str(cache))
     proc, save = run_tool(tmp_path, "out", *args, *(["--dry_run"] if dry else []))
