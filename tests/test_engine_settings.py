@@ -247,6 +247,11 @@ COMBINATIONS = [
     ({"num_beams": 1, "max_new_tokens": 5, "forced_eos_token_id": [5]}, None),
     ({"num_beams": 1, "max_new_tokens": 5, "forced_eos_token_id": 5}, None),
     ({"num_beams": 1, "decoder_start_token_id": 5}, "decoder_start_token_id"),
+    ({"num_beams": 1, "forced_bos_token_id": 1}, "forced_bos_token_id"),  # the end token: generate() stops at once
+    ({"num_beams": 1, "eos_token_id": [0]}, None),
+    ({**BEAMS, "eos_token_id": [1, 5], "max_new_tokens": 9}, None),
+    ({"num_beams": 1, "min_new_tokens": 12, "max_new_tokens": 12}, None),
+    ({**BEAMS, "min_new_tokens": 12, "max_new_tokens": 12, "renormalize_logits": True}, None),
     ({"num_beams": 1, "do_sample": True, "top_p": 0.001}, None),
 ]
 

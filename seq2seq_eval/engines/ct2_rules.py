@@ -78,6 +78,14 @@ def _one_forced_end(gc: Any, model_config: Any) -> str | None:
     return None
 
 
+def _first_not_an_end(gc: Any, model_config: Any) -> str | None:
+    ends = gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id]
+    if gc.forced_bos_token_id is not None and gc.forced_bos_token_id in ends:
+        return (f"forced_bos_token_id={gc.forced_bos_token_id!r}, an end token (generate() then ends every text at "
+                "once; CTranslate2 decodes on after a first token it is given)")
+    return None
+
+
 def _no_end(gc: Any, model_config: Any) -> str | None:
     return ("eos_token_id=None (generate() then stops only at the length limit; CTranslate2 stops at the converted "
             "model's end token)" if gc.eos_token_id is None else None)
@@ -105,7 +113,8 @@ CT2_RULES: dict[str, Rule] = {
     "forced_eos_token_id": honoured("a hypothesis cut by the length limit ends with it, ranked as generate() ranks "
                                     "it; a list of more than one id refused, and with beam search several candidates "
                                     "(--num_return_sequences) unless length_penalty is 0", _one_forced_end),
-    "forced_bos_token_id": honoured("`target_prefix` (the first generated token)"),
+    "forced_bos_token_id": honoured("`target_prefix` (the first generated token); an end token refused",
+                                    _first_not_an_end),
     "no_repeat_ngram_size": honoured("`no_repeat_ngram_size`" + _MASKED,
                                      _masked_in_beam_search("no_repeat_ngram_size", bool)),
     "repetition_penalty": honoured("`repetition_penalty`; with beam search refused (CTranslate2 penalises logits, "

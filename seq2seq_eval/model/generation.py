@@ -43,13 +43,15 @@ def model_generation_config(name: str) -> Any:
     own = Path(os.path.expanduser(name)) / "generation_config.json"
     try:
         return GenerationConfig.from_pretrained(os.path.expanduser(name))
+    except ValueError as e:  # read, and refused by transformers (a value of the wrong kind)
+        raise ModelError(f"{own if own.is_file() else name}: not a usable generation config ({first_line(e)})") from e
     except OSError as e:
         if own.is_file():
             raise ModelError(f"{own}: not a readable generation config ({first_line(e)})") from e
     try:
         return GenerationConfig.from_pretrained(os.path.expanduser(name), config_file_name="config.json",
                                                 _from_model_config=True)
-    except OSError as e:
+    except (OSError, ValueError) as e:
         raise ModelError(f"--model_name {name}: cannot read its config.json's generation settings "
                          f"({first_line(e)})") from e
 
@@ -145,8 +147,10 @@ def effective(gc: Any, model_config: Any) -> Any:
 
 def full_dict(gc: Any) -> dict[str, Any]:
     """Every field of `gc` (unset ones as None), for the manifest and the provenance: two runs'
-    settings compare field by field."""
-    return {k: v for k, v in sorted(gc.to_dict().items()) if not k.startswith("_") and k != "transformers_version"}
+    settings compare field by field. transformers' config objects (WatermarkingConfig, ...) are
+    given as their dicts: their text is only their class name."""
+    return {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in sorted(gc.to_dict().items())
+            if not k.startswith("_") and k != "transformers_version"}
 
 
 def _new_tokens(gc: Any, which: str) -> tuple[int, str]:
