@@ -100,13 +100,15 @@ _ID_OR_IDS = (lambda v: _id(v) or (_ids(v) and len(v) > 0), "a token id, or a JS
 _ID_LIST = (_ids, "a JSON list of token ids, such as [1308]")
 _ID_LISTS = (lambda v: isinstance(v, (list, tuple)) and len(v) > 0 and all(_ids(s) and len(s) > 0 for s in v),
              "a non-empty JSON list of token-id lists, such as [[1308]] or [[1308, 12], [7]]")
-_BIAS = (lambda v: _pairs(v) and len(v) > 0, "a non-empty JSON list of [token-id list, bias] pairs, such as [[[1308], -10.0]]")
+_BIAS = (lambda v: _pairs(v) and len(v) > 0,
+         "a non-empty JSON list of [token-id list, bias] pairs, such as [[[1308], -10.0]]")
 _TEXT = (lambda v: isinstance(v, str), "a string")
 _TEXTS = (_strings, "a string or a JSON list of strings")
 _OBJECT = (_structured, "a JSON object")
 # transformers checks these as its own objects (CompileConfig, WatermarkingConfig): a JSON object
 # from the command line, which generate() would fail on, is refused; evaluate() can pass one.
-_CONFIG_OBJECT = (lambda v: _structured(v) and not isinstance(v, dict), "a transformers config object (evaluate() only)")
+_CONFIG_OBJECT = (lambda v: _structured(v) and not isinstance(v, dict),
+                  "a transformers config object (evaluate() only)")
 _ANY_LIST = (lambda v: isinstance(v, (list, tuple)), "a JSON list")
 
 FIELDS: dict[str, Field] = {

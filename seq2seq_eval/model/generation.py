@@ -89,7 +89,8 @@ def check_values(gc: Any, user: dict[str, Any]) -> None:
     for key, value in gc.to_dict().items():
         problem = value_error(key, value)
         if problem:
-            shown = f"--{key} {value!r}" if key in user else f"{key}={value!r} (from {MODEL_ORIGIN}; {_OVERRIDE.format(key)})"
+            shown = (f"--{key} {value!r}" if key in user
+                     else f"{key}={value!r} (from {MODEL_ORIGIN}; {_OVERRIDE.format(key)})")
             raise ConfigError(f"{shown}: {problem}")
     for key in (k for k in SAMPLE_ONLY if k in user and not is_neutral(k, user[k]) and not gc.do_sample):
         raise ConfigError(f"--{key} {user[key]!r}: used only when sampling; add --do_sample true, or leave out --{key}")
@@ -166,8 +167,9 @@ def check_together(gc: Any, user: dict[str, Any], model_set: Any) -> None:
     `gc` (a limit nobody set counts at the value generate() would use); `model_set`: the fields set
     before generate()'s defaults were filled in."""
     if gc.max_new_tokens is None and gc.max_length is not None and gc.max_length < 2:
-        raise ConfigError(f"{where('max_length', user, model_set)}: max_length={gc.max_length} leaves no room to generate (it "
-                          "counts the decoder's start token); expected max_length >= 2, or set --max_new_tokens")
+        raise ConfigError(f"{where('max_length', user, model_set)}: max_length={gc.max_length} leaves no room to "
+                          "generate (it counts the decoder's start token); expected max_length >= 2, or set "
+                          "--max_new_tokens")
     if gc.decoder_start_token_id is None and gc.bos_token_id is None:
         raise ConfigError(f"{where('decoder_start_token_id', user, model_set)}: unset, and so is bos_token_id; "
                           "generate() starts an encoder-decoder's decoder from one of them: expected a token id")
@@ -176,5 +178,5 @@ def check_together(gc: Any, user: dict[str, Any], model_set: Any) -> None:
     if least > most:
         raise ConfigError(
             f"{where(least_key, user, model_set)}: asks for at least {least} generated tokens, more than the {most} "
-            f"that {where(most_key, user, model_set)} allows ({least_key}={getattr(gc, least_key)}, {most_key}={getattr(gc, most_key)}); "
-            f"expected {least_key} <= {most_key}")
+            f"that {where(most_key, user, model_set)} allows ({least_key}={getattr(gc, least_key)}, "
+            f"{most_key}={getattr(gc, most_key)}); expected {least_key} <= {most_key}")
