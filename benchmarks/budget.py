@@ -27,6 +27,18 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 
+def stopping(model: str) -> tuple:
+    """early_stopping=True where the model's translation settings use beams: the stop CTranslate2's
+    beam search makes, which it refuses to replace by generate()'s default (engines/ct2_rules.py);
+    both engines are measured with it."""
+    from seq2seq_eval.config import EvalConfig
+    from seq2seq_eval.model.settings import load_model_config, task_params
+
+    model_config, base = load_model_config(EvalConfig(model_name=model))
+    beams = task_params(model_config, "translation").get("num_beams") or base.num_beams or 1
+    return (("early_stopping", True),) if beams > 1 else ()
+
+
 def measure(model: str, data_dir: Path, engine: str, budget: tuple[str, int], n: int, max_new_tokens: int | None) -> float:
     import torch
 
@@ -38,6 +50,7 @@ def measure(model: str, data_dir: Path, engine: str, budget: tuple[str, int], n:
 
     kind, value = budget
     gen = (("max_new_tokens", max_new_tokens),) if max_new_tokens else ()
+    gen += stopping(model)
     cfg = EvalConfig(model_name=model, data_dir=str(data_dir), task="translation", n_obs=n, engine=engine,
                      bs=value if kind == "bs" else EvalConfig.bs, max_tokens=value if kind == "max_tokens" else None,
                      device="cpu", generate_kwargs=gen)

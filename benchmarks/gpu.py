@@ -213,6 +213,8 @@ def s2s_config(spec: dict[str, Any], model: Path, data_dir: Path, save: Path, ma
     engine = {"engine": "ctranslate2", "compute_type": compute_type} if compute_type else {}
 
     gen: list[tuple[str, Any]] = [("num_beams", spec["num_beams"])]
+    if spec["num_beams"] > 1:  # as every method (throughput.STOPPING)
+        gen.append(("early_stopping", True))
     if spec.get("max_new_tokens"):
         gen.append(("max_new_tokens", spec["max_new_tokens"]))
     return EvalConfig(

@@ -220,6 +220,8 @@ class Worker:
             if key in known:
                 setattr(self.gc, key, value)
         self.gc.num_beams = args.num_beams
+        if args.num_beams > 1:
+            self.gc.early_stopping = True  # STOPPING
         if getattr(args, "max_new_tokens", None):
             self.gc.max_new_tokens = args.max_new_tokens
         self.gc.num_return_sequences = 1  # spelled out, as seq2seq_eval records it
@@ -259,8 +261,11 @@ class Worker:
                                           if self.device.type == "cuda" else peak_rss_bytes())
 
     def settings(self) -> dict[str, Any]:
-        diff = {k: v for k, v in self.gc.to_diff_dict().items() if k != "transformers_version"}
-        return json.loads(json.dumps(diff, sort_keys=True, default=str))
+        """Every field as generate() fills it in, as seq2seq_eval records its settings."""
+        from seq2seq_eval.model.generation import effective, full_dict
+
+        every = full_dict(effective(self.gc, self.model.config))
+        return json.loads(json.dumps(every, sort_keys=True, default=str))
 
     def write_metrics(self, preds: Sequence[str]) -> float:
         """Rank 0: BLEU with sacrebleu, then the generations and the metric file (written last,
@@ -365,6 +370,7 @@ def run_bare_worker(args: argparse.Namespace) -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     gen = [("num_beams", args.num_beams)] + ([("max_new_tokens", args.max_new_tokens)] if args.max_new_tokens else [])
+    gen += [("early_stopping", True)] if args.num_beams > 1 else []  # as every method (STOPPING)
     cfg = EvalConfig(model_name=args.model, data_dir=args.data_dir, task=TASK, max_tokens=args.max_tokens,
                      engine="ctranslate2", compute_type="float32", device=args.device, generate_kwargs=tuple(gen))
     with tempfile.TemporaryDirectory(prefix="bare_") as cache:
@@ -381,10 +387,12 @@ def run_bare_worker(args: argparse.Namespace) -> int:
     for batch, tokens in zip(mine, inputs):
         t0 = time.perf_counter()
         out = translator.translate_batch(tokens, **mapping.options)
+        hyps = [tok.convert_tokens_to_ids(r.hypotheses[0]) for r in out]
+        if mapping.forced_in_beams:  # forced_eos_token_id in beam search: ended and ranked as generate() does
+            hyps = [ct2._force_end([(tok.convert_tokens_to_ids(h), s) for h, s in zip(r.hypotheses, r.scores)],
+                                   mapping, mapping.options["length_penalty"])[0][0] for r in out]
         seconds = time.perf_counter() - t0
-        hyps = [r.hypotheses[0] for r in out]
-        texts = [tok.decode(tok.convert_tokens_to_ids(h), skip_special_tokens=True,
-                            clean_up_tokenization_spaces=False).strip() for h in hyps]
+        texts = [tok.decode(h, skip_special_tokens=True, clean_up_tokenization_spaces=False).strip() for h in hyps]
         lengths = [len(h) for h in hyps]
         widths = [len(tokens[j]) for j in range(len(tokens))]
         counter.examples += len(tokens)
@@ -567,6 +575,13 @@ def collect_baseline(key: str, save: Path, wall: float, other: float | None) -> 
     )
 
 
+STOPPING = "early_stopping=True with beams in every method: the stop CTranslate2's beam search makes (engines/ct2_rules.py)"
+
+
+def stopping(a: argparse.Namespace) -> list[str]:
+    return ["--early_stopping", "true"] if a.num_beams > 1 else []
+
+
 def run_seq2seq_eval(key: str, a: argparse.Namespace, data_dir: Path, root: Path, max_tokens: int | None) -> MethodResult:
     batching, engine = S2S_METHODS[key]
     name = f"s2s_{key}"
@@ -576,7 +591,7 @@ def run_seq2seq_eval(key: str, a: argparse.Namespace, data_dir: Path, root: Path
     # --debug keeps the temp dir: its journals give per-batch generated lengths and its rank
     # files the moment each rank handed over.
     target = ["-m", "seq2seq_eval", "--model_name", str(a.model), "--data_dir", str(data_dir), "--task", TASK,
-              *flags, *engine, "--num_beams", str(a.num_beams), "--save_dir", str(save), "--tmp_dir", str(tmp),
+              *flags, *engine, "--num_beams", str(a.num_beams), *stopping(a), "--save_dir", str(save), "--tmp_dir", str(tmp),
               "--debug", *device_args(a, "seq2seq_eval")]
     wall, other = launch(METHODS[key], a.nproc, target, root / "logs" / f"{name}.log")
     return collect_seq2seq_eval(key, a.model, save, tmp, wall, other, max_tokens if batching == "max_tokens" else None)

@@ -140,7 +140,7 @@ def evaluate(
     import torch.distributed as tdist
 
     from .inputs.memory import write_inputs
-    from .run.agree import digest, settings_of
+    from .run.agree import digest, settings_of, what_ranks_run
     from .run.dist import DistEnv, ProcessGroup, dist_env
 
     in_memory = model is not None and not isinstance(model, (str, Path))
@@ -151,14 +151,17 @@ def evaluate(
         if in_memory:
             model = _unwrap(model)
         _check_model_args(cfg, in_memory, tokenizer)
+        # What each rank holds (weights, tokenizer, effective generation settings), compared
+        # before any work: the same arguments on two ranks can name different objects.
+        held = what_ranks_run(cfg, model if in_memory else None, tokenizer) if _several(group) else {}
     except Exception as e:
         if group is not None:  # the other ranks hear it at the check-in, not as a lost peer
             _agreement(group, None, e, 0.0)
         raise
     base = dist_env()
     if group is not None:
-        extra = {"model": cfg.model_name, "tokenizer": type(tokenizer).__name__ if tokenizer is not None else None,
-                 "in_memory_examples": digest([sources, references, ids, reference_layout]) if sources is not None else None}
+        extra = {"model": cfg.model_name, "in_memory_examples": digest([sources, references, ids, reference_layout])
+                 if sources is not None else None, **held}
         agreement = _agreement(group, settings_of(cfg, extra), None, cfg.sync_timeout)
         pg, env = ProcessGroup.adopt(base, group, cfg.sync_timeout)
         pg.peer_check = agreement.raise_if_peer_failed if agreement is not None else None
@@ -220,6 +223,12 @@ def _check_model_args(cfg: EvalConfig, in_memory: bool, tokenizer: Any) -> None:
     if in_memory and cfg.resume:
         # The manifest cannot tell a model object's weights from its weights an epoch later.
         raise ConfigError("resume: a model object's earlier evaluation cannot be resumed; pass a saved checkpoint's path")
+
+
+def _several(group: Any) -> bool:
+    import torch.distributed as tdist
+
+    return group is not None and tdist.get_world_size(group) > 1
 
 
 def _agreement(group: Any, settings: dict[str, str] | None, error: BaseException | None, timeout_s: float) -> Any:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .model.fields import value_error
 from .scoring.names import parse_metric_names, split_metric_names
 
 TASKS = ("translation", "summarization")
@@ -25,65 +26,6 @@ COMPUTE_TYPES = ("default", "auto", "float32", "int8", "int8_float32", "int8_flo
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_MODEL = REPO_ROOT / "data_samples" / "model"
 EMBEDDED_DATA = {task: REPO_ROOT / "data_samples" / task for task in TASKS}
-
-# What the common generate options take. GenerationConfig.validate() does not check types, and
-# generate() treats any non-empty string as true: `--do_sample maybe` would sample. Options not
-# listed are left to GenerationConfig.validate().
-_BOOL, _INT, _NUMBER = "true or false", "an integer", "a number"
-GENERATE_OPTION_KINDS = {
-    **dict.fromkeys(("do_sample", "use_cache", "output_scores", "renormalize_logits", "remove_invalid_values"), _BOOL),
-    **dict.fromkeys(("max_length", "min_length", "max_new_tokens", "min_new_tokens", "top_k", "no_repeat_ngram_size",
-                     "encoder_no_repeat_ngram_size"), _INT),
-    **dict.fromkeys(("temperature", "top_p", "typical_p", "min_p", "repetition_penalty", "length_penalty",
-                     "encoder_repetition_penalty", "diversity_penalty", "epsilon_cutoff", "eta_cutoff", "max_time"),
-                    _NUMBER),
-    "early_stopping": "true, false or never",
-    # Token ids and lists of them, as generate() takes them (JSON on the command line).
-    **dict.fromkeys(("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id"), "a token id"),
-    **dict.fromkeys(("eos_token_id", "forced_eos_token_id"), "a token id, or a JSON list of them such as [1, 2]"),
-    **dict.fromkeys(("suppress_tokens", "begin_suppress_tokens"), "a JSON list of token ids, such as [1308]"),
-    "bad_words_ids": "a JSON list of token-id lists, such as [[1308]] or [[1308, 12], [7]]",
-    "sequence_bias": "a JSON list of [token-id list, bias] pairs, such as [[[1308], -10.0]]",
-}
-
-
-def _is_id(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and all(_is_id(v) for v in value)
-
-
-def _check_generate_option(key: str, value: Any) -> None:
-    kind = GENERATE_OPTION_KINDS.get(key)
-    if kind is None or value is None:  # None: leave the model's own setting
-        return
-    is_bool = isinstance(value, bool)
-    ok = {
-        _BOOL: is_bool,
-        _INT: isinstance(value, int) and not is_bool,
-        _NUMBER: isinstance(value, (int, float)) and not is_bool,
-        "true, false or never": is_bool or value == "never",
-    }.get(kind)
-    if ok is None:
-        ok = _ID_KINDS[kind](value)
-    if not ok:
-        raise ConfigError(f"--{key} {value!r}: expected {kind}")
-
-
-_ID_KINDS = {
-    "a token id": _is_id,
-    "a token id, or a JSON list of them such as [1, 2]": lambda v: _is_id(v) or (_is_ids(v) and bool(v)),
-    "a JSON list of token ids, such as [1308]": _is_ids,
-    "a JSON list of token-id lists, such as [[1308]] or [[1308, 12], [7]]":
-        lambda v: isinstance(v, list) and all(_is_ids(seq) and seq for seq in v),
-    "a JSON list of [token-id list, bias] pairs, such as [[[1308], -10.0]]":
-        lambda v: isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and _is_ids(p[0]) and p[0]
-                                              and isinstance(p[1], (int, float)) and not isinstance(p[1], bool)
-                                              for p in v),
-}
-
 
 def family_of(task: str) -> str | None:
     """The family a task name belongs to, as the legacy scripts read it: any name containing
@@ -246,15 +188,21 @@ class EvalConfig:
                 if value is not None:
                     raise ConfigError(f"{flag} needs --engine ctranslate2 (the hf engine takes --fp16/--bf16 "
                                       "and the tokenizer beside the model)")
-        gen = dict(self.generate_kwargs)
-        if len(gen) != len(self.generate_kwargs):
-            raise ConfigError("a generate option was given twice")
-        for key, value in gen.items():
-            _check_generate_option(key, value)
-        if "num_beams" in gen:
-            beams = gen["num_beams"]
-            if not isinstance(beams, int) or isinstance(beams, bool) or beams < 1:
-                raise ConfigError(f"--num_beams must be an integer >= 1, got {beams!r}")
+        gen: dict[str, Any] = {}
+        for key, value in self.generate_kwargs:
+            if key in gen:
+                raise ConfigError(f"--{key} given twice ({gen[key]!r} and {value!r}); give it once")
+            gen[key] = value
+        beams = gen.get("num_beams")
+        if beams is not None and (not isinstance(beams, int) or isinstance(beams, bool) or beams < 1):
+            raise ConfigError(f"--num_beams must be an integer >= 1, got {beams!r}")
+        for key, value in gen.items():  # None (--key none): unset, generate()'s default
+            if key in _FIELD_NAMES:  # num_return_sequences: the run's own option would overrule it
+                raise ConfigError(f"--{key} is an option of the run, not a generate option; give it as {key}")
+            problem = value_error(key, value)
+            if problem:
+                raise ConfigError(f"--{key} {value!r}: {problem}")
+        if beams is not None:
             if self.num_return_sequences > beams and gen.get("do_sample") is not True:
                 raise ConfigError(
                     f"--num_return_sequences ({self.num_return_sequences}) must not exceed "
@@ -387,3 +335,4 @@ def field_docs() -> dict[str, str]:
 
 
 CONFIG_FIELDS = {f.name: f for f in fields(EvalConfig)}
+_FIELD_NAMES = frozenset(CONFIG_FIELDS) - {"generate_kwargs"}

@@ -3,8 +3,11 @@ evaluate() call per case, each rank's outcome written to {out}/rank_{r}.json.
 
 Cases: another generate option on rank 1 (eos_token_id), another n_obs; rank 1's arguments
 refused (bs=0); rank 1 failing while tokenizing (its data "missing": a DataError injected where
-it reads its share); rank 1 never calling evaluate(). After every case the job's own group
-still works, and the next evaluate() on the same ranks succeeds.
+it reads its share); rank 1 never calling evaluate(). Then model objects, the same arguments on
+both ranks: rank 1's weights with one element one ulp away, its model's generation_config with
+no_repeat_ngram_size 1 and repetition_penalty 3.0, its tokenizer with model_max_length 4; and
+both ranks' objects alike. After every case the job's own group still works, and the next
+evaluate() on the same ranks succeeds.
 """
 
 from __future__ import annotations
@@ -66,5 +69,52 @@ else:
     time.sleep(5)  # past rank 0's sync_timeout: then calls, as a late rank would
     case("absent", **{**BASE, "sync_timeout": 3})
 case("ok", **BASE)
+
+# Model objects: the same arguments on both ranks, other objects on rank 1.
+import copy  # noqa: E402
+
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer  # noqa: E402
+
+model, tok = AutoModelForSeq2SeqLM.from_pretrained(args.model).eval(), AutoTokenizer.from_pretrained(args.model)
+lines = {k: (Path(args.data) / f"test.{k}").read_text().splitlines()[:6] for k in ("source", "target")}
+MEMORY = dict(sources=lines["source"], references=lines["target"], bs=4, sync_timeout=20, num_beams=1)
+
+
+def objects(name: str, change=None) -> None:
+    mine, my_tok = model, tok
+    if rank == 1 and change is not None:
+        mine, my_tok = copy.deepcopy(model), copy.deepcopy(tok)
+        change(mine, my_tok)
+    t0 = time.monotonic()
+    try:
+        result = seq2seq_eval.evaluate(mine, my_tok, save_dir=str(out / name), **MEMORY)
+        report[name] = {"raised": None, "bleu": result.metrics.get("bleu")}
+    except (EvalError, RuntimeError) as e:
+        report[name] = {"raised": type(e).__name__, "message": str(e)}
+    report[name]["seconds"] = time.monotonic() - t0
+    report[name]["outputs"] = sorted(p.name for p in (out / name).glob("*")) if (out / name).is_dir() else []
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)
+    report[name]["all_reduce"] = total.item()
+
+
+def one_ulp(m, t) -> None:
+    with torch.no_grad():
+        w = next(m.parameters()).view(-1)
+        w[7] = torch.nextafter(w[7], torch.tensor(float("inf")))
+
+
+def generation(m, t) -> None:
+    m.generation_config.no_repeat_ngram_size, m.generation_config.repetition_penalty = 1, 3.0
+
+
+def short_tokenizer(m, t) -> None:
+    t.model_max_length = 4
+
+
+objects("weights", one_ulp)
+objects("generation", generation)
+objects("tokenizer", short_tokenizer)
+objects("same_objects")
 (out / f"rank_{rank}.json").write_text(json.dumps(report, indent=1))
 dist.destroy_process_group()

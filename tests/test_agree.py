@@ -6,6 +6,7 @@ job's group and the next evaluate() work afterwards."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -28,10 +29,37 @@ def _outcomes(ranks: list[dict], case: str) -> list[tuple[str | None, str | None
     return [(r[case]["raised"], r[case].get("message")) for r in ranks]
 
 
-@pytest.mark.parametrize("case, field", [("eos", "eos_token_id (2 vs 3)"), ("n_obs", "n_obs (6 vs 5)")])
-def test_different_settings_stop_every_rank_naming_the_field(ranks, case, field):
-    expected = ("RanksDisagree", f"rank 1 differs from rank 0 in {field}; expected the same settings on every rank")
+AGREE = "expected the same settings, model and tokenizer on every rank"
+
+
+@pytest.mark.parametrize("case, fields", [
+    # the option as given, and the effective setting it makes
+    ("eos", "eos_token_id (2 vs 3); generation.eos_token_id (2 vs 3)"),
+    ("n_obs", "n_obs (6 vs 5)"),
+])
+def test_different_settings_stop_every_rank_naming_the_field(ranks, case, fields):
+    expected = ("RanksDisagree", f"rank 1 differs from rank 0 in {fields}; {AGREE}")
     assert _outcomes(ranks, case) == [expected, expected]
+
+
+@pytest.mark.parametrize("case, fields", [
+    ("weights", r'weights \("[0-9a-f]{64}" vs "[0-9a-f]{64}"\)'),
+    ("generation", r"generation\.no_repeat_ngram_size \(0 vs 1\); generation\.repetition_penalty \(1\.0 vs 3\.0\)"),
+    ("tokenizer", r"tokenizer\.model_max_length \(1024 vs 4\)"),
+])
+def test_ranks_whose_objects_differ_stop_before_generating(ranks, case, fields):
+    """The same arguments on both ranks, and one rank's model (its weights one ulp apart, or its
+    generation_config) or tokenizer another: every rank raises, naming what differs, and nothing
+    was generated."""
+    outcomes = _outcomes(ranks, case)
+    assert outcomes[0] == outcomes[1] and outcomes[0][0] == "RanksDisagree", outcomes
+    assert re.fullmatch(rf"rank 1 differs from rank 0 in {fields}; {AGREE}", outcomes[0][1]), outcomes[0][1]
+    assert all(r[case]["outputs"] == [] for r in ranks)
+
+
+def test_ranks_whose_objects_are_alike_evaluate(ranks):
+    assert [r["same_objects"]["raised"] for r in ranks] == [None, None]
+    assert ranks[0]["same_objects"]["bleu"] == ranks[1]["same_objects"]["bleu"] > 0
 
 
 def test_a_ranks_refused_arguments_reach_every_rank(ranks):

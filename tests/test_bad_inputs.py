@@ -75,14 +75,20 @@ CASES = [
     ("generate-option-misspelt", ["--num_beem", "4"], ["unknown generate option --num_beem", "--num_beams"], 2),
     # with prefix matching on, --max_source would silently set --max_source_length
     ("no-prefix-matching", ["--max_source", "8"], ["unknown generate option --max_source"], 2),
-    # GenerationConfig.validate() accepts these and generate() used to refuse them in the first
-    # batch, after the model was loaded and the temp dir claimed; now generate()'s own checks run first
-    ("max-length-1", ["--max_length", "1"], ["invalid generate options: max_length=1 leaves no room to generate"], 2),
-    ("max-length-negative", ["--max_length", "-1"], ["invalid generate options: max_length=-1"], 2),
-    ("temperature-negative", ["--temperature", "-1", "--do_sample", "true"],
-     ["invalid generate options: `temperature` (=-1) has to be a strictly positive float"], 2),
-    ("top-k-negative", ["--top_k", "-3", "--do_sample", "true"], ["invalid generate options: `top_k`", "-3"], 2),
-    ("repetition-penalty-negative", ["--repetition_penalty", "-1"], ["invalid generate options: `penalty`", "-1"], 2),
+    # GenerationConfig.validate() accepts these; generate() refuses some in the first batch, after the
+    # model was loaded and the temp dir claimed, and silently ignores others: each field's range is
+    # checked first (model/fields.py), and the limits together (model/generation.py)
+    ("max-length-1", ["--max_length", "1"], ["--max_length: max_length=1 leaves no room to generate"], 2),
+    ("max-length-negative", ["--max_length", "-1"], ["--max_length -1: expected an integer >= 1"], 2),
+    ("temperature-negative", ["--temperature", "-1", "--do_sample", "true"], ["--temperature -1: expected a number > 0"], 2),
+    ("top-k-negative", ["--top_k", "-3", "--do_sample", "true"], ["--top_k -3: expected an integer >= 0"], 2),
+    ("repetition-penalty-negative", ["--repetition_penalty", "-1"], ["--repetition_penalty -1: expected a number > 0"], 2),
+    ("no-repeat-ngram-negative", ["--no_repeat_ngram_size", "-1"], ["--no_repeat_ngram_size -1: expected an integer >= 0"], 2),
+    ("top-p-over-1", ["--top_p", "2", "--do_sample", "true"], ["--top_p 2: expected a number > 0 and <= 1"], 2),
+    ("max-time-zero", ["--max_time", "0"], ["--max_time 0: expected a number > 0"], 2),
+    ("min-over-max", ["--min_new_tokens", "20", "--max_new_tokens", "16"],
+     ["--min_new_tokens: asks for at least 20 generated tokens, more than the 16 that --max_new_tokens allows"], 2),
+    ("generate-option-twice", ["--num_beams", "2", "--num_beams", "3"], ["--num_beams given twice (2 and 3); give it once"], 2),
     # ---- model
     ("model-path-missing", ["--model_name", "{d}/no_model"], ["--model_name {d}/no_model: no such path"], 1),
     ("model-gpt2", ["--model_name", "{d}/gpt2"], ["--model_name {d}/gpt2: a 'gpt2' model is not a seq2seq model"], 1),
@@ -105,9 +111,9 @@ CASES = [
     ("fp16-on-cpu", ["--fp16"], ["--fp16 needs a GPU and this run is on CPU; use --bf16"], 2),
     ("device-cuda-without-gpu", ["--device", "cuda"], ["--device cuda: no CUDA GPU is visible"], 2),
     ("device-unknown", ["--device", "tpu"], ["--device", "'tpu'", "auto", "cpu", "cuda"], 2),
-    # one beam but a beam-only option the user set: transformers' reason, not an empty one
+    # one beam but a beam-only option the user set: said so, naming it
     ("greedy-with-length-penalty", ["--num_beams", "1", "--length_penalty", "2.0"],
-     ["invalid generate options: GenerationConfig is invalid:", "`length_penalty`", "only used in beam-based"], 2),
+     ["--length_penalty 2.0: used only in beam search; set --num_beams above 1, or leave out --length_penalty"], 2),
     # ---- datasets: a local JSON Lines file is read as --data_dir reads it, with its messages
     ("dataset-malformed-jsonl", ["--dataset", "{d}/malformed.jsonl"], ["{d}/malformed.jsonl line 3: malformed JSON"], 1),
     ("dataset-duplicated-id", ["--dataset", "{d}/dup_id.jsonl"],

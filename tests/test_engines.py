@@ -51,9 +51,13 @@ def monkeypatch_module():
 
 
 def _gc(**settings):
+    """Settings as a run hands them to the engine: generate()'s defaults made explicit."""
     from transformers import GenerationConfig
 
-    return GenerationConfig(**{"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0, **settings})
+    from seq2seq_eval.model.generation import effective
+
+    gc = GenerationConfig(**{"decoder_start_token_id": 0, "eos_token_id": 1, "pad_token_id": 0, **settings})
+    return effective(gc, None)
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +74,9 @@ def tokenizer():
      {"beam_size": 5, "length_penalty": 0.6, "no_repeat_ngram_size": 3, "repetition_penalty": 1.2}),
     ({"do_sample": True, "top_k": 0, "top_p": 0.9, "temperature": 0.7, "num_return_sequences": 3},
      {"sampling_topk": 0, "sampling_topp": 0.9, "sampling_temperature": 0.7, "num_hypotheses": 3, "beam_size": 1}),
+    # Unset, generate()'s defaults: not CTranslate2's (sampling_topk 1, 256 tokens at most, 1 at least).
+    ({"do_sample": True}, {"sampling_topk": 50, "sampling_topp": 1.0, "sampling_temperature": 1.0}),
+    ({}, {"max_decoding_length": 20, "min_decoding_length": 0, "beam_size": 1}),
     ({"eos_token_id": [1, 2]}, {"end_token": ["</s>", "<unk>"]}),
     ({"bad_words_ids": [[0]], "suppress_tokens": [2]}, {"suppress_sequences": [["<pad>"], ["<unk>"]]}),
 ])
@@ -102,7 +109,7 @@ def test_settings_ctranslate2_cannot_honour_are_refused(tokenizer, settings, nam
 def test_a_model_default_it_cannot_honour_says_where_it_came_from(tokenizer):
     cfg = EvalConfig(engine="ctranslate2")
     with pytest.raises(ConfigError, match=r"typical_p=0.5 \(from the model's generation config or task settings; "
-                                          r"override it with --typical_p\)"):
+                                          r"override it with --typical_p, or unset it with --typical_p none\)"):
         ct2.check(cfg, None, _gc(typical_p=0.5, do_sample=True), tokenizer)
 
 
@@ -169,7 +176,7 @@ def test_ctranslate2_generates_what_generate_does(cache, settings):
 
 
 def test_no_repeat_ngram_size_is_honoured(cache):
-    engine, batches = _engine("ctranslate2", (("no_repeat_ngram_size", 2),))
+    engine, batches = _engine("ctranslate2", (("no_repeat_ngram_size", 2), ("renormalize_logits", True)))
     tokens = [r.hypotheses[0] for b in batches for r in engine.translator.translate_batch(
         [engine.tokenizer.convert_ids_to_tokens(x) for x in b], **engine.mapping.options)]
     bigrams = [list(zip(t, t[1:])) for t in tokens]
@@ -181,13 +188,13 @@ def test_no_repeat_ngram_size_is_honoured(cache):
 
 
 def test_repetition_penalty_changes_the_outputs(cache):
-    penalised = _outputs(*_engine("ctranslate2", (("repetition_penalty", 1.5),)))
-    plain = _outputs(*_engine("ctranslate2"))
+    penalised = _outputs(*_engine("ctranslate2", (("num_beams", 1), ("repetition_penalty", 1.5))))
+    plain = _outputs(*_engine("ctranslate2", (("num_beams", 1),)))
     assert [o.preds for o in penalised] != [o.preds for o in plain]
 
 
 def test_candidates_come_with_scores_best_first(cache):
-    engine, batches = _engine("ctranslate2", (("num_beams", 4),), n=3)
+    engine, batches = _engine("ctranslate2", (("num_beams", 4), ("length_penalty", 0.0)), n=3)
     out = engine.generate(batches[0], 0)
     assert all(len(p) == 3 for p in out.preds) and all(len(s) == 3 for s in out.scores)
     assert all(s == sorted(s, reverse=True) for s in out.scores)
@@ -208,7 +215,10 @@ SAMPLE = ["--do_sample", "true", "--num_beams", "1", "--num_return_sequences", "
 def test_pseudolabels_from_ctranslate2(cache, tmp_path):
     """Beam candidates with their scores, and seeded samples that are the same at 1 and 2 ranks."""
     beams = tmp_path / "beams"
-    assert_ok(single([*CT2, "--num_return_sequences", "3", "--n_obs", "24", "--save_dir", str(beams)], cwd=tmp_path,
+    # length_penalty 0: with forced_eos_token_id, CTranslate2 gives generate()'s candidates below the
+    # best only then (ct2_rules).
+    assert_ok(single([*CT2, "--num_return_sequences", "3", "--length_penalty", "0", "--n_obs", "24",
+                      "--save_dir", str(beams)], cwd=tmp_path,
                      env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
     rows = [json.loads(line) for line in (beams / "test_pseudolabels.jsonl").read_text().splitlines()]
     assert len(rows) == 24 and all(len(r["candidates"]) == 3 and len(r["scores"]) == 3 for r in rows)
@@ -225,7 +235,7 @@ def test_pseudolabels_from_ctranslate2(cache, tmp_path):
 def test_resume_after_a_kill_reuses_the_converted_model(tmp_path):
     cache, save = tmp_path / "cache", tmp_path / "out"
     slow = [*CT2, "--n_obs", "120", "--bs", "1", "--num_beams", "8", "--min_new_tokens", "60", "--max_new_tokens", "60",
-            "--save_dir", str(save)]
+            "--renormalize_logits", "true", "--save_dir", str(save)]
     env = _env({"SEQ2SEQ_EVAL_CACHE": str(cache)})
     proc = subprocess.Popen([sys.executable, "-m", "seq2seq_eval", *slow], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

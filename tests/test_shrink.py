@@ -62,7 +62,9 @@ def test_shrinking_gives_generates_results_on_the_embedded_model(embedded, task,
     from seq2seq_eval.model import settings as model_settings
 
     model, tokenizer, model_config, base, sources = embedded
-    cfg = EvalConfig(model_name=str(EMBEDDED_MODEL), task=task, generate_kwargs=tuple(options.items()))
+    n = options.get("num_return_sequences", 1)  # the run's own option, not a generate option
+    cfg = EvalConfig(model_name=str(EMBEDDED_MODEL), task=task, num_return_sequences=n,
+                     generate_kwargs=tuple((k, v) for k, v in options.items() if k != "num_return_sequences"))
     gc = model_settings.generation_config_for(model_config, copy.deepcopy(base), tokenizer, cfg)
     engine = HFEngine(model, tokenizer, gc, torch.device("cpu"))
     assert engine.shrink

@@ -315,8 +315,22 @@ RUN_TASKS = {
     "pegasus-xsum": "summarization", "opus-mt-en-de": "translation", "mbart-large-50-many-to-many-mmt": "translation",
     "nllb-200-distilled-600M": "translation", "m2m100_418M": "translation",
 }
-RUN_OPTIONS = {"max_new_tokens": 6, "min_new_tokens": 1}
-RUN_ARGS = ["--max_new_tokens", "6", "--min_new_tokens", "1", "--bs", "2", "--device", "cpu"]
+# --renormalize_logits true: in beam search CTranslate2 masks tokens (the minimum length, BART-CNN's
+# no_repeat_ngram_size) as generate() does only with it (engines/ct2_rules.py).
+RUN_OPTIONS = {"max_new_tokens": 6, "min_new_tokens": 1, "renormalize_logits": True}
+RUN_ARGS = ["--max_new_tokens", "6", "--min_new_tokens", "1", "--renormalize_logits", "true", "--bs", "2",
+            "--device", "cpu"]
+# Beam search that stops as CTranslate2's does, for the checkpoints whose published settings leave
+# early_stopping unset (generate()'s False): CTranslate2 refuses them as published (tested below).
+STOPPING = {"pegasus-xsum": {"early_stopping": True}, "opus-mt-en-de": {"early_stopping": True}}
+
+
+def run_options(name: str) -> dict:
+    return {**RUN_OPTIONS, **STOPPING.get(name, {})}
+
+
+def run_args(name: str) -> list[str]:
+    return [*RUN_ARGS, *(a for k, v in STOPPING.get(name, {}).items() for a in (f"--{k}", str(v).lower()))]
 # Every model runs on each engine installed: CTranslate2 converts all eight families.
 ENGINES = ("hf", "ctranslate2") if importlib.util.find_spec("ctranslate2") else ("hf",)
 
@@ -367,7 +381,7 @@ def zoo_runs(zoo_models, zoo_data, tmp_path_factory) -> dict:
         plans[world] = [
             {"name": f"{name} {engine}", "port": port,
              "argv": ["--model_name", str(zoo_models[name]), "--data_dir", str(zoo_data), "--task", RUN_TASKS[name],
-                      *lang_args(name), *RUN_ARGS, "--engine", engine, "--save_dir", str(base / run_dir(name, engine, world))]}
+                      *lang_args(name), *run_args(name), "--engine", engine, "--save_dir", str(base / run_dir(name, engine, world))]}
             for (name, engine), port in zip(runs, ports)
         ]
         (base / f"plan_w{world}.json").write_text(json.dumps(plans[world]))
@@ -474,12 +488,34 @@ def test_ctranslate2_two_ranks_give_what_one_rank_gives_with_the_same_settings(z
     assert ours["engine"]["name"] == "ctranslate2"
     for key in ("generation", "prefix", "task_settings"):
         assert ours[key] == theirs[key]
+    # The same settings give generate()'s texts: every family converts exactly.
+    assert (one / "test_generations.txt").read_text() == (hf / "test_generations.txt").read_text()
+
+
+@pytest.mark.parametrize("name", sorted(STOPPING))
+def test_ctranslate2_refuses_beam_search_that_would_not_stop_as_generates(zoo_models, zoo_data, tmp_path, name):
+    """As published, these checkpoints leave early_stopping unset: generate()'s beam search then
+    goes on where CTranslate2's stops. One line before any work, naming the setting and its origin."""
+    if "ctranslate2" not in ENGINES:
+        pytest.skip("the ctranslate2 extra is not installed")
+    from seq2seq_eval.config import EvalConfig
+    from seq2seq_eval.errors import ConfigError
+    from seq2seq_eval.run.dist import DistEnv
+    from seq2seq_eval.run.runner import run
+
+    cfg = EvalConfig(model_name=str(zoo_models[name]), data_dir=str(zoo_data), task=RUN_TASKS[name], dry_run=True,
+                     device="cpu", engine="ctranslate2", save_dir=str(tmp_path / "out"),
+                     generate_kwargs=tuple(RUN_OPTIONS.items()))
+    with pytest.raises(ConfigError, match=r"^--engine ctranslate2 cannot honour the generation setting "
+                                          r"early_stopping=False with num_beams=\d+ .*\(generate\(\)'s default, which "
+                                          r"the model keeps; set another with --early_stopping\)"):
+        run(cfg, DistEnv())
 
 
 @pytest.mark.parametrize("name", list(ZOO))
 def test_run_provenance_settings_are_the_legacy_scripts(zoo_runs, zoo_models, name):
     task = RUN_TASKS[name]
-    expected, prefix, entry = legacy_expectation(ZOO[name], task, {**RUN_OPTIONS, **forced_bos(name, zoo_models[name])})
+    expected, prefix, entry = legacy_expectation(ZOO[name], task, {**run_options(name), **forced_bos(name, zoo_models[name])})
     for world in (1, 2):
         metric = "test_bleu.json" if "translation" in task else "test_rouge.json"
         prov = json.loads((zoo_runs["base"] / f"{name}_w{world}" / metric).read_text())["provenance"]
@@ -494,7 +530,7 @@ def test_t5_translation_en_to_fr_runs_with_that_entrys_prefix_and_beams(zoo_runs
     assert prov["prefix"] == "translate English to French: "
     assert prov["generation"]["num_beams"] == 4 and prov["generation"]["early_stopping"] is True
     # --max_new_tokens replaced the entry's max_length 300 instead of conflicting with it.
-    assert prov["generation"]["max_new_tokens"] == 6 and "max_length" not in prov["generation"]
+    assert prov["generation"]["max_new_tokens"] == 6 and prov["generation"]["max_length"] is None
 
 
 def test_user_lengths_replace_the_models_without_a_warning_per_batch(zoo_runs):
@@ -630,7 +666,7 @@ def test_ctranslate2_starts_every_hypothesis_with_the_target_language(zoo_models
     from seq2seq_eval.run.dist import DistEnv
 
     cfg = EvalConfig(model_name=str(zoo_models[name]), engine="ctranslate2", src_lang=LANGS[name][0],
-                     tgt_lang=LANGS[name][1], generate_kwargs=tuple(RUN_OPTIONS.items()))
+                     tgt_lang=LANGS[name][1], generate_kwargs=tuple(run_options(name).items()))
     tok = model_settings.load_tokenizer(cfg)
     model_config, base = model_settings.load_model_config(cfg)
     gc = model_settings.generation_config_for(model_config, base, tok, cfg)

@@ -27,13 +27,15 @@ def describe(cfg: EvalConfig) -> dict[str, Any]:
     return {"name": "hf"}
 
 
-def check(cfg: EvalConfig, model_config: Any, generation_config: Any, tokenizer: Any) -> None:
+def check(cfg: EvalConfig, model_config: Any, generation_config: Any, tokenizer: Any,
+          device_type: str = "cpu") -> None:
     """Raise ConfigError for a setting the engine cannot honour (its table in rules.py or
-    ct2_rules.py); cheap (no model is loaded)."""
+    ct2_rules.py), or a compute type the device cannot run; cheap (no model is loaded or
+    converted)."""
     if cfg.engine == "ctranslate2":
         from . import ct2
 
-        ct2.check(cfg, model_config, generation_config, tokenizer)
+        ct2.check(cfg, model_config, generation_config, tokenizer, device_type)
         return
     from .rules import HF_RULES, check as check_rules
 

@@ -35,12 +35,29 @@ def describe(cfg: EvalConfig) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- generation settings
 
-def check(cfg: EvalConfig, model_config: Any, gc: Any, tokenizer: Any) -> None:
-    """Refuse, before any work, a run whose settings this engine cannot honour (ct2_rules.py)."""
-    _ctranslate2()
+def check(cfg: EvalConfig, model_config: Any, gc: Any, tokenizer: Any, device_type: str = "cpu") -> None:
+    """Refuse, before any work (before converting), a run this engine cannot do: a compute type
+    the device does not support, settings it cannot honour (ct2_rules.py)."""
+    check_compute_type(cfg.compute_type, device_type)
     rules.check("ctranslate2", CT2_RULES, cfg.gen_kwargs, gc, model_config,
                 lambda key: "use --engine hf for it" if getattr(rules.HF_RULES.get(key), "honoured", False)
                 else "remove it (--engine hf cannot run it either)")
+
+
+def check_compute_type(compute_type: str | None, device_type: str) -> None:
+    """--compute_type that CTranslate2 cannot run on the device (float16 on a CPU): refused here,
+    not when the converted model is loaded."""
+    ct2 = _ctranslate2()
+    if compute_type in (None, "default", "auto"):
+        return
+    try:
+        supported = set(ct2.get_supported_compute_types(device_type))
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"--engine ctranslate2: CTranslate2 {ct2.__version__} cannot run on {device_type} "
+                          f"({first_line(e)})") from e
+    if compute_type not in supported:
+        raise ConfigError(f"--compute_type {compute_type}: CTranslate2 {ct2.__version__} does not support it on "
+                          f"{device_type}; expected one of default, auto, {', '.join(sorted(supported))}")
 
 
 def _ids(value: Any) -> list[int]:
@@ -56,6 +73,8 @@ class Mapping:
     forced_eos: int | None  # forced_eos_token_id: a hypothesis cut by the length limit ends with it
     eos_ids: tuple[int, ...]
     sampling: bool
+    n_return: int = 1
+    forced_in_beams: bool = False  # the search stops a token early, and the run forces the end (_force_end)
 
 
 def translate_options(gc: Any, tokenizer: Any) -> Mapping:
@@ -75,14 +94,12 @@ def translate_options(gc: Any, tokenizer: Any) -> Mapping:
         "no_repeat_ngram_size": int(gc.no_repeat_ngram_size or 0),
         "max_batch_size": 0,  # the plan's batch is the batch
     }
-    if gc.max_new_tokens is not None:
-        options["max_decoding_length"] = int(gc.max_new_tokens)
-    elif gc.max_length is not None:
-        options["max_decoding_length"] = max(1, int(gc.max_length) - 1)
-    if gc.min_new_tokens is not None:
-        options["min_decoding_length"] = int(gc.min_new_tokens)
-    elif gc.min_length:
-        options["min_decoding_length"] = max(0, int(gc.min_length) - 1)
+    # Always given: `gc` is effective (model/generation.py), and CTranslate2's own defaults (at most
+    # 256 tokens, at least 1) are not generate()'s (20 new tokens, none required).
+    options["max_decoding_length"] = (int(gc.max_new_tokens) if gc.max_new_tokens is not None
+                                      else max(1, int(gc.max_length) - 1))
+    options["min_decoding_length"] = (int(gc.min_new_tokens) if gc.min_new_tokens is not None
+                                      else max(0, int(gc.min_length or 0) - 1))
     eos = _ids(gc.eos_token_id)
     if eos:
         options["end_token"] = tokenizer.convert_ids_to_tokens(eos)
@@ -90,13 +107,40 @@ def translate_options(gc: Any, tokenizer: Any) -> Mapping:
     if suppress:
         options["suppress_sequences"] = [tokenizer.convert_ids_to_tokens(seq) for seq in suppress]
     if gc.do_sample:
-        # transformers' top_k=0 and CTranslate2's sampling_topk=0 both mean "no limit".
-        options.update(sampling_topk=int(gc.top_k if gc.top_k is not None else 0),
-                       sampling_topp=float(gc.top_p if gc.top_p is not None else 1.0),
-                       sampling_temperature=float(gc.temperature if gc.temperature is not None else 1.0))
+        # Unset values are generate()'s defaults already (top_k 50, not "no limit"); transformers'
+        # top_k=0 and CTranslate2's sampling_topk=0 both mean "no limit".
+        options.update(sampling_topk=int(gc.top_k), sampling_topp=float(gc.top_p),
+                       sampling_temperature=float(gc.temperature))
     prefix = None if gc.forced_bos_token_id is None else tokenizer.convert_ids_to_tokens(int(gc.forced_bos_token_id))
-    forced_eos = _ids(gc.forced_eos_token_id)
-    return Mapping(options, prefix, forced_eos[0] if forced_eos else None, tuple(eos), bool(gc.do_sample))
+    forced_eos = _ids(gc.forced_eos_token_id)  # one id: ct2_rules refuses more
+    forced_in_beams = bool(forced_eos) and options["beam_size"] > 1 and not gc.do_sample
+    if forced_in_beams:
+        # generate()'s beam search forces the end token on every live beam at the last step; the
+        # search runs to the step before it, and _force_end ends and ranks the beams as it does.
+        limit = options["max_decoding_length"]
+        options.update(max_decoding_length=limit - 1, num_hypotheses=options["beam_size"],
+                       min_decoding_length=min(options["min_decoding_length"], limit - 1))
+    return Mapping(options, prefix, forced_eos[0] if forced_eos else None, tuple(eos), bool(gc.do_sample), n,
+                   forced_in_beams)
+
+
+def _force_end(candidates: list[tuple[list[int], float]], m: Mapping, length_penalty: float
+               ) -> list[tuple[list[int], float]]:
+    """Beam search with forced_eos_token_id, as generate() ends it: each beam still live at the
+    step before the limit gets the end token at no cost (the forcing processor gives it log-
+    probability 0), its score normalized by its new length; then the best `n_return` of them and of
+    the hypotheses finished earlier. Among the beam_size hypotheses CTranslate2 returns, the best
+    one is always generate()'s (the live ones keep their order); ct2_rules refuses more than one
+    candidate where the ranks below could need one CTranslate2 dropped."""
+    ended = []
+    for ids, score in candidates:
+        if not (ids and ids[-1] in m.eos_ids):
+            length = len(ids)
+            score = score * (length ** length_penalty) / ((length + 1) ** length_penalty) if length else 0.0
+            ids = ids + [m.forced_eos]  # type: ignore[list-item]
+        ended.append((ids, score))
+    ended.sort(key=lambda c: -c[1])  # stable: CTranslate2's order among equal scores
+    return ended[:m.n_return]
 
 
 # ---------------------------------------------------------------- the engine
@@ -183,28 +227,33 @@ class CT2Engine:
             # converted folder costs milliseconds for small models, about 0.3 s at opus-mt size.
             ctranslate2.set_random_seed(self.seed + batch_index)
             translator = ctranslate2.Translator(str(self.model_path), **self.translator_kwargs)
+        limit = m.options["max_decoding_length"]
         try:
-            results = translator.translate_batch(source, target_prefix=prefix, **m.options)
+            if m.forced_in_beams and limit < 1:  # the first token is the forced end: nothing to search
+                found = [[([m.forced_eos], 0.0)] * m.n_return for _ in source]
+            else:
+                results = translator.translate_batch(source, target_prefix=prefix, **m.options)
+                found = [[(self.tokenizer.convert_tokens_to_ids(t), float(s)) for t, s in zip(r.hypotheses, r.scores)]
+                         for r in results]
         except ValueError as e:
             raise ConfigError(f"CTranslate2 rejected the generate options: {first_line(e)}") from e
         finally:
             if translator is not self.translator:
                 del translator  # its threads and weights go now, not at the next batch
-        limit = m.options.get("max_decoding_length")
         preds, scores, n_tokens = [], [], []
-        for result in results:
+        for candidates in found:
+            if m.forced_in_beams:
+                candidates = _force_end(candidates, m, float(m.options["length_penalty"]))
             texts, counts = [], 0
-            for tokens in result.hypotheses:
-                ids = self.tokenizer.convert_tokens_to_ids(tokens)
-                if (m.forced_eos is not None and limit is not None and len(ids) >= limit
-                        and not (ids and ids[-1] in m.eos_ids)):
-                    # generate() makes the last token at the length limit the forced EOS; the
-                    # words it would have written there are dropped the same way.
+            for ids, _ in candidates:
+                if not m.forced_in_beams and m.forced_eos is not None and len(ids) >= limit:
+                    # Greedy or sampled: generate() makes the token at the length limit the forced
+                    # end, whatever it would have been (an end token too, when forced_eos is another).
                     ids = ids[:-1] + [m.forced_eos]
                 counts += len(ids)
                 texts.append(self.tokenizer.decode(ids, skip_special_tokens=True,
                                                    clean_up_tokenization_spaces=False).strip())
             preds.append(texts)
-            scores.append([float(s) for s in result.scores])
+            scores.append([score for _, score in candidates])
             n_tokens.append(counts)
-        return BatchOutput(preds, scores if m.options["num_hypotheses"] > 1 else None, n_tokens)
+        return BatchOutput(preds, scores if m.n_return > 1 else None, n_tokens)

@@ -28,7 +28,7 @@ from ..model.identity import file_sha256, files_digest, hub_revision
 logger = logging.getLogger("seq2seq_eval")
 
 INSTALL_HINT = 'pip install -e ".[ctranslate2]" (or pip install ctranslate2)'
-CONVERTER_REVISION = 1
+CONVERTER_REVISION = 2
 """Bumped whenever `_Converter` or the loaders of `_register_loaders` change what a conversion produces."""
 LOCK_POLL_S = 0.5
 COMPLETE = "seq2seq_eval_complete.json"
@@ -110,8 +110,15 @@ def _fill_legacy_config(model: Any) -> None:
     `normalize_embedding` from the config: keys of the original fairseq configs that transformers
     4 kept from config.json and transformers 5 drops. The module tree says which it is: a final
     encoder `layer_norm` exists only in pre-norm models (mBART, Pegasus, M2M100), a
-    `layernorm_embedding` only where embeddings are normalised (BART, mBART)."""
+    `layernorm_embedding` only where embeddings are normalised (BART, mBART).
+
+    Its T5 loader scales the decoder's outputs by d_model^-0.5 when `tie_word_embeddings` is set,
+    as T5 did and T5 v1.1 (flan-T5, mT5) does not; transformers 5 sets `tie_word_embeddings` on
+    every T5 config and keeps that difference as `scale_decoder_outputs`. Unfixed, a flan-T5's
+    log-probabilities come out scaled: the same greedy texts, other beams and samples."""
     config = model.config
+    if hasattr(config, "scale_decoder_outputs"):
+        config.tie_word_embeddings = bool(config.scale_decoder_outputs)
     encoder = getattr(getattr(model, "model", None), "encoder", None)
     if encoder is None:
         return

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError, first_line
+from .generation import model_generation_config
 
 
 def is_converted_folder(name: str) -> bool:
@@ -33,10 +34,7 @@ def converted_model_config(folder: str, tokenizer_name: str | None, tokenizer: A
         except (OSError, ValueError, KeyError):
             config = None
         if config is not None and getattr(config, "is_encoder_decoder", False):
-            try:
-                return config, GenerationConfig.from_pretrained(os.path.expanduser(tokenizer_name))
-            except OSError:
-                return config, GenerationConfig.from_model_config(config)
+            return config, model_generation_config(tokenizer_name)
     path = Path(folder) / "config.json"
     try:
         ct2_config = json.loads(path.read_text())

@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 from ..errors import ConfigError, first_line
+from .generation import named
 
 
 class _Shell:
@@ -24,11 +25,9 @@ class _Shell:
 
 
 def check_generate_settings(gc: Any, model_config: Any) -> None:
-    """Raise ConfigError for settings generate() would refuse in its first batch."""
-    # generate() counts the decoder start token in max_length (see _validate_generated_length).
-    if gc.max_new_tokens is None and gc.max_length is not None and gc.max_length < 2:
-        raise ConfigError(f"invalid generate options: max_length={gc.max_length} leaves no room to generate "
-                          "(it counts the decoder's start token); expected max_length >= 2, or set --max_new_tokens")
+    """Raise ConfigError for settings generate() would refuse in its first batch (value ranges
+    and limits are checked before, by model/generation.py: this catches what only the processors
+    themselves know)."""
     import torch
     from transformers.generation.logits_process import LogitsProcessorList
     from transformers.generation.utils import GenerationMixin
@@ -48,13 +47,13 @@ def check_generate_settings(gc: Any, model_config: Any) -> None:
                   encoder_input_ids=one, prefix_allowed_tokens_fn=None, logits_processor=LogitsProcessorList(),
                   device="cpu", model_kwargs={"attention_mask": one, "decoder_attention_mask": one})
     except ValueError as e:
-        raise ConfigError(f"invalid generate options: {first_line(e)}") from e
+        raise ConfigError(f"invalid generate options: {named(first_line(e))}") from e
     except (TypeError, AttributeError):
         return  # the builder wants what this release's stand-in lacks: generate() checks in the first batch
 
 
 # Settings that hold token ids, as generate() takes them (their forms are checked with the
-# config: config.GENERATE_OPTION_KINDS).
+# config: model/fields.py).
 TOKEN_ID_SETTINGS = ("pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id", "eos_token_id",
                      "forced_eos_token_id", "suppress_tokens", "begin_suppress_tokens", "bad_words_ids", "sequence_bias")
 

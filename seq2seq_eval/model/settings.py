@@ -11,8 +11,10 @@ from typing import Any
 
 from ..config import EvalConfig, family_of
 from ..errors import ConfigError, ModelError, first_line
+from . import generation
 from .converted import converted_model_config, is_converted_folder
 from .generate_check import check_token_ids
+from .generation import model_generation_config
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -101,9 +103,10 @@ def _converted_folder(cfg: EvalConfig) -> bool:
 
 
 def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
-    """The model's config and its base generation config, without loading any weights: enough
-    to validate a run (--dry_run) and to compute the exact settings the real run will use."""
-    from transformers import AutoConfig, GenerationConfig
+    """The model's config and its base generation config (as from_pretrained gives the model:
+    model/generation.py), without loading any weights: enough to validate a run (--dry_run) and to
+    compute the exact settings the real run will use."""
+    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
 
     name = _model_path(cfg)
@@ -121,11 +124,7 @@ def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
             f"--model_name {cfg.model_name}: a {config.model_type!r} model is not a seq2seq model; "
             "expected an encoder-decoder model such as BART, T5, Marian, mBART or Pegasus"
         )
-    try:
-        base = GenerationConfig.from_pretrained(name)
-    except OSError:
-        base = GenerationConfig.from_model_config(config)
-    return config, base
+    return config, model_generation_config(name)
 
 
 def model_config_of(model: Any, name: str) -> tuple[Any, Any]:
@@ -141,7 +140,7 @@ def model_config_of(model: Any, name: str) -> tuple[Any, Any]:
             f"model {name}: {kind} is not a seq2seq model; "
             "expected an encoder-decoder model such as BART, T5, Marian, mBART or Pegasus"
         )
-    own = getattr(model, "generation_config", None)
+    own = getattr(model, "generation_config", None)  # what generate() would read: the object's own
     base = copy.deepcopy(own) if own is not None else GenerationConfig.from_model_config(config)
     return config, base
 
@@ -210,43 +209,12 @@ def task_params(model_config: Any, task: str) -> dict[str, Any]:
     return task_entry(model_config, task).params
 
 
-# Settings generate() uses only in beam search, or only when sampling. A model's defaults or task
-# entry often carry them (BART-CNN and T5 set early_stopping and length_penalty); with one beam,
-# or without sampling, transformers refuses the whole config, so those that did not come from the
-# user are reset to GenerationConfig's defaults, and the run says which.
-BEAM_ONLY = ("early_stopping", "length_penalty", "num_beam_groups", "diversity_penalty")
-SAMPLE_ONLY = ("temperature", "top_p", "top_k", "min_p", "top_h", "typical_p", "epsilon_cutoff", "eta_cutoff")
-
-
-def _drop_inapplicable(gc: Any, user: dict[str, Any]) -> list[str]:
-    from transformers import GenerationConfig
-
-    default = GenerationConfig()
-    unused = []
-    if (gc.num_beams or 1) == 1:
-        unused += [k for k in BEAM_ONLY if k not in user and getattr(gc, k, None) != getattr(default, k, None)]
-    if not gc.do_sample:
-        unused += [k for k in SAMPLE_ONLY if k not in user and getattr(gc, k, None) != getattr(default, k, None)]
-    dropped = []
-    for key in unused:
-        dropped.append(f"{key}={getattr(gc, key)!r}")
-        setattr(gc, key, getattr(default, key, None))
-    return dropped
-
-
-def validation_reason(e: BaseException) -> str:
-    """transformers' reason for refusing a generation config, on one line. Its message starts
-    with "GenerationConfig is invalid: " and puts the reasons on the following lines."""
-    lines = [ln.strip().lstrip("- ") for ln in str(e).strip().splitlines()]
-    lines = [ln for ln in lines if ln and not ln.startswith("If you're using a pretrained model")]
-    if len(lines) > 1 and lines[0].rstrip().endswith(":"):
-        return lines[0].rstrip() + " " + "; ".join(lines[1:])
-    return "; ".join(lines) or type(e).__name__
-
-
 def generation_config_for(model_config: Any, base: Any, tokenizer: Any, cfg: EvalConfig) -> Any:
-    """The effective generation settings: the model's defaults, then its task-specific
-    parameters, then the user's flags. Unknown user flags are errors, not silently ignored."""
+    """The effective generation settings: what model.generate() would use on the model. The
+    model's own (`base`), then its task-specific parameters, then the user's flags; every value
+    and the values together checked, for every engine (model/generation.py); then every field
+    generate() fills in when unset made explicit. Unknown user flags are errors, not silently
+    ignored."""
     from transformers import GenerationConfig
 
     known = set(GenerationConfig().to_dict())
@@ -282,14 +250,18 @@ def generation_config_for(model_config: Any, base: Any, tokenizer: Any, cfg: Eva
     gc.num_return_sequences = cfg.num_return_sequences
     if cfg.tgt_lang is not None and getattr(model_config, "model_type", "") != "t5":
         gc.forced_bos_token_id = forced_bos_token_id(tokenizer, cfg.tgt_lang)
-    dropped = _drop_inapplicable(gc, user)
+    dropped = generation.drop_inapplicable(gc, user)
     if dropped:
         mode = "sampling" if gc.do_sample else "greedy decoding" if (gc.num_beams or 1) == 1 else "beam search"
         logger.info("%s: ignoring the model's settings that do not apply: %s", mode, ", ".join(dropped))
+    generation.check_values(gc, user)
     try:
         gc.validate(strict=True)
-    except ValueError as e:
-        raise ConfigError(f"invalid generate options: {validation_reason(e)}") from e
+    except (ValueError, TypeError, AttributeError) as e:  # a value of another kind: not a traceback
+        raise ConfigError(f"invalid generate options: {generation.validation_reason(e)}") from e
+    model_set = {k for k, v in gc.to_dict().items() if v is not None}
+    gc = generation.effective(gc, model_config)
+    generation.check_together(gc, user, model_set)
     return gc
 
 

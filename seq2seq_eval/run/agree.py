@@ -1,9 +1,11 @@
 """evaluate()'s ranks agree before any work, and fail together with the real reason.
 
-Every rank of the group checks in on the job's store with its resolved settings; each rank
-then compares every rank's settings with rank 0's, so a rank passed other arguments (another
-eos_token_id, another n_obs) stops every rank with one message naming the fields, instead of
-mixing both settings into one result. A rank that never calls evaluate() is named after
+Every rank of the group checks in on the job's store with its resolved settings and what it holds
+(`what_ranks_run`: its model's weights, its tokenizer's content, its effective generation
+settings); each rank then compares every rank's with rank 0's, so a rank passed other arguments
+(another eos_token_id, another n_obs) or other objects (noised weights, a model whose
+generation_config differs, another model_max_length) stops every rank with one message naming
+the fields, instead of mixing both into one result. A rank that never calls evaluate() is named after
 --sync_timeout. Once the run is under way, a rank that fails publishes its error on the store
 before it leaves, and the others raise that error (not the "Connection reset by peer" or
 timeout their own collectives see when it is gone).
@@ -44,6 +46,26 @@ def settings_of(cfg: Any, extra: Mapping[str, Any]) -> dict[str, str]:
     out.update({k: json.dumps(v, sort_keys=True, default=str) for k, v in gen.items()})
     out.update({k: json.dumps(v, sort_keys=True, default=str) for k, v in extra.items()})
     return out
+
+
+def what_ranks_run(cfg: Any, model: Any = None, tokenizer: Any = None) -> dict[str, Any]:
+    """What this rank would generate with, by name, beyond its arguments: the effective
+    generation settings field by field (`generation.top_k`: what generate() would use, the model
+    object's own generation_config included), the tokenizer's content (`tokenizer.vocab_sha256`,
+    `tokenizer.model_max_length`, ...) and, for a model object, its weights (`weights`: every byte,
+    model/fingerprint.py). Two ranks passed the same arguments but different objects differ here."""
+    from ..model.fingerprint import tokenizer_fingerprint, weights_fingerprint
+    from ..model.generation import full_dict
+    from ..model.settings import generation_config_for, load_model_config, load_tokenizer, model_config_of
+
+    model_config, base = model_config_of(model, cfg.model_name) if model is not None else load_model_config(cfg)
+    tokenizer = load_tokenizer(cfg, tokenizer)
+    held: dict[str, Any] = {f"generation.{k}": v for k, v in
+                            full_dict(generation_config_for(model_config, base, tokenizer, cfg)).items()}
+    held.update({f"tokenizer.{k}": v for k, v in tokenizer_fingerprint(tokenizer).items()})
+    if model is not None:
+        held["weights"] = weights_fingerprint(model)
+    return held
 
 
 def digest(value: Any) -> str:
@@ -117,7 +139,7 @@ class Agreement:
             diff = differences(joined[r], joined[0])
             if diff:
                 raise RanksDisagree(f"rank {r} differs from rank 0 in {'; '.join(diff)}; "
-                                    "expected the same settings on every rank")
+                                    "expected the same settings, model and tokenizer on every rank")
 
     def publish(self, error: BaseException) -> None:
         """This rank failed: say why, for the ranks that will see it only as a lost peer."""

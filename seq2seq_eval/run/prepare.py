@@ -20,6 +20,7 @@ from ..inputs.read import iter_examples
 from ..errors import DataError
 from ..model.generate_check import check_generate_settings
 from ..model.fingerprint import tokenizer_fingerprint
+from ..model.generation import full_dict
 from ..model.identity import check_safetensors, hub_revision
 from ..model.settings import (
     generation_config_for,
@@ -192,7 +193,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     if entry.note and (pg is None or pg.env.is_main):  # every rank sees the same; one says it
         logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
-    engines.check(cfg, model_config, gc, tokenizer)
+    engines.check(cfg, model_config, gc, tokenizer, device_type)
     check_generate_settings(gc, model_config)
     prefix = source_prefix(model_config, cfg)
     max_source_length = source_limit(model_config, tokenizer, cfg)
@@ -213,7 +214,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     cost = {"out_ratio": 1.0 if cfg.task_family == "translation" else 0.25, "out_cap": gc.max_new_tokens or gc.max_length,
             "beams": gc.num_beams or 1, "step_overhead": step_overhead(device_type, cfg.engine, half=cfg.fp16 or cfg.bf16)}
     batches, bs, max_tokens, budget = _plan(cfg, tokens.lengths, env.world_size, device_type, cost, recorded)
-    gen_settings = {k: v for k, v in gc.to_diff_dict().items() if k != "transformers_version"}
+    gen_settings = full_dict(gc)  # every field, generate()'s defaults included
     manifest = {
         "model": identity,
         "tokenizer": tokenizer_identity,
