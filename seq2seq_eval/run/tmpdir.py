@@ -47,7 +47,7 @@ DONE = "rank0.done"  # rank 0 wrote the outputs: the other ranks may exit (see r
 MARKER = ".seq2seq_eval_tmp"
 OWN = re.compile(
     r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl"
-    r"|rank_\d+_output\.(arrow|arrow\.partial|json)|claims/([a-z]+_)?\d+"
+    r"|rank_\d+_output\.(arrow|arrow\.partial|json)|claims/([a-z][a-z0-9]*_)?\d+"
     r"|tail_\d+\.(json|sizes|scores|spilled)|tail_out\.(gen|pseudo|legacy|jsonl|example)"
     r"|tail_spill_(\d+|all)_\d+\.arrow(\.index)?"
     r"|cache/examples\.(arrow|json)|cache/tokens_\d+_\d+\.(ids\.bin|lens\.npy|json))"
