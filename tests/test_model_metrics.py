@@ -111,3 +111,122 @@ def test_a_metric_gets_its_own_options_only(monkeypatch):
     registry.check("mine", resolved)
     registry.load("mine", resolved)
     assert seen == {"check": {"mine_model": "x"}, "load": {"mine_model": "x"}}
+
+
+# --- the ranks' model-metric phase, whoever finishes first ------------------------------------
+
+COMET_TINY = REPO / "tests" / "data" / "comet_tiny" / "wmt22_like"
+
+LATE_RANK = '''
+"""The tool, with rank 1's model-metric phase held (at its start, or once it has read the rank
+files) until rank 0 has scored every batch (it takes them all: stealing) and written the outputs."""
+import sys, time
+from pathlib import Path
+
+import seq2seq_eval.run.runner as runner
+from seq2seq_eval.cli import main
+
+import seq2seq_eval.run.model_scores as model_scores
+
+
+def wait_for_rank_0(tmp_dir):
+    deadline = time.monotonic() + 120
+    # rank0.done: rank 0 wrote the outputs; no manifest: it removed the temp dir already.
+    while (Path(tmp_dir) / "manifest.json").exists() and not (Path(tmp_dir) / "rank0.done").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("rank 0 never finished without rank 1")
+        time.sleep(0.01)
+    time.sleep(1.0)  # and whatever rank 0 does next, it has done
+
+
+def delayed(module, name, before):
+    real = getattr(module, name)
+
+    def call(cfg, env, prep, tmp_dir, *args, **kwargs):
+        if env.rank == 1 and before:
+            wait_for_rank_0(tmp_dir)
+        out = real(cfg, env, prep, tmp_dir, *args, **kwargs)
+        if env.rank == 1 and not before:
+            wait_for_rank_0(tmp_dir)
+        return out
+
+    setattr(module, name, call)
+
+
+if sys.argv[1] == "start":  # before the phase
+    delayed(runner, "score_model_metrics", before=True)
+else:  # once it has read the rank files (the predictions)
+    delayed(model_scores, "_predictions", before=False)
+sys.exit(main(sys.argv[2:]))
+'''
+
+
+@pytest.mark.parametrize("held", ["start", "after_reading"])
+def test_a_rank_whose_scoring_comes_after_rank_0_has_finished_every_batch(tmp_path, held):
+    """Rank 0 scores every model-metric batch (taking rank 1's) and writes the outputs before
+    rank 1 starts its model-metric phase (or goes on with it once it has read the rank files):
+    rank 1 still finds the files it reads, has nothing left to score and leaves; rank 0 removes
+    the temp dir after it, and the run passes."""
+    import json
+
+    from conftest import assert_ok, run_ranks
+
+    script = tmp_path / "late_rank.py"
+    script.write_text(LATE_RANK, encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["--metrics", "bleu,comet", "--comet_model", str(COMET_TINY), "--n_obs", "12", "--bs", "4",
+            "--comet_max_tokens", "40", "--sync_timeout", "30", "--save_dir", str(out)]
+    proc = run_ranks(2, [held, *args], tmp_path, script=script)
+    assert_ok(proc)
+    stats = json.loads((out / "test_bleu.json").read_text())["throughput"]["model_metrics"]["comet"]
+    assert stats["rank0_scored_batches"] == stats["batches"] > stats["rank0_planned_batches"], stats
+    assert not (tmp_path / "out_tmp").exists()  # nothing left behind, by either rank
+    rows = [json.loads(line) for line in (out / "test_examples.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(isinstance(r["comet"], float) for r in rows)
+
+
+def test_rank_0_waits_for_a_rank_present_in_the_temp_dir_and_not_for_a_dead_one(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from seq2seq_eval.run.presence import Presence, wait_for_ranks_to_leave
+
+    held = Presence(tmp_path, 1)  # a lock taken on another open file: it conflicts within one process too
+    assert wait_for_ranks_to_leave(tmp_path, 3, 0.2) == [1]  # rank 2 never came: not waited for
+    held.release()
+    assert wait_for_ranks_to_leave(tmp_path, 3, 5) == []
+    code = ("import sys, time; from pathlib import Path; from seq2seq_eval.run.presence import Presence; "
+            f"p = Presence(Path({str(tmp_path)!r}), 2); print('held', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "held\n"
+        assert wait_for_ranks_to_leave(tmp_path, 3, 0.2) == [2]
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert wait_for_ranks_to_leave(tmp_path, 3, 5) == []  # the kernel dropped the dead rank's lock
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_rank_0_cleaning_up_between_a_rank_s_open_and_flock_of_its_lock_is_done_not_gone(tmp_path, monkeypatch):
+    """A rank that opens run.lock just before rank 0 removes it and releases the lock would get
+    the lock: the file it holds is no longer linked, so rank 0 finished; it is not reported as
+    gone, and nothing is written into the folder."""
+    import os
+
+    from seq2seq_eval.run import tmpdir
+
+    (tmp_path / tmpdir.LOCK).write_bytes(b"")
+    real_open = os.open
+
+    def open_then_cleaned_up(path, flags, *args):
+        fd = real_open(path, flags, *args)
+        if str(path).endswith(tmpdir.LOCK):
+            os.unlink(path)  # rank 0's cleanup, then its lock released
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_cleaned_up)
+    assert tmpdir.main_rank_state(tmp_path) == "done"
+    assert list(tmp_path.iterdir()) == []

@@ -3,7 +3,9 @@ cuts the same length-sorted, token-budget batches from all examples, scores the 
 it (and, once out of work, those a slower rank has not started: steal.py's claims) and journals
 each; rank 0 waits until every batch is journaled and gathers the values in data
 order. As for generation, a batch's members do not depend on the world size, so neither do the
-values; a resumed run rescores no journaled batch."""
+values; a resumed run rescores no journaled batch. Whoever finishes first, every file a rank
+reads here is there: rank 0 removes the temp dir only once every other rank has left it
+(presence.py), and a rank that comes after rank 0 has finished finds nothing left and goes."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import EvalConfig
-from ..errors import RunFailed, SyncTimeoutError
+from ..errors import SyncTimeoutError
 from ..scoring import registry
 from ..scoring.model_metric import MAX_TOKENS, ModelMetric, columns, default_budget, model_batches
 from .dist import DistEnv
@@ -24,6 +26,7 @@ from .plan import Batch, assign_batches, plan_digest
 from .prepare import Prepared
 from .rankfiles import read_rank_output, wait_for_rank_files
 from .steal import Claims
+from .tmpdir import main_is_done
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -52,7 +55,7 @@ def _predictions(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path) -
     outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
     table, order = merge_by_id(outputs, prep.store)
     preds = [p[0] for p in table.take(pa.array(order)).column("pred").to_pylist()]
-    del table, outputs  # the rank files are memory-mapped; let them go before cleanup removes them
+    del table, outputs  # the rank files are memory-mapped; let them go before this rank leaves (presence.py)
     return preds
 
 
@@ -89,7 +92,7 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
     order), "scores" (each key's system score), "signature"}} plus "stats", None on the others
     (and when --metrics names no model metric)."""
     names = cfg.model_metric_names
-    if not names:
+    if not names or _nothing_left(env, tmp_dir):
         return None
     preds = _predictions(cfg, env, prep, tmp_dir)
     n = len(prep.store)
@@ -99,6 +102,8 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
     options = dict(cfg.metric_options)
     out: dict[str, Any] = {"stats": {}}
     for name in names:
+        if _nothing_left(env, tmp_dir):
+            break
         t0 = time.perf_counter()
         spec = registry.get(name)
         metric = loader(name, options, device)
@@ -116,9 +121,9 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
         shares = [[i for i in share if i not in done] for share in assign_batches(batches, env.world_size)]
         claims = Claims(tmp_dir, shares, env.rank, [b.cost for b in batches], steal=not cfg.no_steal, prefix=f"{name}_")
         scored = stolen = 0
-        journal = Journal(journal_path(tmp_dir, env.rank))
+        journal: Journal | None = None  # opened at the first batch this rank scores
         try:
-            for claimed in _until_main_is_done(claims, tmp_dir):
+            for claimed in claims:
                 members = batches[claimed.index].members
                 values = metric.score([sources[m] for m in members], [preds[m] for m in members], [refs[m] for m in members],
                                       max_tokens=budget)
@@ -126,10 +131,12 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
                 if claimed.stolen_by(env.rank):
                     entry["from_rank"] = claimed.planned_rank
                     stolen += 1
+                journal = journal or Journal(journal_path(tmp_dir, env.rank))
                 journal.append(entry)
                 scored += 1
         finally:
-            journal.close()
+            if journal is not None:
+                journal.close()
         seconds = time.perf_counter() - t0
         logger.info("rank %d scored %s: %d batch(es) (%d taken from slower ranks) in %.1f s, %d journaled before",
                     env.rank, name, scored, stolen, seconds, len(done))
@@ -146,23 +153,14 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
     return out if env.is_main else None
 
 
-def _until_main_is_done(claims: Any, tmp_dir: Path) -> Any:
-    """The claimed batches, ending quietly when rank 0 has finished the run: it does so only once
-    every batch is journaled, and may then remove the temp dir (claims folder included) while a
-    slower rank is still looking for work."""
-    from .tmpdir import main_rank_state
-
-    it = iter(claims)
-    while True:
-        try:
-            claimed = next(it)
-        except StopIteration:
-            return
-        except RunFailed:
-            if main_rank_state(tmp_dir) == "done":
-                return
-            raise
-        yield claimed
+def _nothing_left(env: DistEnv, tmp_dir: Path) -> bool:
+    """A rank other than 0 whose phase begins (or goes on to its next metric) after rank 0 has
+    written the outputs: every batch is journaled, nothing is left to score. Under its presence
+    (presence.py) the temp dir, rank0.done included, stays until this rank has left."""
+    if env.is_main or not main_is_done(tmp_dir):
+        return False
+    logger.info("rank %d: rank 0 has scored every model-metric batch already", env.rank)
+    return True
 
 
 def _gather(cfg: EvalConfig, tmp_dir: Path, key: dict[str, Any], batches: list[Batch], n: int) -> list[Any]:
