@@ -5,15 +5,16 @@ docs' list."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 from conftest import REPO
 
 import seq2seq_eval
-from seq2seq_eval.errors import ConfigError
+from seq2seq_eval.errors import ConfigError, ModelError
 from seq2seq_eval.scoring import registry
-from seq2seq_eval.scoring.model_metric import ModelMetricSpec, Option
+from seq2seq_eval.scoring.model_metric import ModelMetric, ModelMetricSpec, Option
 
 DOCS = REPO / "docs" / "metrics.md"
 
@@ -230,3 +231,143 @@ def test_rank_0_cleaning_up_between_a_rank_s_open_and_flock_of_its_lock_is_done_
     monkeypatch.setattr(os, "open", open_then_cleaned_up)
     assert tmpdir.main_rank_state(tmp_path) == "done"
     assert list(tmp_path.iterdir()) == []
+
+
+# --- a model metric defined here, through every entry point, with no change to the package ----
+
+
+class ToyMetric(ModelMetric):
+    """A model metric of this file's own: each example's prediction words found in its closest
+    reference, weighted by each word's rarity among all references (a corpus statistic, taken
+    in `prepare` on every rank, as BERTScore's idf), times --toy_scale; and its word count."""
+
+    name = "toy"
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+        self.rarity: dict[str, float] = {}
+
+    @property
+    def signature(self) -> str:
+        return f"toy|scale:{self.scale:g}"
+
+    def prepare(self, sources, predictions, references) -> None:
+        docs = [set(r.split()) for refs in references for r in refs]
+        self.rarity = {w: 1 / sum(w in d for d in docs) for d in docs for w in d}
+
+    def lengths(self, sources, predictions, references) -> list[int]:
+        return [max(len(p.split()), *(len(r.split()) for r in refs)) + 2 for p, refs in zip(predictions, references)]
+
+    def score(self, sources, predictions, references, max_tokens=None) -> list[tuple[float, float]]:
+        out = []
+        for p, refs in zip(predictions, references):
+            words = p.split()
+            found = max(sum(self.rarity.get(w, 0.0) for w in words if w in r.split()) for r in refs)
+            out.append((self.scale * found / max(1, len(words)), float(len(words))))
+        return out
+
+
+def _toy_check(options):
+    if options["toy_scale"] == 13:
+        raise ModelError("--toy_scale 13: the toy model refuses it")
+
+
+TOY = ModelMetricSpec(
+    name="toy", what="a test's own", load=lambda options, device: ToyMetric(options["toy_scale"]), check=_toy_check,
+    options=(Option("toy_scale", 1.0, "the toy's factor", kind=float, valid=lambda v: v > 0, expected="a number > 0"),),
+    keys=("toy", "toy_words"), decimals=3)
+
+TOY_MAIN = f'''
+import sys
+sys.path.insert(0, {str(REPO / "tests")!r})
+from test_model_metrics import TOY  # defined in the test file
+from seq2seq_eval.scoring.registry import register
+
+register(TOY)
+from seq2seq_eval.cli import main
+
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """TOY registered in this process for one test, as a script registers it before the tool."""
+    monkeypatch.setattr(registry, "_registered", registry.specs())
+    registry.register(TOY)
+    return TOY
+
+
+def _direct(rows, scale=1.0):
+    metric = ToyMetric(scale)
+    refs = [tuple(r["references"]) for r in rows]
+    metric.prepare([], [r["prediction"] for r in rows], refs)
+    return metric.score([], [r["prediction"] for r in rows], refs)
+
+
+def test_a_metric_of_one_s_own_through_the_run_on_1_and_2_ranks_score_and_compare(tmp_path):
+    import json
+
+    from conftest import assert_ok, run_ranks, single
+
+    main = tmp_path / "toy_main.py"
+    main.write_text(TOY_MAIN, encoding="utf-8")
+    run = ["--metrics", "bleu,toy", "--toy_scale", "2", "--n_obs", "20", "--bs", "4", "--model_metric_max_tokens", "16"]
+    one = single([*run, "--save_dir", str(tmp_path / "one")], tmp_path, script=main)
+    assert_ok(one)
+    assert "toy_words" in one.stdout and re.search(r"^toy +\d", one.stdout, flags=re.M)  # the summary
+    metric = json.loads((tmp_path / "one" / "test_bleu.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "one" / "test_examples.jsonl").read_text().splitlines()]
+    direct = _direct(rows, 2.0)
+    assert [(r["toy"], r["toy_words"]) for r in rows] == direct
+    assert metric["toy"] == math.fsum(v for v, _ in direct) / 20 and metric["toy_signature"] == "toy|scale:2"
+    assert metric["toy_words"] == math.fsum(w for _, w in direct) / 20 and "bleu" in metric
+    assert metric["throughput"]["model_metrics"]["toy"]["options"] == {"toy_scale": 2.0}
+    assert metric["throughput"]["model_metrics"]["toy"]["batches"] > 2  # batches enough to share
+    two = run_ranks(2, [*run, "--save_dir", str(tmp_path / "two")], tmp_path, script=main)
+    assert_ok(two)
+    for name in ("test_examples.jsonl", "test_generations.txt"):
+        assert (tmp_path / "two" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
+    assert {k: v for k, v in json.loads((tmp_path / "two" / "test_bleu.json").read_text()).items() if "toy" in k} == \
+        {k: v for k, v in metric.items() if "toy" in k}
+    # The run's refusals: the option's check before any work, and the metric's own check.
+    for value, said in (("0", "--toy_scale 0.0: expected a number > 0"), ("13", "the toy model refuses it")):
+        proc = single([*run[:2], "--toy_scale", value, "--dry_run", "--save_dir", str(tmp_path / "no")], tmp_path,
+                      script=main)
+        assert proc.returncode != 0 and said in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    # score and compare over files: the same values, the option taken by both.
+    for name, key in (("pred", "prediction"), ("ref", "references"), ("other", "references")):
+        lines = [r[key][0] if key == "references" else r[key] for r in rows]
+        lines = lines[1:] + lines[:1] if name == "other" else lines
+        (tmp_path / name).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    scored = single(["score", "--metrics", "toy", "--toy-scale", "2", "--predictions", str(tmp_path / "pred"),
+                     "--references", str(tmp_path / "ref")], tmp_path, script=main)
+    assert_ok(scored)
+    assert json.loads(scored.stdout) == {k: v for k, v in metric.items() if k.startswith("toy") and k != "toy_signature"} | \
+        {"toy_signature": "toy|scale:2"}
+    compared = single(["compare", "--task", "translation", "--metrics", "bleu", "toy", "--toy_scale", "2", "--n_samples",
+                       "50", "--predictions", str(tmp_path / "pred"), str(tmp_path / "other"), "--references",
+                       str(tmp_path / "ref")], tmp_path, script=main)
+    assert_ok(compared)
+    line = next(x for x in compared.stdout.splitlines() if x.startswith("pred") and " toy " in x)
+    assert f"{metric['toy']:.3f}" in line  # the metric's own decimals
+
+
+def test_a_metric_of_one_s_own_in_score_compare_and_evaluate(toy, tmp_path):
+    from seq2seq_eval.config import EMBEDDED_MODEL
+
+    preds, refs = ["the cat sat", "a dog ran off", "hello"], [["the cat sat down", "cat sat"], ["a dog ran"], ["bye"]]
+    got = seq2seq_eval.score(preds, refs, metrics="toy", toy_scale=3)
+    metric = ToyMetric(3.0)
+    metric.prepare([], preds, refs)
+    values = metric.score([], preds, refs)
+    assert got == {"toy": math.fsum(v for v, _ in values) / 3, "toy_words": 8 / 3, "toy_signature": "toy|scale:3"}
+    comparison = seq2seq_eval.compare({"a": preds, "b": ["x", "y", "z"]}, refs, metrics="toy", n_samples=20, toy_scale=3,
+                                      reference_layout="examples")
+    assert comparison["results"]["a"]["toy"]["score"] == got["toy"] and comparison["results"]["b"]["toy"]["score"] == 0
+    result = seq2seq_eval.evaluate(str(EMBEDDED_MODEL), sources=["Hello world.", "The cat sat on the mat."],
+                                   references=["Hallo Welt.", "Die Katze saß auf der Matte."], metrics="bleu,toy",
+                                   toy_scale=0.5, save_dir=str(tmp_path / "out"), return_examples=True)
+    rows = result.examples
+    assert [(r["toy"], r["toy_words"]) for r in rows] == _direct(rows, 0.5)
+    assert result.metrics["toy_signature"] == "toy|scale:0.5" and "bleu" in result.metrics
