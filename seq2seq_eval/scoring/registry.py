@@ -17,6 +17,7 @@ from .model_metric import MAX_TOKENS, ModelMetric, ModelMetricSpec, Option, Rank
 
 BUILTIN = (
     "seq2seq_eval.scoring.comet",
+    "seq2seq_eval.scoring.bertscore",
 )
 """The package's model metrics: modules whose METRIC is a ModelMetricSpec, one line each."""
 
