@@ -79,6 +79,7 @@ def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequ
     options = dict(registry.resolve_options(metric_options, "score(): "))
     parsed = parse_metric_names(metrics, task)
     model_names = split_metric_names(parsed, family_of(task) or "translation")[1]
+    registry.refuse_unused(options, model_names, f"metrics={metrics!r}")
     names = tuple(n for n in parsed if n not in model_names)  # with a model metric alone, nothing else
     if registry.needing_sources(model_names) and sources is None:
         raise ConfigError(f"metrics {','.join(registry.needing_sources(model_names))}: needs sources, one per prediction")

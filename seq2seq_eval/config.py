@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .scoring.names import parse_metric_names, split_metric_names
-from .scoring.registry import resolve_options
+from .scoring.registry import refuse_unused, resolve_options
 
 TASKS = ("translation", "summarization")
 """Task families: what --task is scored as (BLEU or ROUGE)."""
@@ -272,6 +272,8 @@ class EvalConfig:
                 raise ConfigError(f"--metrics {self.metrics!r}: {why}; leave --metrics out")
             object.__setattr__(self, "metrics", ",".join(names))
         object.__setattr__(self, "metric_options", resolve_options(self.metric_options))
+        refuse_unused(dict(self.metric_options), self.model_metric_names,
+                      f"--metrics {self.metrics!r}" if self.metrics is not None else "the task's default metric")
         if self.shared_tail and self.model_metric_names:
             # The ranks write their slices before rank 0 has the model metrics' values.
             raise ConfigError(f"--shared_tail with --metrics {','.join(self.model_metric_names)}: the ranks' slices "

@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO
 
 import seq2seq_eval
+from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.errors import ConfigError, ModelError
 from seq2seq_eval.scoring import registry
 from seq2seq_eval.scoring.model_metric import ModelMetric, ModelMetricSpec, Option
@@ -55,9 +56,10 @@ def test_options_reach_the_config_from_every_entry_point(tmp_path):
 
     cfg = build_config(["--metrics", "bleu,comet", "--comet-model", "m", "--comet_max_tokens", "7"])
     assert cfg.metric_option("comet_model") == "m" and cfg.metric_option("model_metric_max_tokens") == 7
-    legacy, _ = build_legacy(["model", str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), "--comet_model", "m2"])
+    legacy, _ = build_legacy(["model", str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), "--reference_path",
+                              str(tmp_path / "ref.txt"), "--metrics", "bleu,comet", "--comet_model", "m2"])
     assert legacy.metric_option("comet_model") == "m2"
-    cfg = _config(None, False, None, None, None, None, {"comet_model": "m3", "num_beams": 2, "bs": 4})
+    cfg = _config(None, False, None, None, None, None, {"metrics": "comet", "comet_model": "m3", "num_beams": 2, "bs": 4})
     assert cfg.metric_option("comet_model") == "m3" and cfg.generate_kwargs == (("num_beams", 2),)
     # Every option, given or not, is in the config (the provenance records what was used).
     assert [k for k, _ in cfg.metric_options] == [o.name for o in registry.options()]
@@ -78,6 +80,41 @@ def test_a_wrong_option_is_one_typed_line(call, message):
     with pytest.raises(ConfigError) as e:
         call()
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: EvalConfig(metrics="bleu,comet", metric_options={"bertscore_idf": True}),
+     "--bertscore_idf applies to --metrics bertscore, which --metrics 'bleu,comet' does not name; add it there"),
+    (lambda: EvalConfig(metric_options={"comet_max_tokens": 64}),
+     "--model_metric_max_tokens applies to the model metrics (comet, bertscore), none of which the task's default "
+     "metric names"),
+    (lambda: EvalConfig(num_return_sequences=2, generate_kwargs=(("num_beams", 2),), metric_options={"comet_model": "x"}),
+     "--comet_model applies to --metrics comet, which the task's default metric does not name"),
+    (lambda: seq2seq_eval.score(["a"], ["a"], metrics="chrf", bertscore_model="x"),
+     "--bertscore_model applies to --metrics bertscore, which metrics='chrf' does not name"),
+    (lambda: seq2seq_eval.compare({"a": ["a"], "b": ["b"]}, ["a"], model_metric_max_tokens=8),
+     "--model_metric_max_tokens applies to the model metrics"),
+])
+def test_an_option_that_would_change_nothing_is_refused(call, message):
+    """A model metric's option for a metric --metrics does not name (or the shared budget with no
+    model metric) would be silently ignored: it is refused in one line, as other options that
+    cannot apply are; its default, given or not, is no option set."""
+    with pytest.raises(ConfigError) as e:
+        call()
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert EvalConfig(metrics="bleu", metric_options={"comet_model": "Unbabel/wmt22-comet-da", "bertscore_idf": False})
+
+
+def test_compare_subcommand_refuses_an_option_for_a_metric_it_does_not_compute(tmp_path, capsys):
+    from seq2seq_eval.cli import main
+
+    for name in ("a", "b", "r"):
+        (tmp_path / name).write_text("x y\n")
+    assert main(["compare", "--task", "translation", "--metrics", "bleu", "--predictions", str(tmp_path / "a"),
+                 str(tmp_path / "b"), "--references", str(tmp_path / "r"), "--bertscore_idf"]) == 2
+    assert capsys.readouterr().err.strip() == ("seq2seq_eval: error: --bertscore_idf applies to --metrics bertscore, "
+                                               "which --metrics 'bleu' does not name; add it there, or leave out "
+                                               "--bertscore_idf")
 
 
 def _spec(name: str, *options: Option, keys: tuple[str, ...] = ()) -> ModelMetricSpec:

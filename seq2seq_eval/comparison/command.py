@@ -191,6 +191,8 @@ def compare_main(argv: Sequence[str]) -> str:
     named = dict(zip(names, systems))
     task = _task(args.task, runs)
     metrics = metric_names(parse_metric_names(args.metrics, task))  # the run's and score's names; "rouge": its keys
+    registry.refuse_unused(options, metrics, f"--metrics {' '.join(args.metrics)!r}" if args.metrics
+                           else "the task's default metric")
     n_samples = _check_samples(args.paired_test, args.n_samples)
     _check_seed(args.seed)
     refs, ref_origin = _references(args, runs)

@@ -217,6 +217,7 @@ def compare(
             raise DataError(f"compare(systems): system {name}: expected a list of predictions (texts), "
                             f"got {type(hyps).__name__}")
     names = metric_names(parse_metric_names(metrics, task))  # "rouge": its four keys
+    registry.refuse_unused(options, names, f"metrics={metrics!r}")
     n = len(next(iter(systems.values()))) if systems else 0
     rows = per_example(references, n, reference_layout) if n else None
     if rows is None:

@@ -113,7 +113,9 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
         # A batch's cost is its padded tokens, the encoder's work: what the deal balances.
         batches = [Batch(i, members, lengths[members[0]], float(lengths[members[0]] * len(members)))
                    for i, members in enumerate(model_batches(lengths, budget))]
-        key = {"metric": name, "model": metric.signature, "plan": plan_digest(batches)}
+        # What the values depend on: a journal of other options, model or batches is never reused.
+        key = {"metric": name, "model": metric.signature, "options": registry.own_options(spec, options),
+               "plan": plan_digest(batches)}
         done = dict(_Journaled(tmp_dir, key).read())
         # Dealt as generation's batches are, and claimed before scoring: a rank out of work takes
         # the unstarted batches of the slowest share (steal.py). The plan fixes each batch's

@@ -117,6 +117,21 @@ def resolve_options(given: Mapping[str, Any] | Sequence[tuple[str, Any]], where:
     return tuple((o.name, values.get(o.name, o.default)) for o in options())
 
 
+def refuse_unused(resolved: Mapping[str, Any], metric_names: Sequence[str], shown: str) -> None:
+    """An option that would change nothing is refused: one set (to other than its default) for a
+    metric `metric_names` does not hold, or a shared one with no model metric among them."""
+    used = [n for n in metric_names if n in specs()]
+    for spec in specs().values():
+        for option in spec.options if spec.name not in used else ():
+            if resolved[option.name] != option.default:
+                raise ConfigError(f"--{option.name} applies to --metrics {spec.name}, which {shown} does not name; "
+                                  f"add it there, or leave out --{option.name}")
+    for option in SHARED_OPTIONS if not used else ():
+        if resolved[option.name] != option.default:
+            raise ConfigError(f"--{option.name} applies to the model metrics ({', '.join(specs())}), none of which "
+                              f"{shown} names; leave it out")
+
+
 def split_options(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the entries that are not model-metric options, those that are) of keyword arguments."""
     known = set(option_names())
