@@ -237,14 +237,12 @@ def test_gpu_benchmark_reads_pytest_counts(tmp_path, xml, counts):
 
 
 def test_bertscore_benchmark_runs(tmp_path):
-    """benchmarks/bertscore.py on a tiny encoder: the tool's figures, and where bert-score is
-    installed (the side environment) its figures, the ratio and the same values."""
+    """benchmarks/bertscore.py on a tiny encoder, the tool alone (bert-score's side is what
+    tests/test_bertscore.py runs live where it is installed; starting it here would cost the
+    suite tens of seconds): the figures print and go to results.json."""
     out = tmp_path / "bertscore"
-    proc = bench("bertscore.py", ["--size", "tiny", "--n", "24", "--bs", "8", "--rounds", "1", "--out", str(out)], tmp_path)
-    assert "tool (token budget " in proc.stdout
+    proc = bench("bertscore.py", ["--size", "tiny", "--n", "24", "--bs", "8", "--rounds", "1", "--out", str(out),
+                                  "--bertscore_python", str(tmp_path / "none")], tmp_path)
+    assert "measuring the tool alone" in proc.stdout and "tool (token budget " in proc.stdout
     report = json.loads((out / "results.json").read_text())
-    assert report["n"] == 24 and len(report["tool_samples_per_second"]) == 1
-    if "median_ratio" in report:
-        assert report["max_abs_difference"] < 1e-5 and "ratio (median of per-round ratios)" in proc.stdout
-    else:
-        assert "measuring the tool alone" in proc.stdout
+    assert report["n"] == 24 and len(report["tool_samples_per_second"]) == 1 and "median_ratio" not in report
