@@ -274,6 +274,11 @@ def test_bert_score_s_baselines_are_read_from_an_installed_bert_score_or_refused
         read_baseline(path, 5)
     with pytest.raises(ConfigError, match="^--bertscore_baseline_path needs --bertscore_rescale_with_baseline$"):
         check(_options(bertscore_model=model, bertscore_num_layers=3, bertscore_baseline_path=str(path)))
+    with pytest.raises(ConfigError, match="^--bertscore_lang needs --bertscore_rescale_with_baseline$"):
+        check(_options(bertscore_model=model, bertscore_num_layers=3, bertscore_lang="de"))
+    with pytest.raises(ConfigError, match="^--bertscore_lang picks one of bert-score's baseline files; with "
+                                          "--bertscore_baseline_path it is not read"):
+        check(_options(**rescaled, bertscore_lang="de", bertscore_baseline_path=str(path)))
 
 
 # --- on the ranks ------------------------------------------------------------------------------

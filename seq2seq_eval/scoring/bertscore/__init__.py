@@ -153,10 +153,17 @@ def check(options: Mapping[str, Any]) -> None:
 
 
 def _baseline(options: Mapping[str, Any], layers: int) -> tuple[tuple[float, float, float] | None, str | None]:
+    # Each baseline option has one use: given where it is not read, it is refused.
+    lang_given = options["bertscore_lang"] != "en"
     if not options["bertscore_rescale_with_baseline"]:
-        if options["bertscore_baseline_path"] is not None:
-            raise ConfigError("--bertscore_baseline_path needs --bertscore_rescale_with_baseline")
+        for flag, given in (("bertscore_baseline_path", options["bertscore_baseline_path"] is not None),
+                            ("bertscore_lang", lang_given)):
+            if given:
+                raise ConfigError(f"--{flag} needs --bertscore_rescale_with_baseline")
         return None, None
+    if lang_given and options["bertscore_baseline_path"] is not None:
+        raise ConfigError("--bertscore_lang picks one of bert-score's baseline files; with --bertscore_baseline_path "
+                          "it is not read: leave one of them out")
     from .baseline import baseline_file, read_baseline
 
     path, kind = baseline_file(options["bertscore_model"], options["bertscore_lang"], options["bertscore_baseline_path"])
