@@ -21,13 +21,15 @@ from typing import Any
 from .config import CONFIG_FIELDS, EvalConfig, family_of
 from .errors import ConfigError, DataError, EvalError, first_line
 from .model.in_memory import unwrap, untouched
+from .scoring.registry import split_options
 
 logger = logging.getLogger("seq2seq_eval")
 
 _CONFIG_FIELDS = set(CONFIG_FIELDS)
 # Options that make sense only for a separate process on the command line.
 _REFUSED = {"dry_run": "evaluate() always runs; --dry_run is for the command line",
-            "model_name": "pass the model (an object or a path) as evaluate's first argument"}
+            "model_name": "pass the model (an object or a path) as evaluate's first argument",
+            "metric_options": "pass each model metric's option by its name (comet_model=...)"}
 
 
 @dataclass(frozen=True)
@@ -46,44 +48,42 @@ class EvalResult:
 def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
           metrics: str | Sequence[str] | None = CONFIG_FIELDS["metrics"].default,
           task: str | None = CONFIG_FIELDS["task"].default, reference_layout: str | None = None,
-          sources: Sequence[str] | None = None,
-          comet_model: str | None = CONFIG_FIELDS["comet_model"].default, comet_max_tokens: int | None = None) -> dict[str, Any]:
+          sources: Sequence[str] | None = None, **metric_options: Any) -> dict[str, Any]:
     """`seq2seq_eval score` over lists: corpus scores of `predictions` against `references`.
 
     `references`, as `evaluate` takes them: one text (or a list of texts) per prediction, or
     reference streams as sacrebleu takes them (a list of lists, each aligned with
     `predictions`). A list of N lists of N texts fits both and is refused unless
     `reference_layout` ("examples" or "streams") says which (scoring.references). `metrics`: a
-    comma list or a sequence of names from bleu, chrf, chrf++, ter, rouge, comet (default: the
-    task's); comet needs `sources` and runs `comet_model` here (the first GPU, else the CPU), in
-    forward passes of at most `comet_max_tokens` padded tokens (default: 4096 on CPU, 32768 on a GPU).
-    `sources`, when given, are checked as a run checks them (one text per prediction). None for
-    any keyword means not given: its default."""
+    comma list or a sequence of names from bleu, chrf, chrf++, ter, rouge and the model metrics
+    (default: the task's); a model metric that needs `sources` (comet) is refused without them,
+    and runs its model here (the first GPU, else the CPU). `metric_options`: the model metrics'
+    options by name, as the command line's flags (comet_model=..., model_metric_max_tokens=...;
+    scoring/registry.py); any other keyword is refused. `sources`, when given, are checked as a
+    run checks them (one text per prediction). None for any keyword means not given: its default."""
     return _score(predictions, references, metrics=metrics, task=task, reference_layout=reference_layout,
-                  sources=sources, comet_model=comet_model, comet_max_tokens=comet_max_tokens)
+                  sources=sources, **metric_options)
 
 
 def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
            metrics: str | Sequence[str] | None, task: str | None, reference_layout: str | None,
-           sources: Sequence[str] | None, comet_model: str | None, comet_max_tokens: int | None = None,
-           ranks: Any = None) -> dict[str, Any]:
+           sources: Sequence[str] | None, ranks: Any = None, **metric_options: Any) -> dict[str, Any]:
     """`score`; `ranks` (model_metric.Ranks): `seq2seq_eval score` under torchrun, the model
     metrics' batches shared among the ranks."""
     from .inputs.memory import source_texts, texts
+    from .scoring import registry
     from .scoring import totals as metric_fns
     from .scoring.names import parse_metric_names, split_metric_names
     from .scoring.references import per_example
 
     task = CONFIG_FIELDS["task"].default if task is None else task
-    comet_model = CONFIG_FIELDS["comet_model"].default if comet_model is None else comet_model
+    options = dict(registry.resolve_options(metric_options, "score(): "))
     parsed = parse_metric_names(metrics, task)
     model_names = split_metric_names(parsed, family_of(task) or "translation")[1]
-    names = tuple(n for n in parsed if n not in model_names)  # with comet alone, nothing else
-    if model_names and sources is None:
-        raise ConfigError(f"metrics {','.join(model_names)}: needs sources, one per prediction")
-    if comet_max_tokens is not None and (isinstance(comet_max_tokens, bool) or not isinstance(comet_max_tokens, int)
-                                         or comet_max_tokens < 1):
-        raise ConfigError(f"comet_max_tokens must be an integer >= 1, got {comet_max_tokens!r}")
+    registry.refuse_unused(options, model_names, f"metrics={metrics!r}")
+    names = tuple(n for n in parsed if n not in model_names)  # with a model metric alone, nothing else
+    if registry.needing_sources(model_names) and sources is None:
+        raise ConfigError(f"metrics {','.join(registry.needing_sources(model_names))}: needs sources, one per prediction")
     preds = texts(predictions, "predictions")
     if not preds:
         raise DataError("predictions: empty; expected one prediction per example")
@@ -92,10 +92,8 @@ def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequ
     refs = [r[0] for r in rows] if all(len(r) == 1 for r in rows) else [tuple(r) for r in rows]
     result = metric_fns.score_metrics(names, preds, refs) if names else {}
     if model_names:
-        from .scoring.model_metric import corpus_scores
-
-        result.update(corpus_scores(model_names, comet_model, srcs, preds, rows,
-                                    max_tokens=comet_max_tokens, ranks=ranks))
+        result.update(registry.corpus_scores(model_names, options, srcs if srcs is not None else [""] * len(preds),
+                                             preds, rows, ranks=ranks))
     return result
 
 
@@ -282,8 +280,10 @@ def _config(model: Any, in_memory: bool, sources: Any, references: Any, ids: Any
     for key, why in _REFUSED.items():
         if key in options:
             raise ConfigError(f"evaluate(): {key}: {why}")
-    values = {k: v for k, v in options.items() if k in _CONFIG_FIELDS and k != "generate_kwargs"}
-    gen = {k: v for k, v in options.items() if k not in _CONFIG_FIELDS}
+    rest, metric_options = split_options(options)  # each model metric's options, by name
+    values = {k: v for k, v in rest.items() if k in _CONFIG_FIELDS and k != "generate_kwargs"}
+    values["metric_options"] = tuple(metric_options.items())
+    gen = {k: v for k, v in rest.items() if k not in _CONFIG_FIELDS}
     if "generate_kwargs" in options:
         raise ConfigError("evaluate(): pass generate options as keywords or as generate_kwargs={...}")
     if generate_kwargs is not None and not isinstance(generate_kwargs, Mapping):

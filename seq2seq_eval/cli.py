@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from .config import TASKS, EvalConfig
 from .errors import ConfigError, DataError, EvalError, Interrupted, ModelError, RunStateError
-from .options import Parser, build_parser, parse_generate_kwargs
+from .options import Parser, build_parser, config_values, parse_generate_kwargs
 from .run.dist import DistEnv, dist_env
 
 logger = logging.getLogger("seq2seq_eval")
@@ -36,7 +36,7 @@ def build_config(argv: Sequence[str]) -> EvalConfig:
     from .legacy import refuse_legacy_only
 
     refuse_legacy_only(rest)
-    values = {k: v for k, v in vars(ns).items() if k != "local_rank" and v is not None}
+    values = config_values({k: v for k, v in vars(ns).items() if k != "local_rank" and v is not None})
     values["generate_kwargs"] = parse_generate_kwargs(rest)
     return EvalConfig(**values)
 
@@ -47,42 +47,36 @@ def score_main(argv: Sequence[str], env: DistEnv | None = None) -> dict:
     from .api import score
     from .config import CONFIG_FIELDS
     from .inputs.files import read_lines, read_references, read_sources
-    from .scoring.names import ACCEPTED_METRIC_NAMES, parse_metric_names
+    from .scoring import registry
+    from .scoring.names import accepted_metric_names, parse_metric_names
 
     parser = Parser(prog="seq2seq_eval score", allow_abbrev=False,
                                      description="Score existing one-line-per-example files.")
     parser.add_argument("--task", choices=TASKS, default=CONFIG_FIELDS["task"].default,
                         help=f"picks the metric when --metrics is not given (default: {CONFIG_FIELDS['task'].default})")
     parser.add_argument("--metrics", default=CONFIG_FIELDS["metrics"].default,
-                        help=f"comma list of {', '.join(ACCEPTED_METRIC_NAMES)} (default: the task's metric)")
+                        help=f"comma list of {', '.join(accepted_metric_names())} (default: the task's metric)")
     parser.add_argument("--predictions", required=True)
     parser.add_argument("--references", required=True, nargs="+",
                         help="one file per set of references, each line-aligned with --predictions")
-    parser.add_argument("--sources", help="the sources, line-aligned with --predictions (needed by comet)")
-    parser.add_argument("--comet_model", "--comet-model", default=CONFIG_FIELDS["comet_model"].default,
-                        help=f"with --metrics comet: hub name or folder (default: {CONFIG_FIELDS['comet_model'].default})")
-    parser.add_argument("--comet_max_tokens", "--comet-max-tokens", type=int, default=None,
-                        help="with --metrics comet: padded tokens per forward pass (default 4096 on CPU, 32768 on a GPU)")
+    needing = [s.name for s in registry.specs().values() if s.needs_sources]
+    parser.add_argument("--sources", help=f"the sources, line-aligned with --predictions (needed by {', '.join(needing)})")
+    registry.add_arguments(parser)
     args = parser.parse_args(argv)
-    if "comet" in parse_metric_names(args.metrics, args.task) and not args.sources:  # before any file is read
-        raise ConfigError("score --metrics comet needs --sources (one source per prediction line)")
+    names = parse_metric_names(args.metrics, args.task)
+    _, options = registry.split_options(vars(args))
+    if registry.needing_sources(names) and not args.sources:  # before any file is read
+        raise ConfigError(f"score --metrics {','.join(registry.needing_sources(names))} needs --sources "
+                          "(one source per prediction line)")
     preds = read_lines(Path(args.predictions))
     if not preds:
         raise DataError(f"{args.predictions}: no lines; expected one prediction per line")
     streams = [read_references(Path(r), len(preds), args.predictions, "prediction") for r in args.references]
     sources = read_sources(Path(args.sources), len(preds), args.predictions) if args.sources else None
-    kwargs = dict(metrics=args.metrics, task=args.task, reference_layout="streams", sources=sources,
-                  comet_model=args.comet_model, comet_max_tokens=args.comet_max_tokens)
-    if env is None or env.world_size == 1 or not _model_metrics(args.metrics, args.task):
+    kwargs = dict(metrics=args.metrics, task=args.task, reference_layout="streams", sources=sources, **options)
+    if env is None or env.world_size == 1 or not any(n in registry.names() for n in names):
         return score(preds, streams, **kwargs)
     return _score_on_ranks(env, preds, streams, kwargs)
-
-
-def _model_metrics(metrics: str, task: str) -> bool:
-    from .scoring.model_metric import is_model_metric
-    from .scoring.names import parse_metric_names
-
-    return any(is_model_metric(n) for n in parse_metric_names(metrics, task))
 
 
 def _score_on_ranks(env: DistEnv, preds: list[str], streams: list, kwargs: dict) -> dict:

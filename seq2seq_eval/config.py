@@ -10,6 +10,7 @@ from typing import Any
 from .errors import ConfigError
 from .model.fields import value_error
 from .scoring.names import parse_metric_names, split_metric_names
+from .scoring.registry import refuse_unused, resolve_options
 
 TASKS = ("translation", "summarization")
 """Task families: what --task is scored as (BLEU or ROUGE)."""
@@ -75,11 +76,9 @@ class EvalConfig:
     task: str = "translation"
     """translation (BLEU), summarization (ROUGE), or a name containing one of them, such as a key of the model's task_specific_params (translation_en_to_de), whose entry is then applied."""
     metrics: str | None = None
-    """Comma list of metrics to compute, from bleu, chrf, chrf++, ter, rouge, comet (default: bleu for translation, rouge for summarization); a scored run only."""
-    comet_model: str = "Unbabel/wmt22-comet-da"
-    """With --metrics comet: a COMET regression model, as a hub name or a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)."""
-    comet_max_tokens: int | None = None
-    """With --metrics comet: padded tokens per COMET forward pass (default: 4096 on CPU, 32768 on a GPU)."""
+    """Comma list of metrics to compute: bleu, chrf, chrf++, ter, rouge, or a model metric (docs/metrics.md) (default: bleu for translation, rouge for summarization); a scored run only."""
+    metric_options: tuple[tuple[str, Any], ...] = ()
+    """The model metrics' options by name (--comet_model, --model_metric_max_tokens, ...: scoring/registry.py), each given or its default."""
     bs: int | None = None
     """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --fp16/--bf16 or --engine ctranslate2), lowered on a set too small to keep every rank busy; the run records the budget it took, docs/performance.md)."""
     max_tokens: int | None = None
@@ -220,8 +219,9 @@ class EvalConfig:
                        else "--input_path without --reference_path has no references to score against")
                 raise ConfigError(f"--metrics {self.metrics!r}: {why}; leave --metrics out")
             object.__setattr__(self, "metrics", ",".join(names))
-        if self.comet_max_tokens is not None and self.comet_max_tokens < 1:
-            raise ConfigError(f"--comet_max_tokens must be >= 1, got {self.comet_max_tokens}")
+        object.__setattr__(self, "metric_options", resolve_options(self.metric_options))
+        refuse_unused(dict(self.metric_options), self.model_metric_names,
+                      f"--metrics {self.metrics!r}" if self.metrics is not None else "the task's default metric")
         if self.shared_tail and self.model_metric_names:
             # The ranks write their slices before rank 0 has the model metrics' values.
             raise ConfigError(f"--shared_tail with --metrics {','.join(self.model_metric_names)}: the ranks' slices "
@@ -282,12 +282,17 @@ class EvalConfig:
 
     @property
     def model_metric_names(self) -> tuple[str, ...]:
-        """--metrics' model metrics (comet), scored on the ranks after generation."""
+        """--metrics' model metrics (scoring/registry.py), scored on the ranks after generation."""
         return split_metric_names(parse_metric_names(self.metrics, self.task_family), self.task_family)[1]
+
+    def metric_option(self, name: str) -> Any:
+        """A model metric's option (or a shared one), given or its default."""
+        return dict(self.metric_options)[name]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["generate_kwargs"] = dict(self.generate_kwargs)
+        d["metric_options"] = dict(self.metric_options)
         return d
 
 

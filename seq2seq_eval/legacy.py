@@ -22,7 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .options import build_parser, parse_generate_kwargs
+from .options import build_parser, config_values, parse_generate_kwargs
+from .scoring.registry import option_names
 from .config import CONFIG_FIELDS, EvalConfig
 from .errors import ConfigError
 from .atomic import COPY_BYTES
@@ -152,7 +153,8 @@ def build_legacy(argv: Sequence[str]) -> tuple[EvalConfig, LegacyOutputs]:
     parser.add_argument("--info", nargs="?", const=datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S"),
                         help="a text to record as `info` in SCORE_PATH (without a value: the date and time)")
     ns, rest = parser.parse_known_args(list(argv))
-    values = {k: v for k, v in vars(ns).items() if k in CONFIG_FIELDS and v is not None}
+    values = config_values({k: v for k, v in vars(ns).items()
+                            if (k in CONFIG_FIELDS or k in option_names()) and v is not None})
     values.setdefault("task", "summarization")  # run_eval.py's default
     if "max_tokens" not in values:
         values.setdefault("bs", LEGACY_BS)

@@ -12,6 +12,8 @@ from dataclasses import MISSING, fields
 
 from .config import BACKENDS, COMPUTE_TYPES, DEVICES, ENGINE_NAMES, EvalConfig, field_docs, parse_value
 from .errors import ConfigError
+from .scoring.registry import add_arguments as add_metric_arguments
+from .scoring.registry import split_options
 
 _FLAGS = {"fp16", "bf16", "debug", "resume", "no_steal", "shared_tail", "dry_run", "pseudo_target", "no_examples_file"}
 
@@ -48,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     for f in fields(EvalConfig):
         if f.name == "generate_kwargs":
             continue
+        if f.name == "metric_options":
+            add_metric_arguments(parser)  # each model metric's own flags, and the shared ones
+            continue
         names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
         default = f.default if f.default is not MISSING else None
         help_text = docs.get(f.name, "")
@@ -67,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     # torch.distributed.launch passes --local_rank; rank and local rank come from the environment.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
+
+
+def config_values(values: dict) -> dict:
+    """The parsed flags as EvalConfig's keywords: the model metrics' options gathered into
+    metric_options."""
+    fields_, given = split_options(values)
+    return {**fields_, "metric_options": tuple(given.items())}
 
 
 def parse_generate_kwargs(rest: Sequence[str]) -> tuple[tuple[str, object], ...]:

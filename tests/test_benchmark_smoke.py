@@ -259,3 +259,15 @@ def test_gpu_batches_replays_the_deal_with_stealing_and_projects_from_timings(tm
     rows = [line.split() for line in text.splitlines() if line.strip() and line.split()[0] in ("1", "2", "8")]
     assert [r[0] for r in rows] == ["1", "2", "8"] and rows[0][1] == "65536"
     assert "step overhead fitted" in text
+
+
+def test_bertscore_benchmark_runs(tmp_path):
+    """benchmarks/bertscore.py on a tiny encoder, the tool alone (bert-score's side is what
+    tests/test_bertscore.py runs live where it is installed; starting it here would cost the
+    suite tens of seconds): the figures print and go to results.json."""
+    out = tmp_path / "bertscore"
+    proc = bench("bertscore.py", ["--size", "tiny", "--n", "24", "--bs", "8", "--rounds", "1", "--out", str(out),
+                                  "--bertscore_python", str(tmp_path / "none")], tmp_path)
+    assert "measuring the tool alone" in proc.stdout and "tool (token budget " in proc.stdout
+    report = json.loads((out / "results.json").read_text())
+    assert report["n"] == 24 and len(report["tool_samples_per_second"]) == 1 and "median_ratio" not in report

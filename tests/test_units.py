@@ -82,10 +82,16 @@ def test_defaults_come_from_the_config_class():
     helps = {a.dest: a.help for a in build_parser()._actions}
     docs = field_docs()
     for f in dataclasses.fields(EvalConfig):
-        if f.name != "generate_kwargs" and f.default not in (None, "", False):
+        if f.name not in ("generate_kwargs", "metric_options") and f.default not in (None, "", False):
             # the value itself, unless the field's docstring already words its default
             expected = "(default: " if "(default" in docs[f.name] else f"(default: {f.default})"
             assert expected in helps[f.name], f.name
+    # metric_options: each model metric's option is a flag of its own, its default in its help.
+    from seq2seq_eval.scoring.registry import options
+
+    for option in options():
+        if option.default not in (None, "", False):
+            assert f"(default: {option.default})" in helps[option.name], option.name
 
 
 @pytest.mark.parametrize(

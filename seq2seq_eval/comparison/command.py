@@ -17,19 +17,19 @@ from ..inputs.files import check_lines, read_lines
 from ..scoring.names import parse_metric_names
 from ..scoring.results import ROUGE_KEYS, SEED
 from .details import report_details
+from ..scoring import registry
 from .paired import (
-    METRICS,
     PAIRED_TESTS,
     _check_samples,
+    accepted,
     metric_names,
 )
 from .runs import Run, check_same_examples, load_run
 from .systems import (
-    COMET_MODEL,
     _check_seed,
     _rouge_matrix,
-    comet_values,
     compare_systems,
+    model_metric_values,
 )
 from .table import format_table
 
@@ -53,13 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generations files (one line per example) or --save_dir folders of earlier runs; "
                    "the first is the baseline")
     p.add_argument("--references", nargs="+", help="reference files, one stream each (default: from the run folders)")
-    p.add_argument("--sources", help="source file, for the report's length buckets (default: from the run folders)")
+    p.add_argument("--sources", help="source file, for the report's length buckets and the model metrics that need "
+                   "it (default: from the run folders)")
     p.add_argument("--task", help="translation or summarization (default: the runs' --task); picks the default metrics")
     p.add_argument("--metrics", nargs="+",
-                   help=f"comma- or space-separated, from {', '.join(METRICS)} "
+                   help=f"comma- or space-separated, from {', '.join(accepted())} "
                    "(default: bleu for translation, rouge for summarization)")
-    p.add_argument("--comet_model", "--comet-model", dest="comet_model", default=COMET_MODEL,
-                   help=f"with --metrics comet: a COMET model, hub name or folder (default: {COMET_MODEL})")
+    registry.add_arguments(p)  # each model metric's options, as the run takes them
     p.add_argument("--paired_test", "--paired-test", dest="paired_test", choices=PAIRED_TESTS, default="bs",
                    help="bs: paired bootstrap resampling; ar: approximate randomization (default: bs)")
     p.add_argument("--n_samples", "--n-samples", dest="n_samples", type=int,
@@ -172,6 +172,7 @@ def compare_main(argv: Sequence[str]) -> str:
     """``seq2seq_eval compare ...``: returns the text to print (the table, or JSON); writes
     the --report page. Raises ConfigError/DataError, which the CLI prints as one line."""
     args = build_parser().parse_args(list(argv))
+    options = dict(registry.resolve_options(registry.split_options(vars(args))[1]))
     if args.report:
         _check_report_path(args)
     systems = [_load_system(p) for p in args.predictions]
@@ -180,6 +181,8 @@ def compare_main(argv: Sequence[str]) -> str:
     named = dict(zip(names, systems))
     task = _task(args.task, runs)
     metrics = metric_names(parse_metric_names(args.metrics, task))  # the run's and score's names; "rouge": its keys
+    registry.refuse_unused(options, metrics, f"--metrics {' '.join(args.metrics)!r}" if args.metrics
+                           else "the task's default metric")
     n_samples = _check_samples(args.paired_test, args.n_samples)
     _check_seed(args.seed)
     refs, ref_origin = _references(args, runs)
@@ -205,11 +208,8 @@ def compare_main(argv: Sequence[str]) -> str:
     predictions = {name: s.predictions for name, s in named.items()}
     rouge_keys = [m for m in metrics if m in ROUGE_KEYS]
     rouge_rows = {name: _rouge_matrix(preds, refs) for name, preds in predictions.items()} if rouge_keys else None
-    example_scores = None
-    if "comet" in metrics:
-        if sources is None:
-            raise ConfigError("--metrics comet needs the sources: pass --sources (or run folders that hold them)")
-        example_scores = {"comet": comet_values(args.comet_model, sources, predictions, refs)}
+    example_scores = model_metric_values(metrics, options, sources, predictions, refs, "--metrics {} needs the "
+                                         "sources: pass --sources (or run folders that hold them)")
     # The files are reference streams already (a run's may end in None where it had fewer).
     comparison = compare_systems(predictions, refs, metrics, args.paired_test, n_samples, args.seed,
                                  rouge_scores=rouge_rows, example_scores=example_scores)

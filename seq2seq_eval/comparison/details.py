@@ -12,10 +12,10 @@ import numpy as np
 from ..inputs.examples import ExampleId
 from ..scoring.results import ROUGE_KEYS
 from .paired import (
-    EXAMPLE_MEAN_METRICS,
     LOWER_IS_BETTER,
     TOP_EXAMPLES,
     _sacrebleu_metric,
+    example_mean_metrics,
 )
 from .systems import (
     _rouge_matrix,
@@ -88,9 +88,10 @@ def report_details(
             name: list(rouge_scores[name]) if rouge_scores and name in rouge_scores else _rouge_matrix(systems[name], refs)
             for name in names
         }
+    model_metrics = example_mean_metrics()
     for metric in metrics:
         for name in names:
-            if metric in ROUGE_KEYS or metric in EXAMPLE_MEAN_METRICS:
+            if metric in ROUGE_KEYS or metric in model_metrics:
                 scores = ([row[metric] for row in rouge_rows[name]] if metric in ROUGE_KEYS
                           else [float(x) for x in (example_scores or {})[metric]["values"][name]])
                 per_sentence[metric][name] = scores
@@ -105,7 +106,7 @@ def report_details(
                 ]
     histograms = {}
     for metric in metrics:
-        upper = 1.0 if metric in EXAMPLE_MEAN_METRICS else 100.0
+        upper = 1.0 if metric in model_metrics else 100.0
         histograms[metric] = {
             "bins": [f"{upper * k / 10:g}–{upper * (k + 1) / 10:g}" for k in range(10)],
             "percent": {name: _histogram(per_sentence[metric][name], upper) for name in names},

@@ -14,15 +14,20 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import ConfigError, DataError, EvalError
+from ..scoring import registry
+from ..scoring.names import accepted_metric_names
 from ..scoring.results import ROUGE_KEYS, SEED
 
-METRICS = ("bleu", "chrf", "chrf++", "ter", "rouge", "comet")
-"""What --metrics accepts; "rouge" stands for all of ``ROUGE_KEYS``, which may also be named alone."""
+def accepted() -> tuple[str, ...]:
+    """What --metrics accepts: the run's names (the model metrics' from their registry); "rouge"
+    stands for all of ``ROUGE_KEYS``, which may also be named alone."""
+    return accepted_metric_names()
 
 
-EXAMPLE_MEAN_METRICS = ("comet",)
-"""Metrics whose corpus score is the mean of per-example scores computed elsewhere (a model metric's
-values): tested as ROUGE is, over those per-example scores."""
+def example_mean_metrics() -> tuple[str, ...]:
+    """Metrics whose corpus score is the mean of per-example scores computed elsewhere (the model
+    metrics' main values): tested as ROUGE is, over those per-example scores."""
+    return registry.names()
 
 
 SACREBLEU_METRICS = ("bleu", "chrf", "chrf++", "ter")
@@ -84,18 +89,18 @@ def metric_names(spec: str | Sequence[str]) -> tuple[str, ...]:
             lowered = name.lower()
             if lowered == "rouge":
                 expanded: tuple[str, ...] = ROUGE_KEYS
-            elif lowered in SACREBLEU_METRICS or lowered in EXAMPLE_MEAN_METRICS:
+            elif lowered in SACREBLEU_METRICS or lowered in example_mean_metrics():
                 expanded = (lowered,)
             elif name in ROUGE_KEYS:
                 expanded = (name,)
             else:
                 raise ConfigError(
-                    f"--metrics: unknown metric {name!r}; valid: {', '.join(METRICS)} "
+                    f"--metrics: unknown metric {name!r}; valid: {', '.join(accepted())} "
                     f"(or one of {', '.join(ROUGE_KEYS)})"
                 )
             names.extend(n for n in expanded if n not in names)
     if not names:
-        raise ConfigError(f"--metrics: no metric given; valid: {', '.join(METRICS)}")
+        raise ConfigError(f"--metrics: no metric given; valid: {', '.join(accepted())}")
     return tuple(names)
 
 

@@ -7,27 +7,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..config import CONFIG_FIELDS
 from ..errors import ConfigError, DataError
+from ..scoring import registry
 from ..scoring.results import ROUGE_KEYS, SEED
 from ..scoring.rouge import rouge_example_scores
 from .paired import (
     ALPHA,
     AR_CONFIDENCE_SAMPLES,
-    EXAMPLE_MEAN_METRICS,
     SACREBLEU_METRICS,
     PairedResult,
     _check_samples,
     _sacrebleu_paired,
     default_metrics,
+    example_mean_metrics,
     metric_names,
     rouge_baseline_interval,
     rouge_paired_test,
 )
-
-
-COMET_MODEL = CONFIG_FIELDS["comet_model"].default
-"""compare's default COMET model (--comet_model): the run's."""
 
 
 def _check_seed(seed: int) -> None:
@@ -77,8 +73,8 @@ def compare_systems(
     streams (``[refs]`` for one reference per example). ``rouge_scores`` optionally gives
     per-example ROUGE already computed (name -> ``rouge_example_scores`` rows, e.g. a run's
     ``metric_stats``), so they are not computed again. ``example_scores`` gives the per-example
-    values of EXAMPLE_MEAN_METRICS (COMET): metric -> ``{"values": {system name: values},
-    "signature": the metric's signature}``.
+    main values of the model metrics (paired.example_mean_metrics): metric -> ``{"values":
+    {system name: values}, "signature": the metric's signature}``.
 
     Returns ``{"systems", "baseline", "metrics", "paired_test", "n_samples", "seed", "alpha",
     "n_examples", "n_references", "signatures", "results"}``, where
@@ -114,12 +110,12 @@ def compare_systems(
             for name in names[1:]:
                 results[name][key] = rouge_paired_test(columns[base], columns[name], paired_test, n_samples, seed)
             signatures[key] = _rouge_signature(len(refs), paired_test, n_samples, seed)
-    for metric in (m for m in metrics if m in EXAMPLE_MEAN_METRICS):
+    for metric in (m for m in metrics if m in example_mean_metrics()):
         entry = (example_scores or {}).get(metric) or {}
         given = entry.get("values") or {}
         if any(name not in given for name in names):
             raise ConfigError(f"--metrics {metric}: needs per-example {metric} scores of every system "
-                              "(compare: --sources and --comet_model; the API: example_scores)")
+                              "(compare and compare() score them; compare_systems: example_scores)")
         columns = {name: list(given[name]) for name in names}
         for name, col in columns.items():
             if len(col) != n:
@@ -190,17 +186,18 @@ def compare(
     reference_layout: str | None = None,
     example_scores: Mapping[str, Mapping[str, Any]] | None = None,
     sources: Sequence[str] | None = None,
-    comet_model: str | None = COMET_MODEL,
+    **metric_options: Any,
 ) -> dict[str, Any]:
     """`seq2seq_eval compare` over lists (the Python API's `seq2seq_eval.compare(...)`): every
     system scored, each tested against the first (the baseline). ``systems``: a dict (any
     mapping) of name -> predictions in example order, baseline first. ``references``: as
     `score` takes them (one text or list of texts per example, or reference streams;
-    ``reference_layout`` for the shape that fits both). ``metrics``: default the task's; with
-    comet, ``sources`` (one per example) and ``comet_model`` score every system here, as
-    ``compare --metrics comet`` does. Returns what ``compare --json`` prints, less "inputs"
-    (see compare_systems). ``sources``, when given, are checked as a run checks them (one text
-    per example). None for any keyword means not given: its default."""
+    ``reference_layout`` for the shape that fits both). ``metrics``: default the task's; a model
+    metric scores every system here, as ``compare --metrics comet`` does, with its options by
+    name (``comet_model=...``, as `score` takes them) and ``sources`` (one per example) where it
+    needs them; ``example_scores`` gives its values instead. Returns what ``compare --json``
+    prints, less "inputs" (see compare_systems). ``sources``, when given, are checked as a run
+    checks them (one text per example). None for any keyword means not given: its default."""
     from ..inputs.memory import source_texts
     from ..scoring.names import parse_metric_names
     from ..scoring.references import per_example
@@ -208,7 +205,7 @@ def compare(
     task = "translation" if task is None else task
     paired_test = "bs" if paired_test is None else paired_test
     seed = SEED if seed is None else seed
-    comet_model = COMET_MODEL if comet_model is None else comet_model
+    options = dict(registry.resolve_options(metric_options, "compare(): "))
     default_metrics(task)  # checks the task even when metrics are given
     if not isinstance(systems, Mapping):
         raise ConfigError(f"compare(systems): expected a dict of name -> predictions (baseline first), got "
@@ -220,6 +217,7 @@ def compare(
             raise DataError(f"compare(systems): system {name}: expected a list of predictions (texts), "
                             f"got {type(hyps).__name__}")
     names = metric_names(parse_metric_names(metrics, task))  # "rouge": its four keys
+    registry.refuse_unused(options, names, f"metrics={metrics!r}")
     n = len(next(iter(systems.values()))) if systems else 0
     rows = per_example(references, n, reference_layout) if n else None
     if rows is None:
@@ -228,26 +226,27 @@ def compare(
         k = max(len(r) for r in rows)
         streams = [[r[j] if j < len(r) else None for r in rows] for j in range(k)]
     srcs = source_texts(sources, n) if sources is not None else None
-    if "comet" in names and example_scores is None:
-        if srcs is None:
-            raise ConfigError("compare(metrics=comet): needs sources, one per example")
-        example_scores = {"comet": comet_values(comet_model, srcs, systems, streams)}
+    if example_scores is None:
+        example_scores = model_metric_values(names, options, srcs, systems, streams, "compare(metrics={}): needs "
+                                             "sources, one per example")
     comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores,
                                  example_scores=example_scores)
     comparison["task"] = task
     return comparison
 
 
-def comet_values(model: str, sources: Sequence[str], predictions: Mapping[str, Sequence[str]],
-                 refs: Sequence[Sequence[str]]) -> dict[str, object]:
-    """Every system's per-example COMET (the mean over the reference streams), in one process on
-    the first GPU or the CPU, in length-sorted token-budget batches: {"values", "signature"}."""
-    import torch
-
-    from ..scoring.model_metric import load_model_metric, score_all
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    metric = load_model_metric("comet", model, device)
-    per_example = [tuple(s[i] for s in refs if s[i] is not None) for i in range(len(sources))]
-    values = {name: score_all(metric, sources, preds, per_example, device_type=device) for name, preds in predictions.items()}
-    return {"values": values, "signature": metric.signature}
+def model_metric_values(metrics: Sequence[str], options: Mapping[str, Any], sources: Sequence[str] | None,
+                        predictions: Mapping[str, Sequence[str]], refs: Sequence[Sequence[str | None]],
+                        no_sources: str) -> dict[str, Any] | None:
+    """Every model metric among `metrics` scored on every system (registry.example_values), or
+    None when there is none; `no_sources` is the error (with {} for the metric) where one needs
+    sources that are not given."""
+    wanted = [m for m in metrics if m in example_mean_metrics()]
+    if not wanted:
+        return None
+    needing = registry.needing_sources(wanted)
+    if needing and sources is None:
+        raise ConfigError(no_sources.format(",".join(needing)))
+    n = len(refs[0]) if refs else 0
+    texts = sources if sources is not None else [""] * n
+    return {m: registry.example_values(m, options, texts, predictions, refs) for m in wanted}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..scoring.registry import decimals
 from .paired import (
     AR_CONFIDENCE_SAMPLES,
 )
@@ -31,7 +32,7 @@ def table_rows(comparison: Mapping[str, Any]) -> list[list[str]]:
         for name in comparison["systems"]:
             r = comparison["results"][name][metric]
             p = "baseline" if r["p_value"] is None else f"{r['p_value']:.4f}"
-            d = 4 if metric == "comet" else 2  # COMET lives on [0, 1]-ish, the others on [0, 100]
+            d = decimals(metric)  # a model metric's own; the text metrics' 0-100 scales: 2
             rows.append([name, metric, f"{r['score']:.{d}f}", f"[{r['ci_low']:.{d}f}, {r['ci_high']:.{d}f}]", p,
                          "*" if r["significant"] else ""])
     return rows

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from importlib import metadata
 from typing import Any
 
+from ..scoring import registry
 from ..scoring.totals import MetricTotals
 from ..version import __version__
 
@@ -47,7 +48,9 @@ def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, An
     """A short human summary; the JSON file holds the full figures."""
     width = 28
     lines = []
-    shown = [k for k in ("bleu", "chrf", "chrf++", "ter", "rouge1", "rouge2", "rougeL", "rougeLsum", "comet") if k in metrics]
+    model_keys = tuple(k for spec in registry.specs().values() for k in spec.value_keys)
+    shown = [k for k in ("bleu", "chrf", "chrf++", "ter", "rouge1", "rouge2", "rougeL", "rougeLsum", *model_keys)
+             if k in metrics]
     for key in shown:
         ci = ""
         if f"{key}_ci_low" in metrics:

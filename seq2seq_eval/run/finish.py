@@ -3,6 +3,7 @@ and what to say when ranks did not finish (what is missing, how to resume)."""
 
 from __future__ import annotations
 
+import logging
 import shlex
 import sys
 import time
@@ -24,9 +25,12 @@ from .journal import JournalIndex
 from .model_scores import system_scores, with_model_scores
 from .plan import assign_batches
 from .prepare import Prepared
+from .presence import wait_for_ranks_to_leave
 from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
 from .sharedtail import missing_parts, spill_file, wait_for_parts, write_my_part
 from .tmpdir import cleanup_tmp_dir, mark_done
+
+logger = logging.getLogger("seq2seq_eval")
 
 
 @dataclass
@@ -227,7 +231,14 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
     table = outputs = None
     mark_done(tmp_dir)  # the other ranks may go now (runner._wait_for_main)
     if not cfg.debug:
-        cleanup_tmp_dir(tmp_dir)
+        # A rank may still be in the temp dir (a model metric's phase it began after this rank
+        # had scored every batch): it goes once it sees rank0.done.
+        staying = wait_for_ranks_to_leave(tmp_dir, env.world_size, cfg.sync_timeout)
+        if staying:
+            logger.warning("rank(s) %s still use %s after --sync_timeout %g s; left in place (remove it before the "
+                           "next run there)", ", ".join(map(str, staying)), tmp_dir, cfg.sync_timeout)
+        else:
+            cleanup_tmp_dir(tmp_dir)
     text = summary_table(summary, per_rank)
     if totals is not None:
         text += "\n" + lowest_scoring_line(prep.store, totals)

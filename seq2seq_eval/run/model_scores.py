@@ -1,9 +1,11 @@
-"""Model metrics (COMET) on the ranks, after generation: every rank reads the merged predictions,
+"""Model metrics (scoring/registry.py) on the ranks, after generation: every rank reads the merged predictions,
 cuts the same length-sorted, token-budget batches from all examples, scores the batches dealt to
 it (and, once out of work, those a slower rank has not started: steal.py's claims) and journals
 each; rank 0 waits until every batch is journaled and gathers the values in data
 order. As for generation, a batch's members do not depend on the world size, so neither do the
-values; a resumed run rescores no journaled batch."""
+values; a resumed run rescores no journaled batch. Whoever finishes first, every file a rank
+reads here is there: rank 0 removes the temp dir only once every other rank has left it
+(presence.py), and a rank that comes after rank 0 has finished finds nothing left and goes."""
 
 from __future__ import annotations
 
@@ -15,21 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from ..config import EvalConfig
-from ..errors import RunFailed, SyncTimeoutError
-from ..scoring.model_metric import (
-    DEFAULT_MAX_TOKENS,
-    ModelMetric,
-    check_model_metric,
-    load_model_metric,
-    model_batches,
-    model_option,
-)
+from ..errors import SyncTimeoutError
+from ..scoring import registry
+from ..scoring.model_metric import MAX_TOKENS, ModelMetric, columns, default_budget, model_batches
 from .dist import DistEnv
 from .journal import Journal
 from .plan import Batch, assign_batches, plan_digest
 from .prepare import Prepared
 from .rankfiles import read_rank_output, wait_for_rank_files
 from .steal import Claims
+from .tmpdir import main_is_done
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -45,11 +42,7 @@ def journal_path(tmp_dir: Path, rank: int) -> Path:
 def check_model_metrics(cfg: EvalConfig) -> None:
     """Before any work: every model metric's model can be found and is of a supported kind."""
     for name in cfg.model_metric_names:
-        check_model_metric(name, _model_spec(cfg, name))
-
-
-def _model_spec(cfg: EvalConfig, name: str) -> str:
-    return str(getattr(cfg, model_option(name)))
+        registry.check(name, dict(cfg.metric_options))
 
 
 def _predictions(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path) -> list[str]:
@@ -62,7 +55,7 @@ def _predictions(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path) -
     outputs = [read_rank_output(p, r) for r, p in enumerate(paths)]
     table, order = merge_by_id(outputs, prep.store)
     preds = [p[0] for p in table.take(pa.array(order)).column("pred").to_pylist()]
-    del table, outputs  # the rank files are memory-mapped; let them go before cleanup removes them
+    del table, outputs  # the rank files are memory-mapped; let them go before this rank leaves (presence.py)
     return preds
 
 
@@ -72,10 +65,10 @@ class _Journaled:
 
     def __init__(self, tmp_dir: Path, key: dict[str, Any]) -> None:
         self.tmp_dir, self.key = tmp_dir, key
-        self.found: dict[int, list[float]] = {}
+        self.found: dict[int, list[Any]] = {}
         self._offsets: dict[Path, int] = {}
 
-    def read(self) -> dict[int, list[float]]:
+    def read(self) -> dict[int, list[Any]]:
         for path in sorted(self.tmp_dir.glob("model_scores_rank_*.jsonl")):
             start = self._offsets.get(path, 0)
             with open(path, "rb") as f:
@@ -89,33 +82,40 @@ class _Journaled:
                 except ValueError:
                     continue
                 if all(entry.get(k) == v for k, v in self.key.items()) and isinstance(entry.get("values"), list):
-                    self.found[int(entry["batch"])] = [float(x) for x in entry["values"]]
+                    self.found[int(entry["batch"])] = entry["values"]
         return self.found
 
 
 def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, device: Any,
-                        loader: Callable[[str, str, Any], ModelMetric] = load_model_metric) -> dict[str, Any] | None:
-    """This rank's share of every model metric; on rank 0, {name: {"values" (in data order),
-    "score", "signature"}} plus "stats", None on the others (and when --metrics names no model
-    metric)."""
+                        loader: Callable[[str, dict[str, Any], Any], ModelMetric] = registry.load) -> dict[str, Any] | None:
+    """This rank's share of every model metric; on rank 0, {name: {"values" (each key's, in data
+    order), "scores" (each key's system score), "signature"}} plus "stats", None on the others
+    (and when --metrics names no model metric)."""
     names = cfg.model_metric_names
-    if not names:
+    if not names or _nothing_left(env, tmp_dir):
         return None
     preds = _predictions(cfg, env, prep, tmp_dir)
     n = len(prep.store)
     examples = prep.store.examples(range(n))
     sources = [e.source for e in examples]
     refs = [e.references for e in examples]
+    options = dict(cfg.metric_options)
     out: dict[str, Any] = {"stats": {}}
     for name in names:
+        if _nothing_left(env, tmp_dir):
+            break
         t0 = time.perf_counter()
-        metric = loader(name, _model_spec(cfg, name), device)
-        budget = cfg.comet_max_tokens or DEFAULT_MAX_TOKENS.get(getattr(device, "type", str(device)), DEFAULT_MAX_TOKENS["cpu"])
+        spec = registry.get(name)
+        metric = loader(name, options, device)
+        budget = default_budget(options[MAX_TOKENS.name], getattr(device, "type", str(device)))
+        metric.prepare(sources, preds, refs)
         lengths = metric.lengths(sources, preds, refs)
         # A batch's cost is its padded tokens, the encoder's work: what the deal balances.
         batches = [Batch(i, members, lengths[members[0]], float(lengths[members[0]] * len(members)))
                    for i, members in enumerate(model_batches(lengths, budget))]
-        key = {"metric": name, "model": metric.signature, "plan": plan_digest(batches)}
+        # What the values depend on: a journal of other options, model or batches is never reused.
+        key = {"metric": name, "model": metric.signature, "options": registry.own_options(spec, options),
+               "plan": plan_digest(batches)}
         done = dict(_Journaled(tmp_dir, key).read())
         # Dealt as generation's batches are, and claimed before scoring: a rank out of work takes
         # the unstarted batches of the slowest share (steal.py). The plan fixes each batch's
@@ -123,9 +123,9 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
         shares = [[i for i in share if i not in done] for share in assign_batches(batches, env.world_size)]
         claims = Claims(tmp_dir, shares, env.rank, [b.cost for b in batches], steal=not cfg.no_steal, prefix=f"{name}_")
         scored = stolen = 0
-        journal = Journal(journal_path(tmp_dir, env.rank))
+        journal: Journal | None = None  # opened at the first batch this rank scores
         try:
-            for claimed in _until_main_is_done(claims, tmp_dir):
+            for claimed in claims:
                 members = batches[claimed.index].members
                 values = metric.score([sources[m] for m in members], [preds[m] for m in members], [refs[m] for m in members],
                                       max_tokens=budget)
@@ -133,44 +133,39 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
                 if claimed.stolen_by(env.rank):
                     entry["from_rank"] = claimed.planned_rank
                     stolen += 1
+                journal = journal or Journal(journal_path(tmp_dir, env.rank))
                 journal.append(entry)
                 scored += 1
         finally:
-            journal.close()
+            if journal is not None:
+                journal.close()
         seconds = time.perf_counter() - t0
         logger.info("rank %d scored %s: %d batch(es) (%d taken from slower ranks) in %.1f s, %d journaled before",
                     env.rank, name, scored, stolen, seconds, len(done))
         if env.is_main:
-            values = _gather(cfg, tmp_dir, key, batches, n)
+            values = columns(spec.value_keys, _gather(cfg, tmp_dir, key, batches, n))
             # The model goes with this loop; what finish needs of it is kept.
-            out[name] = {"values": values, "score": metric.aggregate(values), "signature": metric.signature}
-            out["stats"][name] = {"model": _model_spec(cfg, name), "batches": len(batches), "max_tokens": budget,
-                                  "resumed_batches": len(done), "rank0_planned_batches": len(shares[env.rank]), "rank0_scored_batches": scored, "rank0_stolen_batches": stolen,
-                                  "rank0_seconds": seconds}
+            out[name] = {"values": values, "scores": {k: spec.system_score(v) for k, v in values.items()},
+                         "signature": metric.signature}
+            out["stats"][name] = {"options": registry.own_options(spec, options), "batches": len(batches),
+                                  "max_tokens": budget, "resumed_batches": len(done),
+                                  "rank0_planned_batches": len(shares[env.rank]), "rank0_scored_batches": scored,
+                                  "rank0_stolen_batches": stolen, "rank0_seconds": seconds}
         del metric
     return out if env.is_main else None
 
 
-def _until_main_is_done(claims: Any, tmp_dir: Path) -> Any:
-    """The claimed batches, ending quietly when rank 0 has finished the run: it does so only once
-    every batch is journaled, and may then remove the temp dir (claims folder included) while a
-    slower rank is still looking for work."""
-    from .tmpdir import main_rank_state
-
-    it = iter(claims)
-    while True:
-        try:
-            claimed = next(it)
-        except StopIteration:
-            return
-        except RunFailed:
-            if main_rank_state(tmp_dir) == "done":
-                return
-            raise
-        yield claimed
+def _nothing_left(env: DistEnv, tmp_dir: Path) -> bool:
+    """A rank other than 0 whose phase begins (or goes on to its next metric) after rank 0 has
+    written the outputs: every batch is journaled, nothing is left to score. Under its presence
+    (presence.py) the temp dir, rank0.done included, stays until this rank has left."""
+    if env.is_main or not main_is_done(tmp_dir):
+        return False
+    logger.info("rank %d: rank 0 has scored every model-metric batch already", env.rank)
+    return True
 
 
-def _gather(cfg: EvalConfig, tmp_dir: Path, key: dict[str, Any], batches: list[Batch], n: int) -> list[float]:
+def _gather(cfg: EvalConfig, tmp_dir: Path, key: dict[str, Any], batches: list[Batch], n: int) -> list[Any]:
     """Rank 0: every batch's values, once all ranks have journaled theirs, in data order."""
     deadline = time.monotonic() + cfg.sync_timeout
     journaled = _Journaled(tmp_dir, key)
@@ -184,7 +179,7 @@ def _gather(cfg: EvalConfig, tmp_dir: Path, key: dict[str, Any], batches: list[B
                                    f"{len(missing)} of {len(batches)} batches are not journaled in {tmp_dir}; "
                                    "rerun with --resume to score only those")
         time.sleep(POLL_S)
-    values = [0.0] * n
+    values: list[Any] = [0.0] * n
     for b in batches:
         for m, v in zip(b.members, done[b.index]):
             values[m] = v
@@ -192,23 +187,24 @@ def _gather(cfg: EvalConfig, tmp_dir: Path, key: dict[str, Any], batches: list[B
 
 
 def system_scores(scored: dict[str, Any] | None) -> dict[str, Any]:
-    """The metric file's entries: each model metric's system score and signature."""
+    """The metric file's entries: each model metric key's system score, and its signature."""
     out: dict[str, Any] = {}
     for name, entry in (scored or {}).items():
         if name == "stats":
             continue
-        out[name] = entry["score"]
+        out.update(entry["scores"])
         out[f"{name}_signature"] = entry["signature"]
     return out
 
 
 def with_model_scores(rows: Iterable[Any], scored: dict[str, Any]) -> Iterator[Any]:
     """The rank files' rows in data order (shuffle.gathered's tables), each example's line of
-    {type_path}_examples.jsonl extended with the model metrics' values (the rank that generated it
-    wrote the line before they existed); the values are in data order, found by each row's place."""
+    {type_path}_examples.jsonl extended with the model metrics' values, each key's (the rank that
+    generated it wrote the line before they existed); the values are in data order, found by
+    each row's place."""
     import pyarrow as pa
 
-    values = {name: entry["values"] for name, entry in scored.items() if name != "stats"}
+    values = {key: column for name, entry in scored.items() if name != "stats" for key, column in entry["values"].items()}
     for part in rows:
         if "out_example" not in part.column_names:
             yield part
@@ -218,7 +214,7 @@ def with_model_scores(rows: Iterable[Any], scored: dict[str, Any]) -> Iterator[A
             yield part  # no examples file: nothing to extend
             continue
         places = part.column("position").to_pylist()
-        extra = [b"".join(b', "%s": %s' % (name.encode(), json.dumps(float(v[p])).encode()) for name, v in values.items())
+        extra = [b"".join(b', "%s": %s' % (key.encode(), json.dumps(float(v[p])).encode()) for key, v in values.items())
                  for p in places]
         # Every line is one JSON object ending in "}\n": the values go before its closing brace.
         patched = [line[:-2] + e + b"}\n" for line, e in zip(lines, extra)]

@@ -20,6 +20,7 @@ from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .model_scores import check_model_metrics, score_model_metrics
 from .prepare import Prepared, describe_plan, idle_ranks_warning, prepare
+from .presence import Presence
 from .rank import generate_rank
 from .sharedtail import write_my_part
 from .tmpdir import (
@@ -108,6 +109,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
     pg = process_group if process_group is not None else ProcessGroup(env, backend, cfg.sync_timeout)
     lock: RunLock | None = None
     prep: Prepared | None = None
+    presence: Presence | None = None
     try:
         with _Signals():
             lock = _claim_tmp_dir(cfg, env, pg, tmp_dir, also_folders)
@@ -123,7 +125,11 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             earlier: list[Any] = []  # --compare_to's run, checked before any generation
             _agree(env, pg, lambda: earlier.append(earlier_run(cfg, prep)))
-            _agree(env, pg, lambda: check_model_metrics(cfg))  # COMET's model is found before any generation
+            _agree(env, pg, lambda: check_model_metrics(cfg))  # a model metric's model is found before any generation
+            if not env.is_main:
+                # Before this rank's rank file, without which rank 0 cannot finish: rank 0 removes
+                # the temp dir only once this rank has let it go (presence.py).
+                presence = Presence(tmp_dir, env.rank)
             engine = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
                                   generation_config=prep.generation_config, device=device, env=env, model=model)
             t_loaded = time.perf_counter()
@@ -138,6 +144,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
                 # With --shared_tail its slice of the outputs first (sharedtail.py); then stay for rank 0.
                 if cfg.shared_tail:
                     write_my_part(cfg, env, prep.store, tmp_dir, check=lambda: _main_alive(cfg, env, prep, tmp_dir))
+                presence.release()  # type: ignore[union-attr]  # its last read or write there
                 if process_group is None:  # evaluate() waits for rank 0's result instead
                     _wait_for_main(cfg, env, prep, tmp_dir)
                 return Outcome()
@@ -163,6 +170,8 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             raise RunFailed(f"rank 0 is gone; {missing_summary(cfg, env, prep, tmp_dir)}") from e
         raise
     finally:
+        if presence is not None:
+            presence.release()
         if lock is not None:
             lock.release()
         if process_group is None:

@@ -8,6 +8,7 @@ Layout of {tmp_dir}:
     manifest.json           what run these files belong to (model, data, settings, batch plan)
     run.lock                flock'ed by rank 0 while a run is live
     rank0.stopped / .done   rank 0 was interrupted / has written the outputs (for the other ranks)
+    rank_<k>.present        flock'ed (shared) by rank k while it may use this folder (presence.py)
     journal_rank_<k>.jsonl  one line per batch rank k finished, appended and fsynced as it finishes
                             (and, for a batch split after running out of memory, one line per
                             split and per finished sub-batch: see JournaledBatch); a batch taken
@@ -47,7 +48,7 @@ DONE = "rank0.done"  # rank 0 wrote the outputs: the other ranks may exit (see r
 MARKER = ".seq2seq_eval_tmp"
 OWN = re.compile(
     r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl"
-    r"|rank_\d+_output\.(arrow|arrow\.partial|json)|claims/([a-z]+_)?\d+"
+    r"|rank_\d+_output\.(arrow|arrow\.partial|json)|rank_\d+\.present|claims/([a-z][a-z0-9]*_)?\d+"
     r"|tail_\d+\.(json|sizes|scores|spilled)|tail_out\.(gen|pseudo|legacy|jsonl|example)"
     r"|tail_spill_(\d+|all)_\d+\.arrow(\.index)?"
     r"|cache/examples\.(arrow|json)|cache/tokens_\d+_\d+\.(ids\.bin|lens\.npy|json))"
@@ -238,6 +239,11 @@ def main_rank_state(tmp_dir: Path) -> str:
     except BlockingIOError:
         os.close(fd)
         return "running"
+    if os.fstat(fd).st_nlink == 0:
+        # The lock file was removed under this process between its open and its flock: rank 0
+        # cleaned up and released the lock, its run done (cleanup removes rank0.done too).
+        os.close(fd)
+        return "done"
     if (tmp_dir / DONE).exists() or (tmp_dir / STOPPED).exists():
         os.close(fd)
         return "done" if (tmp_dir / DONE).exists() else "stopped"
@@ -245,6 +251,11 @@ def main_rank_state(tmp_dir: Path) -> str:
     with contextlib.suppress(OSError):
         (tmp_dir / STOPPED).write_bytes(b"")
     return "gone"
+
+
+def main_is_done(tmp_dir: Path) -> bool:
+    """Rank 0 has written the outputs (reliable only for a rank holding its presence, presence.py)."""
+    return (tmp_dir / DONE).exists()
 
 
 def mark_done(tmp_dir: Path) -> None:

@@ -1,37 +1,115 @@
-"""Metrics that run a model on the ranks (COMET; BERTScore would be the next): one interface, so
-that the run, `score`, `compare` and the API treat them alike, and a new one is one module plus
-its line in MODEL_METRICS.
+"""Metrics that run a model on the ranks (COMET, BERTScore): what one declares about itself
+(`ModelMetricSpec`, its `Option`s), the interface of a loaded one (`ModelMetric`), and their
+batches. A metric is one module (or subpackage) whose `METRIC` is its spec, plus its line in
+`registry.BUILTIN`; the run, `score`, `compare`, the API and their flags read everything about it
+from the registry.
 
 A model metric is loaded once per rank on the rank's device, scores batches of examples
-(source, prediction, references) into one value per example, and its system score is an
-aggregate of those values. Batches are cut from all examples by `model_batches` (on the ranks,
-then dealt to them), so values do not depend on the world size nor on where they are scored."""
+(source, prediction, references) into values per example (one per key it declares), and its
+system score aggregates those values. Batches are cut from all examples by `model_batches` (on
+the ranks, then dealt to them), so values do not depend on the world size nor on where they are
+scored."""
 
 from __future__ import annotations
 
-import importlib
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+Value = float | tuple[float, ...]
+"""One example's value: a float, or with several keys a tuple of floats in the keys' order."""
 
-MODEL_METRICS = {"comet": ("seq2seq_eval.scoring.comet", "comet_model")}
-"""Name in --metrics -> (the module whose `load(name_or_path, device)` returns a ModelMetric and
-whose `check(name_or_path)` finds the model without loading it, the EvalConfig field naming it)."""
+OPTION_KINDS = (str, int, float, bool)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a model metric. Its name is its key in EvalConfig.metric_options, its flag
+    (`--name` and `--name-with-dashes`) on the run, `score` and `compare`, and its keyword in
+    score(), compare() and evaluate(); a metric's options are named `<metric>_<what>`."""
+
+    name: str
+    default: Any
+    help: str
+    """What it is, for --help and the docs (the default is added)."""
+    kind: type = str
+    """str, int, float or bool (a switch on the command line: given means True)."""
+    valid: Callable[[Any], bool] | None = None
+    """A check beyond the kind; `expected` says what it wants."""
+    expected: str = ""
+    aliases: tuple[str, ...] = ()
+    """Earlier names, taken as this one by every entry point."""
+
+    def check(self, value: Any, given_as: str | None = None) -> str | None:
+        """None if `value` is fine, else the one-line error: what was given (under the name
+        `given_as`, an alias), what was expected."""
+        if value is None and self.default is None:
+            return None
+        ok = isinstance(value, bool) if self.kind is bool else (
+            isinstance(value, self.kind) and not isinstance(value, bool)
+            or (self.kind is float and isinstance(value, int) and not isinstance(value, bool)))
+        if ok and (self.valid is None or self.valid(value)):
+            return None
+        what = self.expected or {str: "a text", int: "an integer", float: "a number", bool: "true or false"}[self.kind]
+        return f"--{given_as or self.name} {value!r}: expected {what}"
+
+
+AGGREGATES: dict[str, Callable[[Sequence[float]], float]] = {
+    # math.fsum: the same value whatever order the examples were scored in.
+    "mean": lambda values: math.fsum(values) / len(values) if values else float("nan"),
+}
+"""How a system score is made from per-example values. compare's paired tests resample the mean."""
+
+
+@dataclass(frozen=True)
+class ModelMetricSpec:
+    """What a model metric declares about itself; nothing else in the package names it."""
+
+    name: str
+    """Its name in --metrics: lower-case letters and digits."""
+    what: str
+    """One line: what is computed (the metric names' help)."""
+    load: Callable[[Mapping[str, Any], Any], ModelMetric]
+    """(its options by name, a torch device) -> the loaded metric."""
+    check: Callable[[Mapping[str, Any]], None]
+    """Its options by name -> None, or a typed error; finds the model without loading it (before any work)."""
+    options: tuple[Option, ...] = ()
+    needs_sources: bool = False
+    keys: tuple[str, ...] = ()
+    """Its per-example keys, the main one first (default: the name alone). Each goes into the
+    examples file per example and, aggregated, into the metric file; compare tests the main one."""
+    aggregate: str = "mean"
+    """The system score of each key from its per-example values: a name in AGGREGATES."""
+    decimals: int = 4
+    """Digits after the point in compare's table."""
+
+    @property
+    def value_keys(self) -> tuple[str, ...]:
+        return self.keys or (self.name,)
+
+    def system_score(self, values: Sequence[float]) -> float:
+        return AGGREGATES[self.aggregate](values)
+
+
+MAX_TOKENS = Option(
+    "model_metric_max_tokens", None, "padded tokens per forward pass of every model metric's model (default: 4096 "
+    "on CPU, 32768 on a GPU); a batch dealt to a rank holds about 4 passes' examples",
+    kind=int, valid=lambda v: v >= 1, expected="an integer >= 1", aliases=("comet_max_tokens",))
+"""The budget every model metric shares (--comet_max_tokens is its earlier name)."""
 
 
 class ModelMetric(ABC):
     """One loaded model metric."""
 
     name: str
-    """The key of its per-example values and of its system score."""
+    """The metric's name (its spec's)."""
 
     @property
     @abstractmethod
     def signature(self) -> str:
-        """What identifies the scores (the model and the tool's version), as sacrebleu's signatures."""
+        """What identifies the scores (the model, its settings and the tool's version), as sacrebleu's signatures."""
 
     @abstractmethod
     def lengths(self, sources: Sequence[str], predictions: Sequence[str],
@@ -40,25 +118,43 @@ class ModelMetric(ABC):
 
     @abstractmethod
     def score(self, sources: Sequence[str], predictions: Sequence[str],
-              references: Sequence[Sequence[str]], max_tokens: int | None = None) -> list[float]:
-        """One batch: a value per example (with several references, their mean); the model's
-        forward passes over at most `max_tokens` padded tokens each."""
+              references: Sequence[Sequence[str]], max_tokens: int | None = None) -> list[Any]:
+        """One batch: a Value per example; the model's forward passes over at most `max_tokens`
+        padded tokens each."""
+
+    def prepare(self, sources: Sequence[str], predictions: Sequence[str], references: Sequence[Sequence[str]]) -> None:
+        """Called once with every example before any batch is scored, the same on every rank
+        (a statistic of the whole corpus, such as BERTScore's idf weights, is taken here)."""
 
     def aggregate(self, values: Sequence[float]) -> float:
-        """The system score: the mean, as comet-score prints it. math.fsum: the same value
-        whatever order the examples were scored in."""
-        import math
-
-        return math.fsum(values) / len(values) if values else float("nan")
+        """The system score of the main key: the mean, as comet-score prints it."""
+        return AGGREGATES["mean"](values)
 
 
 DEFAULT_MAX_TOKENS = {"cpu": 4096, "cuda": 32768}
-"""Padded tokens per forward pass of the model (--comet_max_tokens)."""
+"""Padded tokens per forward pass of the model (--model_metric_max_tokens)."""
 
 FORWARDS_PER_BATCH = 4
 """A planned batch (what is dealt, stolen and journaled) holds the examples of about this many
 forward passes per input kind: within it the metric sorts all texts by length and pads little,
 while a run still has batches enough to share among ranks."""
+
+
+def default_budget(max_tokens: int | None, device_type: str) -> int:
+    return max_tokens or DEFAULT_MAX_TOKENS.get(device_type, DEFAULT_MAX_TOKENS["cpu"])
+
+
+def columns(keys: Sequence[str], values: Sequence[Any]) -> dict[str, list[float]]:
+    """Per-example Values -> {key: a float per example}."""
+    if len(keys) == 1:
+        return {keys[0]: [float(v) for v in values]}
+    out: dict[str, list[float]] = {k: [] for k in keys}
+    for v in values:
+        if not isinstance(v, (tuple, list)) or len(v) != len(keys):
+            raise ValueError(f"expected {len(keys)} values per example ({', '.join(keys)}), got {v!r}")
+        for k, x in zip(keys, v):
+            out[k].append(float(x))
+    return out
 
 
 def model_batches(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, ...]]:
@@ -94,11 +190,12 @@ class Ranks:
 
 def score_all(metric: ModelMetric, sources: Sequence[str], predictions: Sequence[str],
               references: Sequence[Sequence[str]], max_tokens: int | None = None, device_type: str = "cpu",
-              ranks: Ranks | None = None) -> list[float]:
-    """Every example's value, in the batches the ranks of a run would use. With `ranks`, each
+              ranks: Ranks | None = None) -> list[Any]:
+    """Every example's Value, in the batches the ranks of a run would use. With `ranks`, each
     rank scores every world_size-th batch (longest first, so the shares cost about the same) and
     every rank gets all values; a batch's values do not depend on which rank scored it."""
-    budget = max_tokens or DEFAULT_MAX_TOKENS.get(device_type, DEFAULT_MAX_TOKENS["cpu"])
+    budget = default_budget(max_tokens, device_type)
+    metric.prepare(sources, predictions, references)
     batches = model_batches(metric.lengths(sources, predictions, references), budget)
     rank, world = (ranks.rank, ranks.world_size) if ranks is not None else (0, 1)
     mine = {}
@@ -107,56 +204,8 @@ def score_all(metric: ModelMetric, sources: Sequence[str], predictions: Sequence
         mine[i] = metric.score([sources[m] for m in members], [predictions[m] for m in members],
                                [references[m] for m in members], max_tokens=budget)
     scored = {k: v for part in ranks.gather(mine) for k, v in part.items()} if ranks is not None else mine
-    values = [0.0] * len(sources)
+    values: list[Any] = [0.0] * len(sources)
     for i, members in enumerate(batches):
         for m, v in zip(members, scored[i]):
             values[m] = v
     return values
-
-
-def corpus_scores(names: Sequence[str], model: str, sources: Sequence[str], predictions: Sequence[str],
-                  references: Sequence[Sequence[str]], max_tokens: int | None = None,
-                  ranks: Ranks | None = None) -> dict[str, Any]:
-    """`score`'s model metrics (the first GPU, else the CPU; under torchrun, the rank's device
-    and a share of the batches): each system score (the mean over examples of the mean over each
-    example's `references`) and its signature."""
-    import torch
-
-    from ..errors import DataError
-
-    if len(sources) != len(predictions):
-        raise DataError(f"sources: {len(sources)} texts but {len(predictions)} predictions; expected one source per prediction")
-    device = ranks.device if ranks is not None else "cuda" if torch.cuda.is_available() else "cpu"
-    device_type = torch.device(device).type
-    per_example = [tuple(r) for r in references]
-    out: dict[str, Any] = {}
-    for name in names:
-        metric = load_model_metric(name, model, device)
-        out[name] = metric.aggregate(score_all(metric, sources, predictions, per_example, max_tokens,
-                                               device_type=device_type, ranks=ranks))
-        out[f"{name}_signature"] = metric.signature
-    return out
-
-
-def is_model_metric(name: str) -> bool:
-    return name in MODEL_METRICS
-
-
-def load_model_metric(name: str, model: str, device: Any = "cpu") -> ModelMetric:
-    return _module(name).load(model, device)
-
-
-def check_model_metric(name: str, model: str) -> None:
-    """Before any work: the model can be found and is of a supported kind (typed error if not)."""
-    _module(name).check(model)
-
-
-def model_option(name: str) -> str:
-    """The EvalConfig field that names the metric's model (comet_model)."""
-    return MODEL_METRICS[name][1]
-
-
-def _module(name: str) -> Any:
-    if name not in MODEL_METRICS:
-        raise ConfigError(f"{name!r} is not a model metric; model metrics: {', '.join(MODEL_METRICS)}")
-    return importlib.import_module(MODEL_METRICS[name][0])

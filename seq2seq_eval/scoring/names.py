@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..errors import ConfigError
+from . import registry
 
-METRIC_NAMES = ("bleu", "chrf", "chrf++", "ter", "rouge")
+METRIC_NAMES = registry.TEXT_METRIC_NAMES
 """The text metrics: sacrebleu's BLEU(), CHRF(), CHRF(word_order=2), TER(), and rouge-score,
 pure functions of strings."""
 
-MODEL_METRIC_NAMES = ("comet",)
-"""Metrics that run a model on the ranks (scoring/model_metric.py's MODEL_METRICS)."""
 
-ACCEPTED_METRIC_NAMES = METRIC_NAMES + MODEL_METRIC_NAMES
-"""Every name ``--metrics`` accepts."""
+def accepted_metric_names() -> tuple[str, ...]:
+    """Every name ``--metrics`` accepts: the text metrics, then the model metrics (registry.py)."""
+    return METRIC_NAMES + registry.names()
 
 TASK_DEFAULT_METRIC = {"translation": "bleu", "summarization": "rouge"}
 """The task's main metric: what a missing ``--metrics`` means, and what names the metric file."""
@@ -45,16 +45,17 @@ def parse_metric_names(spec: str | Sequence[str] | None, task: str) -> tuple[str
     if not isinstance(parts, Sequence) or not all(isinstance(p, str) for p in parts):
         raise ConfigError(f"--metrics must be a comma-separated list of names, got {spec!r}")
     text = ",".join(parts)
+    accepted = accepted_metric_names()
     if not text.strip():
-        raise ConfigError(f"--metrics {text!r}: no metric given; valid names: {', '.join(ACCEPTED_METRIC_NAMES)} "
+        raise ConfigError(f"--metrics {text!r}: no metric given; valid names: {', '.join(accepted)} "
                           "(leave --metrics out for the task's metric)")
     names: list[str] = []
     for raw in text.split(","):
         name = raw.strip().lower()
-        if name not in ACCEPTED_METRIC_NAMES:
+        if name not in accepted:
             shown = repr(raw.strip()) if raw.strip() else "an empty name"
             hint = "; rouge reports rouge1, rouge2, rougeL and rougeLsum" if raw.strip() in _ROUGE_PARTS else ""
-            raise ConfigError(f"--metrics {text!r}: unknown metric {shown}; valid names: {', '.join(ACCEPTED_METRIC_NAMES)}{hint}")
+            raise ConfigError(f"--metrics {text!r}: unknown metric {shown}; valid names: {', '.join(accepted)}{hint}")
         if name in names:
             raise ConfigError(f"--metrics {text!r}: {name} is given twice")
         names.append(name)
@@ -65,6 +66,7 @@ def split_metric_names(names: tuple[str, ...], task: str) -> tuple[tuple[str, ..
     """(text metrics, model metrics) of parsed names. The text metrics are never empty: with
     model metrics alone (``--metrics comet``) the task's main metric is computed beside them, as
     it names the metric file and ranks the lowest-scoring examples."""
-    text = tuple(n for n in names if n not in MODEL_METRIC_NAMES)
-    model = tuple(n for n in names if n in MODEL_METRIC_NAMES)
+    model_names = registry.names()
+    text = tuple(n for n in names if n not in model_names)
+    model = tuple(n for n in names if n in model_names)
     return (text or (TASK_DEFAULT_METRIC[task],)), model

@@ -1,17 +1,18 @@
 """COMET (Rei et al., 2020/2022) natively on transformers 5, from the published checkpoints
 (Unbabel/wmt22-comet-da, Unbabel/wmt20-comet-da): `load(name_or_path, device)` gives a
 ModelMetric whose per-example scores equal unbabel-comet's `predict` to 1e-5.
-`checkpoint` reads the published layout, `network` is the computation."""
+`checkpoint` reads the published layout, `network` is the computation; METRIC is what the
+registry reads."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from ..model_metric import ModelMetric
+from ..model_metric import ModelMetric, ModelMetricSpec, Option
 from .checkpoint import DEFAULT_MODEL, encoder_source, load_state_dict, model_folder, read_hparams
 
-__all__ = ["DEFAULT_MODEL", "Comet", "check", "load"]
+__all__ = ["DEFAULT_MODEL", "METRIC", "Comet", "check", "load"]
 
 
 class Comet(ModelMetric):
@@ -134,3 +135,15 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> Comet:
     network.drop_unused_layers()
     network.eval().to(device)
     return Comet(str(name_or_path), network, tokenizer, config.max_position_embeddings - 4, torch.device(device))
+
+
+METRIC = ModelMetricSpec(
+    name="comet",
+    what="COMET (--comet_model), the mean over references of each example's score; needs sources",
+    load=lambda options, device: load(options["comet_model"], device),
+    check=lambda options: check(options["comet_model"]),
+    options=(Option("comet_model", DEFAULT_MODEL, "with --metrics comet: a COMET regression model, as a hub name or "
+                    "a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)"),),
+    needs_sources=True,
+    decimals=4,  # COMET lives on [0, 1]-ish, the text metrics on [0, 100]
+)

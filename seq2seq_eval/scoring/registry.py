@@ -1,0 +1,221 @@
+"""The model metrics there are: one registration line each in BUILTIN, and `register` for a
+metric defined outside the package (a script's own, registered before it calls the tool on every
+rank). Everything else reads them here: the metric names --metrics takes, EvalConfig's
+metric_options and their checks, the run's, `score`'s and `compare`'s flags, the keywords of
+score(), compare() and evaluate(), the summary, compare's lists and decimals, the docs' list."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import ConfigError
+from .model_metric import MAX_TOKENS, ModelMetric, ModelMetricSpec, Option, Ranks, columns, score_all
+
+BUILTIN = (
+    "seq2seq_eval.scoring.comet",
+    "seq2seq_eval.scoring.bertscore",
+)
+"""The package's model metrics: modules whose METRIC is a ModelMetricSpec, one line each."""
+
+SHARED_OPTIONS = (MAX_TOKENS,)
+"""Options every model metric reads (their names are not a metric's)."""
+
+TEXT_METRIC_NAMES = ("bleu", "chrf", "chrf++", "ter", "rouge")
+"""The text metrics' names, which no model metric may take (scoring/names.py's METRIC_NAMES)."""
+
+_NAME = re.compile(r"[a-z][a-z0-9]*")  # also what the temp dir's claims/<metric>_<batch> accept (run/tmpdir.py)
+_registered: dict[str, ModelMetricSpec] = {}
+_loaded = False
+
+
+def _builtins() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in BUILTIN:
+            register(importlib.import_module(module).METRIC)
+
+
+def register(spec: ModelMetricSpec) -> None:
+    """Adds a model metric. Its name and its options' names must be new: a name is lower-case
+    letters and digits, not a text metric's; its options are named `<name>_<what>`."""
+    _builtins()
+    if not isinstance(spec, ModelMetricSpec):
+        raise ConfigError(f"register: expected a ModelMetricSpec, got {type(spec).__name__}")
+    if not _NAME.fullmatch(spec.name) or spec.name in TEXT_METRIC_NAMES or spec.name in _registered:
+        raise ConfigError(f"register: metric name {spec.name!r} is taken or not lower-case letters and digits; "
+                          f"taken: {', '.join(TEXT_METRIC_NAMES + tuple(_registered))}")
+    if spec.aggregate not in ("mean",):
+        raise ConfigError(f"register {spec.name}: aggregate {spec.aggregate!r}; expected mean")
+    if len(set(spec.value_keys)) != len(spec.value_keys) or spec.value_keys[0] != spec.name or any(
+            not (k == spec.name or k.startswith(f"{spec.name}_")) for k in spec.value_keys):
+        raise ConfigError(f"register {spec.name}: keys {spec.value_keys}: expected distinct keys, "
+                          f"{spec.name!r} first, the others named {spec.name}_<what>")
+    taken = set(option_names())
+    for option in spec.options:
+        names = (option.name, *option.aliases)
+        bad = [n for n in names if not n.startswith(f"{spec.name}_") or n in taken or n == f"{spec.name}_signature"]
+        if bad or option.kind not in (str, int, float, bool):
+            raise ConfigError(f"register {spec.name}: option {bad[0] if bad else option.name!r}: expected a new "
+                              f"name {spec.name}_<what> and a kind among str, int, float, bool")
+        taken.update(names)
+    _registered[spec.name] = spec
+
+
+def specs() -> dict[str, ModelMetricSpec]:
+    """Every model metric, by name, in registration order (the package's first)."""
+    _builtins()
+    return dict(_registered)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(specs())
+
+
+def get(name: str) -> ModelMetricSpec:
+    found = specs().get(name)
+    if found is None:
+        raise ConfigError(f"{name!r} is not a model metric; model metrics: {', '.join(specs())}")
+    return found
+
+
+def options() -> tuple[Option, ...]:
+    """Every option: each metric's, then the shared ones."""
+    return tuple(o for s in specs().values() for o in s.options) + SHARED_OPTIONS
+
+
+def option_names() -> tuple[str, ...]:
+    """Every name an option is given by, aliases included."""
+    _builtins()
+    return tuple(n for o in (*(o for s in _registered.values() for o in s.options), *SHARED_OPTIONS)
+                 for n in (o.name, *o.aliases))
+
+
+def resolve_options(given: Mapping[str, Any] | Sequence[tuple[str, Any]], where: str = "") -> tuple[tuple[str, Any], ...]:
+    """Every option's value, by its name, in options() order: the given ones (an alias counts
+    as its option; None is not given) checked, the others their defaults. An unknown name, a
+    value of the wrong kind or one given under two names is a ConfigError."""
+    pairs = list(given.items()) if isinstance(given, Mapping) else list(given)
+    by_name = {n: o for o in options() for n in (o.name, *o.aliases)}
+    values: dict[str, Any] = {}
+    for key, value in pairs:
+        option = by_name.get(key)
+        if option is None:
+            raise ConfigError(f"{where}unknown model-metric option {key!r}; options: {', '.join(o.name for o in options())}")
+        if value is None:
+            continue
+        if option.name in values:
+            raise ConfigError(f"{where}--{option.name} is given twice (as {', '.join((option.name, *option.aliases))})")
+        error = option.check(value, key)
+        if error is not None:
+            raise ConfigError(where + error)
+        values[option.name] = float(value) if option.kind is float else value
+    return tuple((o.name, values.get(o.name, o.default)) for o in options())
+
+
+def refuse_unused(resolved: Mapping[str, Any], metric_names: Sequence[str], shown: str) -> None:
+    """An option that would change nothing is refused: one set (to other than its default) for a
+    metric `metric_names` does not hold, or a shared one with no model metric among them."""
+    used = [n for n in metric_names if n in specs()]
+    for spec in specs().values():
+        for option in spec.options if spec.name not in used else ():
+            if resolved[option.name] != option.default:
+                raise ConfigError(f"--{option.name} applies to --metrics {spec.name}, which {shown} does not name; "
+                                  f"add it there, or leave out --{option.name}")
+    for option in SHARED_OPTIONS if not used else ():
+        if resolved[option.name] != option.default:
+            raise ConfigError(f"--{option.name} applies to the model metrics ({', '.join(specs())}), none of which "
+                              f"{shown} names; leave it out")
+
+
+def split_options(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the entries that are not model-metric options, those that are) of keyword arguments."""
+    known = set(option_names())
+    return ({k: v for k, v in values.items() if k not in known}, {k: v for k, v in values.items() if k in known})
+
+
+def own_options(spec: ModelMetricSpec, resolved: Mapping[str, Any]) -> dict[str, Any]:
+    """The options a metric's load and check get: its own, never another metric's model."""
+    return {o.name: resolved[o.name] for o in spec.options}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every option as a flag (`--name` and `--name-with-dashes`, and its aliases), given ones
+    only in the namespace (argparse.SUPPRESS), under its own name."""
+    for option in options():
+        flags = []
+        for n in (option.name, *option.aliases):
+            flags += [f"--{n}"] + ([f"--{n.replace('_', '-')}"] if "_" in n else [])
+        default = f" (default: {option.default})" if option.default not in (None, "", False) else ""
+        if option.kind is bool:
+            parser.add_argument(*flags, dest=option.name, action="store_true", default=argparse.SUPPRESS,
+                                help=option.help)
+        else:
+            parser.add_argument(*flags, dest=option.name, type=option.kind, default=argparse.SUPPRESS,
+                                help=option.help + default)
+
+
+def needing_sources(metric_names: Sequence[str]) -> tuple[str, ...]:
+    return tuple(n for n in metric_names if n in specs() and specs()[n].needs_sources)
+
+
+def decimals(metric: str) -> int:
+    """Digits compare's table shows: a model metric's own, 2 for the text metrics (0-100 scales)."""
+    return specs()[metric].decimals if metric in specs() else 2
+
+
+def load(name: str, resolved: Mapping[str, Any], device: Any = "cpu") -> ModelMetric:
+    spec = get(name)
+    return spec.load(own_options(spec, resolved), device)
+
+
+def check(name: str, resolved: Mapping[str, Any]) -> None:
+    """Before any work: the model can be found and is of a supported kind (typed error if not)."""
+    spec = get(name)
+    spec.check(own_options(spec, resolved))
+
+
+def corpus_scores(metric_names: Sequence[str], resolved: Mapping[str, Any], sources: Sequence[str],
+                  predictions: Sequence[str], references: Sequence[Sequence[str]],
+                  ranks: Ranks | None = None) -> dict[str, Any]:
+    """`score`'s model metrics (the first GPU, else the CPU; under torchrun, the rank's device
+    and a share of the batches): each key's system score and the metric's signature."""
+    import torch
+
+    from ..errors import DataError
+
+    if len(sources) != len(predictions):
+        raise DataError(f"sources: {len(sources)} texts but {len(predictions)} predictions; expected one source per prediction")
+    device = ranks.device if ranks is not None else "cuda" if torch.cuda.is_available() else "cpu"
+    device_type = torch.device(device).type
+    per_example = [tuple(r) for r in references]
+    out: dict[str, Any] = {}
+    for name in metric_names:
+        spec = get(name)
+        metric = load(name, resolved, device)
+        values = score_all(metric, sources, predictions, per_example, resolved[MAX_TOKENS.name],
+                           device_type=device_type, ranks=ranks)
+        for key, column in columns(spec.value_keys, values).items():
+            out[key] = spec.system_score(column)
+        out[f"{name}_signature"] = metric.signature
+    return out
+
+
+def example_values(name: str, resolved: Mapping[str, Any], sources: Sequence[str],
+                   predictions: Mapping[str, Sequence[str]], refs: Sequence[Sequence[str | None]]) -> dict[str, Any]:
+    """compare's model metric: every system's per-example main value, in one process on the
+    first GPU or the CPU, in length-sorted token-budget batches: {"values", "signature"}."""
+    import torch
+
+    spec = get(name)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    metric = load(name, resolved, device)
+    per_example = [tuple(s[i] for s in refs if s[i] is not None) for i in range(len(sources))]
+    values = {system: columns(spec.value_keys, score_all(metric, sources, preds, per_example, resolved[MAX_TOKENS.name],
+                                                         device_type=device))[spec.name]
+              for system, preds in predictions.items()}
+    return {"values": values, "signature": metric.signature}
