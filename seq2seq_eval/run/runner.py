@@ -125,7 +125,8 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             _agree(env, pg, lambda: earlier.append(earlier_run(cfg, prep)))
             _agree(env, pg, lambda: check_model_metrics(cfg))  # COMET's model is found before any generation
             engine = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
-                                  generation_config=prep.generation_config, device=device, env=env, model=model)
+                                  generation_config=prep.generation_config, device=device, env=env, model=model,
+                                  kind=prep.kind)
             t_loaded = time.perf_counter()
             # What a large run spends before generating anything (benchmarks/scale.py reads it).
             logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,
