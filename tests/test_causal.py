@@ -154,6 +154,16 @@ def test_prompts_and_settings_refused_before_any_work(tiny, options, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
 
 
+def test_a_tokenizer_without_a_chat_template_is_refused(tiny, tmp_path):
+    import shutil
+
+    plain = tmp_path / "plain"
+    shutil.copytree(tiny["llama"], plain)
+    (plain / "chat_template.jinja").unlink()
+    with pytest.raises(ConfigError, match="^--apply_chat_template: the tokenizer of .*plain has no chat template"):
+        Setup(plain, apply_chat_template=True)
+
+
 @pytest.mark.parametrize("template, message", [
     ("{% for m in messages %}{{ m['content'] | no_such_filter }}{% endfor %}", "TemplateAssertionError"),
     ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
@@ -356,6 +366,17 @@ def test_refused_in_one_line_before_any_work_dry_run_included(tiny, tmp_path, ca
         _refused_before_any_work(single(args, cwd=tmp_path), save, start)
 
 
+def test_the_dry_run_shows_the_prompts_and_how_many_were_truncated(tiny, tmp_path):
+    data = write_legacy(tmp_path / "data", ["dog", "the small dog runs fast on a big red mat"], ["a", "b"])
+    proc = single(["--model_name", str(tiny["llama"]), "--data_dir", str(data), "--max_new_tokens", "250",
+                   "--truncate_prompt", "left", "--prompt_template", r"Q: {source}\nA:", "--dry_run"], cwd=tmp_path)
+    assert_ok(proc)
+    assert ("prompts of more than 6 tokens (the model's 256 positions less --max_new_tokens 250) are truncated on "
+            "the left: 2 truncated") in proc.stdout
+    shown = json.loads(proc.stdout.split("prompts: ", 1)[1].splitlines()[0])
+    assert shown["template"] == "Q: {source}\nA:" and shown["truncate_prompt"] == "left"
+
+
 # 96 examples in batches of 2, each decoding 20 new tokens with 2 beams and 2 candidates, the
 # prompts through the chat template with 2 few-shot examples: pseudolabels with scores.
 RUN = ["--bs", "2", "--min_new_tokens", "20", "--max_new_tokens", "20", "--num_beams", "2",
@@ -454,3 +475,35 @@ def test_killed_rank_after_stealing_then_resume_generates_each_batch_once(pseudo
     assert_ok(run_ranks(2, args + ["--save_dir", str(save), "--resume", "--debug"], cwd=tmp_path))
     assert finished() == {i: 1 for i in range(N_BATCHES)}
     _same_files(save, reference)
+
+
+def test_evaluate_takes_a_decoder_only_model_object_and_leaves_it_as_it_was(tiny, tmp_path):
+    import seq2seq_eval
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny["qwen2"]).train()
+    model.config.architectures = None  # as a model built in a training job: its class says what it is
+    own = model.generation_config.to_dict()
+    tokenizer = AutoTokenizer.from_pretrained(tiny["qwen2"])
+    result = seq2seq_eval.evaluate(model, tokenizer, sources=SOURCES, references=SOURCES, save_dir=str(tmp_path / "o"),
+                                   apply_chat_template=True, max_new_tokens=8, num_beams=2, return_examples=True)
+    s = Setup(tiny["qwen2"], apply_chat_template=True, max_new_tokens=8, num_beams=2)
+    texts, _ = _one_at_a_time(s, s.ids())
+    assert [e["prediction"] for e in result.examples] == [t[0] for t in texts]
+    assert result.metrics["provenance"]["prompt"]["special_tokens"] == "written by the chat template"
+    assert model.training and model.generation_config.to_dict() == own and model.config.architectures is None
+
+
+def test_a_tokenizer_that_ends_every_prompt_with_its_end_token_is_refused(tiny, tmp_path):
+    import shutil
+
+    eos_added = tmp_path / "eos_added"
+    shutil.copytree(tiny["llama"], eos_added)
+    spec = json.loads((eos_added / "tokenizer.json").read_text())
+    spec["post_processor"]["single"].append({"SpecialToken": {"id": "</s>", "type_id": 0}})
+    spec["post_processor"]["special_tokens"]["</s>"] = {"id": "</s>", "ids": [2], "tokens": ["</s>"]}
+    (eos_added / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match=r"^--prompt_template '\{source\}': the tokenizer of .*eos_added adds the end "
+                                          r"token '</s>' after every prompt"):
+        Setup(eos_added)
+    assert Setup(eos_added, apply_chat_template=True).ids(["dog"])[0][-1] != 2  # the template decides

@@ -168,7 +168,8 @@ def build_prompts(cfg: EvalConfig, tokenizer: Any, model_config: Any, gc: Any, p
                               "(a single one, as text); leave out --apply_chat_template and give --prompt_template")
     limit, why = _limit(cfg, model_config, tokenizer, int(gc.max_new_tokens))
     bos_id = getattr(tokenizer, "bos_token_id", None)
-    prompts = Prompts(template, prefix, chat, cfg.system_instruction, _shots(cfg), cfg.fewshot_file, limit, why,
+    fewshot_file = str(Path(cfg.fewshot_file).expanduser().resolve()) if cfg.fewshot_file else None
+    prompts = Prompts(template, prefix, chat, cfg.system_instruction, _shots(cfg), fewshot_file, limit, why,
                       cfg.truncate_prompt == "left", bos_id, getattr(tokenizer, "bos_token", None))
     probe = "a source"
     try:
@@ -180,11 +181,24 @@ def build_prompts(cfg: EvalConfig, tokenizer: Any, model_config: Any, gc: Any, p
     if not isinstance(text, str):
         raise ConfigError(f"--apply_chat_template: the chat template of {cfg.model_name} gives "
                           f"{type(text).__name__}, not text")
-    problem = _bos_problem(prompts, encode_texts(tokenizer, [text], chat is None)[0])
+    shown = "--apply_chat_template" if chat is not None else f"--prompt_template {template!r}"
+    ids = encode_texts(tokenizer, [text], chat is None)[0]
+    problem = _bos_problem(prompts, ids)
     if problem:
-        raise ConfigError(f"{'--apply_chat_template' if chat is not None else '--prompt_template ' + repr(template)}: "
-                          f"{problem}")
+        raise ConfigError(f"{shown}: {problem}")
+    ends = set(stop_ids(gc.eos_token_id)) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+    if chat is None and ids and ids[-1] in ends and encode_texts(tokenizer, [text], False)[0][-1:] != ids[-1:]:
+        # A tokenizer that ends every text with its end token (as a seq2seq source's) tells the
+        # model that the prompt is finished: whatever it generates then is not a continuation.
+        raise ConfigError(f"{shown}: the tokenizer of {cfg.model_name} adds the end token "
+                          f"{tokenizer.convert_ids_to_tokens(ids[-1])!r} after every prompt, so the model would see "
+                          "each prompt as finished; use --apply_chat_template, or a tokenizer that does not add it")
     return prompts
+
+
+def stop_ids(value: Any) -> list[int]:
+    """eos_token_id as a list of ids."""
+    return [] if value is None else [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
 
 
 def _bos_problem(prompts: Prompts, ids: Sequence[int]) -> str | None:
