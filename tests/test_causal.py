@@ -507,3 +507,39 @@ def test_a_tokenizer_that_ends_every_prompt_with_its_end_token_is_refused(tiny, 
                                           r"token '</s>' after every prompt"):
         Setup(eos_added)
     assert Setup(eos_added, apply_chat_template=True).ids(["dog"])[0][-1] != 2  # the template decides
+
+
+# ---------------------------------------------------------------- the embedded demo
+
+DEMO = EMBEDDED_MODEL.parent / "causal_model"
+
+
+def test_the_embedded_demo_scores_and_its_chat_and_plain_prompts_are_the_same_ids(tmp_path):
+    """The documented command on the first 40 examples (the whole set scores BLEU 98.22:
+    data_samples/README.md): a meaningful score, the outputs of a one-prompt-at-a-time loop, and
+    `--prompt_template '{source}\\n'` gives the chat template's ids."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    size = sum(f.stat().st_size for f in DEMO.iterdir() if f.is_file())
+    assert size <= 10 * 1024 * 1024, f"the demo is {size / 2**20:.1f} MiB; expected at most 10 MiB"
+    readme = (DEMO.parent / "README.md").read_text(encoding="utf-8").split("## The causal model")[1]
+    entries = json.loads((DEMO / "config.json").read_text())["task_specific_params"]
+    for task, entry in entries.items():  # the README quotes them exactly
+        quoted = next(line for line in readme.splitlines() if line.strip().startswith(f'"{task}":'))
+        assert json.loads("{" + quoted.strip() + "}")[task] == entry
+    save = tmp_path / "out"
+    assert_ok(single(["--model_name", str(DEMO), "--apply_chat_template", "--n_obs", "40", "--save_dir", str(save)],
+                     cwd=tmp_path))
+    assert json.loads((save / "test_bleu.json").read_text())["bleu"] >= 90
+    sources = (EMBEDDED_DATA["translation"] / "test.source").read_text().splitlines()[:40]
+    chat = Setup(DEMO, apply_chat_template=True)
+    assert chat.ids(sources) == Setup(DEMO, prompt_template="{source}\n").ids(sources)
+    model, tok = AutoModelForCausalLM.from_pretrained(DEMO).eval(), AutoTokenizer.from_pretrained(DEMO)
+    params = {k: v for k, v in model.config.task_specific_params["translation"].items() if k != "prefix"}
+    generated = (save / "test_generations.txt").read_text().splitlines()
+    for source, prediction in list(zip(sources, generated))[:6]:
+        ids = tok.apply_chat_template([{"role": "user", "content": "translate: " + source}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        with torch.inference_mode():
+            out = model.generate(input_ids=torch.tensor([ids]), **params)
+        assert tok.decode(out[0, len(ids):], skip_special_tokens=True).strip() == prediction
