@@ -145,7 +145,7 @@ class EvalConfig:
     id_column: str | None = None
     """Id column (default: 'id' when present, else the row number)."""
     prompt_template: str | None = None
-    """Decoder-only models: the prompt, with {source} where each source goes (default: {source}; the source prefix comes first); \\n in the shell text is a newline (docs/causal.md)."""
+    """Decoder-only models: the prompt, with {source} where each source goes and {column} for another column of a JSON Lines or dataset input (default: {source}; the source prefix comes first); \\n in the shell text is a newline (docs/causal.md)."""
     apply_chat_template: bool = False
     """Decoder-only models: put each prompt through the tokenizer's chat template as the user's turn, with the generation prompt."""
     system_instruction: str | None = None

@@ -133,9 +133,11 @@ def test_few_shot_examples_are_chosen_by_seed_and_the_same_for_every_prompt(tiny
     ({"prompt_template": "<s>{source}"},
      "--prompt_template '<s>{source}': the prompt starts with the BOS token '<s>' twice (the text starts with it and "
      "the tokenizer adds it too); leave '<s>' out of the prompt"),
-    ({"prompt_template": "Q: {question}"}, "--prompt_template 'Q: {question}': {question} is not a field the run fills"),
     ({"prompt_template": "Q:"}, "--prompt_template 'Q:': no {source}"),
-    ({"prompt_template": "Q: {source!r}"}, "--prompt_template 'Q: {source!r}': expected a plain {source}"),
+    ({"prompt_template": "Q: {source!r}"}, "--prompt_template 'Q: {source!r}': {source!r}: expected a plain {source} "
+                                           "or {column}"),
+    ({"prompt_template": "{source} {}"}, "--prompt_template '{source} {}': {}: expected a plain {source} or {column}"),
+    ({"prompt_template": "{source} {a[0]}"}, "--prompt_template '{source} {a[0]}': {a[0]}: expected a plain"),
     ({"prompt_template": "Q: {source"}, "--prompt_template 'Q: {source': expected '}' before end of string"),
     ({"max_length": 40}, "--max_length 40: a decoder-only model's max_length counts the prompt's tokens"),
     ({"max_new_tokens": None}, "no --max_new_tokens (generate()'s default is max_length 20): a decoder-only model's"),
@@ -193,6 +195,42 @@ def test_a_prompt_too_long_or_with_two_bos_names_the_example_and_left_truncation
     ids, truncated, problem = encode_prompts(left.prompts, left.tokenizer, ["dog", long])
     assert problem is None and truncated == 1
     assert ids == [s.tokenizer("dog")["input_ids"], [full[0]] + full[-7:]]
+
+
+def test_other_columns_of_the_input_fill_the_template(tiny, tmp_path):
+    """{column}: a field of a JSON Lines file, a (nested) column of a dataset, and of the few-shot
+    examples; missing, or from an input without columns, one line before any work."""
+    from seq2seq_eval.run.dist import DistEnv
+    from seq2seq_eval.run.prepare import prepare
+
+    rows = [{"id": "a", "source": "dog", "target": "x", "lang": "de", "meta": {"lang": "fr"}},
+            {"id": "b", "source": "the cat", "target": "y", "lang": "ro", "meta": {"lang": "it"}}]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    shots = tmp_path / "shots.jsonl"
+    shots.write_text(json.dumps({"source": "a red house", "target": "z", "lang": "fr"}) + "\n")
+    tok = settings.load_tokenizer(EvalConfig(model_name=str(tiny["llama"])))
+
+    def ids(**options):
+        cfg = EvalConfig(model_name=str(tiny["llama"]), save_dir=str(tmp_path / "o"), **options)
+        prep = prepare(cfg, DistEnv(), None, tmp_path / f"cache{len(list(tmp_path.iterdir()))}")
+        return [prep.tokens.ids(i) for i in range(len(prep.store))]
+
+    assert ids(data_dir=str(data), prompt_template="To {lang}: {source} =") == [
+        tok("To de: dog =")["input_ids"], tok("To ro: the cat =")["input_ids"]]
+    assert ids(data_dir=str(data), prompt_template="To {lang}: {source} =", num_fewshot=1, fewshot_file=str(shots)) \
+        == [tok("To fr: a red house =z\n\nTo de: dog =")["input_ids"],
+            tok("To fr: a red house =z\n\nTo ro: the cat =")["input_ids"]]
+    assert ids(dataset=str(data), source_column="source", target_column="target",
+               prompt_template="{meta.lang}: {source}") == [tok("fr: dog")["input_ids"], tok("it: the cat")["input_ids"]]
+    with pytest.raises(DataError, match=r"data.jsonl line 1: missing field 'dialect', which --prompt_template names"):
+        ids(data_dir=str(data), prompt_template="{dialect}: {source}")
+    with pytest.raises(DataError, match=r"no column 'dialect', which --prompt_template names; columns: id, source"):
+        ids(dataset=str(data), source_column="source", target_column="target", prompt_template="{dialect} {source}")
+    legacy = write_legacy(tmp_path / "legacy", ["dog"], ["x"])
+    with pytest.raises(ConfigError, match=r"^--prompt_template names \{lang\}, but the .source/.target layout has no "
+                                          r"other columns"):
+        ids(data_dir=str(legacy), prompt_template="{lang}: {source}")
 
 
 def test_shell_text_newlines():

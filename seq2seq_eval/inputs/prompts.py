@@ -2,7 +2,7 @@
 
 A prompt is what the model sees before it generates: the source prefix (--prefix or the model's
 task entry) and the source filled into --prompt_template (`{source}`, the default, is the source
-alone); with --num_fewshot K, the same K examples of --fewshot_file before it, each its prompt
+alone; `{column}` is another column of a JSON Lines or dataset input); with --num_fewshot K, the same K examples of --fewshot_file before it, each its prompt
 followed by its target and a blank line; with --apply_chat_template, the tokenizer's own chat
 template over the turns (--system_instruction, each few-shot example as a user turn and an
 assistant turn, then the example's user turn), with the generation prompt added.
@@ -24,10 +24,11 @@ records its problem with its shard (inputs/tokens.py), and every rank reads ever
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ class Shot:
     id: Any
     source: str
     target: str
+    fields: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,25 +68,27 @@ class Prompts:
     bos_id: int | None
     bos_text: str | None
 
-    def user_text(self, source: str) -> str:
-        return self.prefix + self.template.format(source=source)
+    def user_text(self, source: str, fields: Mapping[str, str] | None = None) -> str:
+        return self.prefix + fill(self.template, source, fields or {})
 
-    def text(self, tokenizer: Any, source: str) -> str:
-        """The prompt's text, as it is tokenized."""
+    def text(self, tokenizer: Any, source: str, fields: Mapping[str, str] | None = None) -> str:
+        """The prompt's text, as it is tokenized; `fields`: the example's other columns the
+        template names."""
         if self.chat_template is None:
-            shots = "".join(self.user_text(s.source) + s.target + SHOT_SEPARATOR for s in self.shots)
-            return shots + self.user_text(source)
+            shots = "".join(self.user_text(s.source, s.fields) + s.target + SHOT_SEPARATOR for s in self.shots)
+            return shots + self.user_text(source, fields)
         turns = [{"role": "system", "content": self.system}] if self.system is not None else []
         for s in self.shots:
-            turns += [{"role": "user", "content": self.user_text(s.source)}, {"role": "assistant", "content": s.target}]
-        turns.append({"role": "user", "content": self.user_text(source)})
+            turns += [{"role": "user", "content": self.user_text(s.source, s.fields)},
+                      {"role": "assistant", "content": s.target}]
+        turns.append({"role": "user", "content": self.user_text(source, fields)})
         return tokenizer.apply_chat_template(turns, chat_template=self.chat_template, tokenize=False,
                                              add_generation_prompt=True)
 
     def identity(self) -> dict[str, Any]:
         """Everything that decides the prompts' ids (the token cache's key)."""
         return {"template": self.template, "prefix": self.prefix, "chat_template": self.chat_template,
-                "system": self.system, "shots": [[s.id, s.source, s.target] for s in self.shots],
+                "system": self.system, "shots": [[s.id, s.source, s.target, s.fields] for s in self.shots],
                 "limit": self.limit, "truncate_left": self.truncate_left}
 
     def record(self) -> dict[str, Any]:
@@ -102,21 +106,37 @@ class Prompts:
         }
 
 
-def _check_template(template: str) -> None:
-    """Only {source} can be filled; literal braces are {{ and }}."""
+@functools.lru_cache(maxsize=8)
+def _parts(template: str) -> tuple[tuple[str, str | None], ...]:
+    """(literal text, field name or None) in order: str.format's parsing, with the field's name
+    taken as it is (a dotted column path such as translation.en is a name, not an attribute)."""
     shown = f"--prompt_template {template!r}"
     try:
-        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
+        parsed = list(string.Formatter().parse(template))
     except ValueError as e:
         raise ConfigError(f"{shown}: {e}; write literal braces as {{{{ and }}}}") from e
-    for name, spec, conv in fields:
-        if name != "source":
-            raise ConfigError(f"{shown}: {{{name}}} is not a field the run fills; expected {{source}} (write literal "
-                              "braces as {{ and }})")
-        if spec or conv:
-            raise ConfigError(f"{shown}: expected a plain {{source}}, without a conversion or format")
-    if not fields:
+    parts = []
+    for literal, name, spec, conv in parsed:
+        if name is not None and (spec or conv or not name or "[" in name):
+            raise ConfigError(f"{shown}: {{{name}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}: expected "
+                              "a plain {source} or {column}, without an index, a conversion or a format")
+        parts.append((literal, name))
+    if not any(name == "source" for _, name in parts):
         raise ConfigError(f"{shown}: no {{source}}; expected it where each example's source goes")
+    return tuple(parts)
+
+
+def template_fields(template: str | None) -> tuple[str, ...]:
+    """The input's columns a template names besides {source}, in order, once each."""
+    if template is None:
+        return ()
+    names = [name for _, name in _parts(template) if name is not None and name != "source"]
+    return tuple(dict.fromkeys(names))
+
+
+def fill(template: str, source: str, fields: Mapping[str, str]) -> str:
+    return "".join(literal + ("" if name is None else source if name == "source" else fields[name])
+                   for literal, name in _parts(template))
 
 
 def _shots(cfg: EvalConfig) -> tuple[Shot, ...]:
@@ -128,13 +148,13 @@ def _shots(cfg: EvalConfig) -> tuple[Shot, ...]:
     path = Path(cfg.fewshot_file)  # type: ignore[arg-type]  # EvalConfig requires it with --num_fewshot
     if not path.is_file():
         raise DataError(f"--fewshot_file {path}: no such file; expected a JSON Lines file of source/target pairs")
-    pool = list(iter_jsonl(path, need_targets=True))
+    pool = list(iter_jsonl(path, need_targets=True, fields=template_fields(cfg.prompt_template)))
     if cfg.num_fewshot > len(pool):
         raise ConfigError(f"--num_fewshot {cfg.num_fewshot}: --fewshot_file {path} holds {len(pool)} examples; "
                           f"expected at most {len(pool)}")
     chosen = random.Random(cfg.seed).sample(range(len(pool)), cfg.num_fewshot)
     # A few-shot example's answer is its (first) reference.
-    return tuple(Shot(pool[i].id, pool[i].source, pool[i].references[0]) for i in chosen)
+    return tuple(Shot(pool[i].id, pool[i].source, pool[i].references[0], pool[i].fields) for i in chosen)
 
 
 def _limit(cfg: EvalConfig, model_config: Any, tokenizer: Any, max_new_tokens: int) -> tuple[int | None, str]:
@@ -159,7 +179,7 @@ def build_prompts(cfg: EvalConfig, tokenizer: Any, model_config: Any, gc: Any, p
     examples, the limit, and one prompt rendered (a chat template that fails, or a template that
     doubles BOS, is refused here in one line)."""
     template = cfg.prompt_template if cfg.prompt_template is not None else "{source}"
-    _check_template(template)
+    probe_fields = {name: f"a {name}" for name in template_fields(template)}
     chat = None
     if cfg.apply_chat_template:
         chat = getattr(tokenizer, "chat_template", None)
@@ -171,9 +191,8 @@ def build_prompts(cfg: EvalConfig, tokenizer: Any, model_config: Any, gc: Any, p
     fewshot_file = str(Path(cfg.fewshot_file).expanduser().resolve()) if cfg.fewshot_file else None
     prompts = Prompts(template, prefix, chat, cfg.system_instruction, _shots(cfg), fewshot_file, limit, why,
                       cfg.truncate_prompt == "left", bos_id, getattr(tokenizer, "bos_token", None))
-    probe = "a source"
     try:
-        text = prompts.text(tokenizer, probe)
+        text = prompts.text(tokenizer, "a source", probe_fields)
     except Exception as e:  # a chat template is code of the model's: any error it raises is its refusal
         raise ConfigError(f"--apply_chat_template: the chat template of {cfg.model_name} fails "
                           f"({type(e).__name__}: {first_line(e)}); fix the template or leave out "
@@ -211,14 +230,16 @@ def _bos_problem(prompts: Prompts, ids: Sequence[int]) -> str | None:
             f"tokenizer adds it too); leave {prompts.bos_text!r} out of the prompt")
 
 
-def encode_prompts(prompts: Prompts, tokenizer: Any, sources: Sequence[str]
+def encode_prompts(prompts: Prompts, tokenizer: Any, sources: Sequence[str],
+                   fields: Sequence[Mapping[str, str]] | None = None
                    ) -> tuple[list[list[int]], int, tuple[int, str] | None]:
     """The prompts' ids, how many were truncated (--truncate_prompt left), and the first problem
-    as (index in `sources`, why): a doubled BOS, a prompt too long, a chat template that fails."""
+    as (index in `sources`, why): a doubled BOS, a prompt too long, a chat template that fails.
+    `fields`: each example's columns the template names."""
     texts, problem = [], None
     for i, source in enumerate(sources):
         try:
-            texts.append(prompts.text(tokenizer, source))
+            texts.append(prompts.text(tokenizer, source, fields[i] if fields is not None else None))
         except Exception as e:  # the model's chat template, on this example's text
             texts.append("")
             if problem is None:

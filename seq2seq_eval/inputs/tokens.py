@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,22 +32,26 @@ def shard_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 def tokenize_to(cache: Path, key: str, start: int, end: int, tokenizer: Any, sources: Iterable[Sequence[str]],
-                prefix: str, max_len: int | None, prompts: Prompts | None = None) -> None:
+                prefix: str, max_len: int | None, prompts: Prompts | None = None,
+                fields: Iterable[Sequence[Mapping[str, str]]] | None = None) -> None:
     """Tokenize sources start..end-1 chunk by chunk, appending each chunk's ids to the shard's
     file as it goes: memory stays at one chunk (a million sources' ids would be hundreds of MB,
     twice over while concatenated). The description is written last. With `prompts` (a
-    decoder-only model), each source's prompt instead; the first example whose prompt is refused
-    is recorded in the description (`refused`: its position and why), for every rank to read."""
+    decoder-only model), each source's prompt instead (`fields`: the other columns its template
+    names, in chunks as `sources`); the first example whose prompt is refused is recorded in the
+    description (`refused`: its position and why), for every rank to read."""
     ids_path, lens_path, meta_path = _names(cache, start, end)
     tmp = ids_path.with_name(f".{ids_path.name}.{os.getpid()}.tmp")
     len_parts, truncated, refused, done = [], 0, None, start
+    columns = iter(fields) if fields is not None else None
     try:
         with open(tmp, "wb") as f:
             for chunk in sources:
                 if prompts is None:
                     ids, n_trunc = encode_sources(tokenizer, chunk, prefix, max_len)
                 else:
-                    ids, n_trunc, problem = encode_prompts(prompts, tokenizer, chunk)
+                    named = next(columns) if columns is not None else None
+                    ids, n_trunc, problem = encode_prompts(prompts, tokenizer, chunk, named)
                     if problem is not None and refused is None:
                         refused = [done + problem[0], problem[1]]
                 done += len(chunk)

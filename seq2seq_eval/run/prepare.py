@@ -35,7 +35,7 @@ from ..model.settings import (
 from ..outputs.locations import data_files
 from ..atomic import write_json_atomic
 from ..inputs.store import ROWS_PER_BATCH, ExampleStore, write_blocks
-from ..inputs.prompts import Prompts, build_prompts
+from ..inputs.prompts import Prompts, build_prompts, template_fields
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
 from .plan import Plan, assign_batches, batch_budget, default_plan, make_batches, padding_efficiency, plan_digest, step_overhead
@@ -100,6 +100,9 @@ def _data_key(cfg: EvalConfig) -> str:
     stamp = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in data_files(cfg)]
     options = [_canonical(cfg.input_path or cfg.dataset or cfg.data_dir), cfg.reference_path, cfg.dataset_config, cfg.split, cfg.type_path, cfg.n_obs,
                cfg.source_column, cfg.target_column, cfg.id_column, cfg.src_lang, cfg.tgt_lang, cfg.pseudolabels]
+    fields = template_fields(cfg.prompt_template)
+    if fields:  # the columns a prompt template names are in the store too
+        options.append(list(fields))
     return hashlib.sha256(json.dumps([options, stamp], default=str).encode()).hexdigest()
 
 
@@ -117,7 +120,7 @@ def _examples_store(cfg: EvalConfig, pg: ProcessGroup | None, cache: Path) -> tu
         except (OSError, ValueError):
             pass
         blocks, origin = iter_examples(cfg, ROWS_PER_BATCH)
-        n, sha = write_blocks(path, blocks)
+        n, sha = write_blocks(path, blocks, with_fields=bool(template_fields(cfg.prompt_template)))
         meta = {"key": key, "n": n, "sha256": sha, "origin": origin}
         write_json_atomic(meta_path, meta)  # last: the store above is complete
         return meta
@@ -150,7 +153,8 @@ def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str,
     ranges = [shard_range(len(store), r, world) for r in range(world)]
     start, end = ranges[env.rank if pg is not None else 0]
     if not shard_is_complete(cache, key, start, end):
-        tokenize_to(cache, key, start, end, tokenizer, store.iter_sources(start, end, CHUNK), prefix, max_len, prompts)
+        tokenize_to(cache, key, start, end, tokenizer, store.iter_sources(start, end, CHUNK), prefix, max_len, prompts,
+                    store.iter_fields(start, end, CHUNK))
     if pg is not None:
         pg.barrier()  # every shard is on disk
     tokens = load_shards(cache, ranges)
