@@ -30,10 +30,13 @@ _EXPECTED = ("expected an encoder-decoder model such as BART, T5, Marian, mBART 
 def kind_of(config: Any, architecture: str | None = None) -> str | None:
     """SEQ2SEQ, CAUSAL, or None for a model of neither kind; `architecture`: the class of a model
     object (else config.json's `architectures` say which class the model is)."""
+    from transformers import PretrainedConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
 
     if type(config) in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING:
         return SEQ2SEQ
+    if type(config) is PretrainedConfig and getattr(config, "is_encoder_decoder", False):
+        return SEQ2SEQ  # an already converted CTranslate2 folder's description (model/converted.py)
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING or getattr(config, "is_encoder_decoder", False):
         return None
     names = [architecture] if architecture else list(getattr(config, "architectures", None) or [])
