@@ -143,6 +143,18 @@ class EvalConfig:
     """Target column (dotted paths allowed); give it more than once, or name a column of lists, for several references."""
     id_column: str | None = None
     """Id column (default: 'id' when present, else the row number)."""
+    prompt_template: str | None = None
+    """Decoder-only models: the prompt, with {source} where each source goes and {column} for another column of a JSON Lines or dataset input (default: {source}; the source prefix comes first); \\n in the shell text is a newline (docs/causal.md)."""
+    apply_chat_template: bool = False
+    """Decoder-only models: put each prompt through the tokenizer's chat template as the user's turn, with the generation prompt."""
+    system_instruction: str | None = None
+    """With --apply_chat_template: a system turn before the prompt."""
+    num_fewshot: int = 0
+    """Decoder-only models: this many examples of --fewshot_file before every prompt, the same for all, chosen by --seed."""
+    fewshot_file: str | None = None
+    """With --num_fewshot: a JSON Lines file of {"source": ..., "target": ...} examples (an "id" each, optional)."""
+    truncate_prompt: str | None = None
+    """Decoder-only models: left keeps a prompt's last tokens (and its BOS) when it is longer than the model's positions less --max_new_tokens; without it, such a prompt is refused."""
     generate_kwargs: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
     """Extra --key value pairs passed to model.generate() (e.g. --num_beams 4)."""
 
@@ -246,6 +258,7 @@ class EvalConfig:
         check_output_name("--type_path", self.type_path)
         if self.dataset is not None and self.split:
             check_output_name("--split", self.split)
+        _check_prompt_options(self)
 
     @property
     def gen_kwargs(self) -> dict[str, Any]:
@@ -318,6 +331,26 @@ def check_output_name(flag: str, name: str) -> None:
             f"{flag} {name!r}: output files are named after it, so it must be a plain name without a "
             "path separator (such as test); put folders in --data_dir and --save_dir"
         )
+
+
+PROMPT_OPTIONS = ("prompt_template", "apply_chat_template", "system_instruction", "num_fewshot", "fewshot_file",
+                  "truncate_prompt")
+"""The options of a decoder-only model's prompts (inputs/prompts.py); refused for an encoder-decoder."""
+
+
+def _check_prompt_options(cfg: EvalConfig) -> None:
+    """The prompt options' values and the ones that need another; which model they apply to is
+    known once its config is read (run/prepare.py)."""
+    if cfg.truncate_prompt is not None and cfg.truncate_prompt != "left":
+        raise ConfigError(f"--truncate_prompt must be left (or left out), got {cfg.truncate_prompt!r}")
+    _check_min("--num_fewshot", cfg.num_fewshot, 0)
+    if cfg.num_fewshot and not cfg.fewshot_file:
+        raise ConfigError(f"--num_fewshot {cfg.num_fewshot} needs --fewshot_file (the examples to choose from)")
+    if cfg.fewshot_file and not cfg.num_fewshot:
+        raise ConfigError("--fewshot_file needs --num_fewshot K > 0 (how many of its examples each prompt shows)")
+    if cfg.system_instruction is not None and not cfg.apply_chat_template:
+        raise ConfigError("--system_instruction needs --apply_chat_template (a plain --prompt_template holds its "
+                          "instruction itself)")
 
 
 def _check_min(flag: str, value: Any, minimum: int) -> None:

@@ -15,7 +15,10 @@ from .errors import ConfigError
 from .scoring.registry import add_arguments as add_metric_arguments
 from .scoring.registry import split_options
 
-_FLAGS = {"fp16", "bf16", "debug", "resume", "no_steal", "shared_tail", "dry_run", "pseudo_target", "no_examples_file"}
+_FLAGS = {"fp16", "bf16", "debug", "resume", "no_steal", "shared_tail", "dry_run", "pseudo_target", "no_examples_file",
+          "apply_chat_template"}
+# Shell text in which \\n is a newline (unescape).
+_SHELL_TEXT = ("prompt_template", "system_instruction")
 
 
 def _field_type(name: str) -> type:
@@ -68,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs["choices"] = choices
         if f.name == "target_column":
             kwargs["action"] = "append"  # several references: one column per --target_column
+        if f.name in _SHELL_TEXT:
+            kwargs["type"] = unescape
         parser.add_argument(*names, **kwargs)
     # torch.distributed.launch passes --local_rank; rank and local rank come from the environment.
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -101,9 +106,28 @@ def parse_generate_kwargs(rest: Sequence[str]) -> tuple[tuple[str, object], ...]
     return tuple(pairs)
 
 
+def unescape(text: str) -> str:
+    """Shell text as the command line reads --prompt_template, --system_instruction and a plain
+    --stop_strings: `\\n` is a newline, `\\t` a tab, `\\\\` one backslash; any other backslash
+    stays as it is."""
+    out, i = [], 0
+    while i < len(text):
+        pair = text[i : i + 2]
+        if pair in ("\\n", "\\t", "\\\\"):
+            out.append({"\\n": "\n", "\\t": "\t", "\\\\": "\\"}[pair])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
 def _parse_generate_value(key: str, text: str) -> object:
     """A generate option's value: a JSON list or object as generate() takes list-valued settings
-    (`--bad_words_ids "[[1308]]"`, `--suppress_tokens "[1308]"`), else int, float, bool or str."""
+    (`--bad_words_ids "[[1308]]"`, `--suppress_tokens "[1308]"`), else int, float, bool or str.
+    --stop_strings is a JSON list or one string, in which \\n is a newline."""
+    if key.replace("-", "_") == "stop_strings" and not text.lstrip().startswith("["):
+        return None if text.lower() == "none" else unescape(text)
     if not text.lstrip().startswith(("[", "{")):
         return parse_value(text)
     try:

@@ -112,7 +112,7 @@ def _fork_server() -> ForkServer:
 # The files that take longest (measured on a 2-core machine), started first: pytest-xdist hands
 # whole files to its 2 workers in collection order (--dist loadfile), and a long file handed out
 # last leaves one worker alone at the end while the other core idles.
-LONGEST_FIRST = ("test_faults.py", "test_embedded.py", "test_benchmark_smoke.py", "test_steal.py", "test_engines.py",
+LONGEST_FIRST = ("test_faults.py", "test_embedded.py", "test_benchmark_smoke.py", "test_steal.py", "test_causal.py", "test_engines.py",
                  "test_comet.py", "test_model_metrics.py", "test_bertscore.py", "test_new_user.py", "test_ecosystem.py",
                  "test_scale_benchmark.py", "test_metrics_more.py", "test_engine_identity.py", "test_zoo.py", "test_api.py",
                  "test_metrics.py", "test_paths.py", "test_ownership.py", "test_publish.py", "test_shrink.py", "test_threads.py",

@@ -91,8 +91,10 @@ CASES = [
     ("generate-option-twice", ["--num_beams", "2", "--num_beams", "3"], ["--num_beams given twice (2 and 3); give it once"], 2),
     # ---- model
     ("model-path-missing", ["--model_name", "{d}/no_model"], ["--model_name {d}/no_model: no such path"], 1),
-    ("model-gpt2", ["--model_name", "{d}/gpt2"], ["--model_name {d}/gpt2: a 'gpt2' model is not a seq2seq model"], 1),
-    ("model-bert", ["--model_name", "{d}/bert"], ["--model_name {d}/bert: a 'bert' model is not a seq2seq model"], 1),
+    # a decoder-only model is evaluated, but a limit that counts the prompt is not taken
+    ("model-gpt2", ["--model_name", "{d}/gpt2"], ["no --max_new_tokens (generate()'s default is max_length 20): a "
+                                                  "decoder-only model's max_length counts the prompt's tokens"], 2),
+    ("model-bert", ["--model_name", "{d}/bert"], ["--model_name {d}/bert: a 'bert' model (BertModel) is neither a seq2seq nor a causal language model"], 1),
     # ---- output folders, checked before the model loads: we may run as root, so use regular files
     # rather than permissions (a read-only mount is tested in test_new_user.py)
     ("tmp-dir-not-writable", ["--tmp_dir", "{d}/a_file/tmp"],

@@ -226,8 +226,8 @@ def oom_above(monkeypatch, rows: int, stop_after: int | None = None) -> list[int
 
     calls: list[int] = []
 
-    def load_model(cfg, device):
-        model = load(cfg, device)
+    def load_model(cfg, device, *kind):
+        model = load(cfg, device, *kind)
         generate = model.generate
 
         def limited(*args, **kwargs):

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import EvalConfig
+from ..errors import ConfigError
+from ..model.kind import CAUSAL, SEQ2SEQ
 from .base import BatchOutput, Engine
 
 ENGINES = ("hf", "ctranslate2")
@@ -28,11 +30,14 @@ def describe(cfg: EvalConfig) -> dict[str, Any]:
 
 
 def check(cfg: EvalConfig, model_config: Any, generation_config: Any, tokenizer: Any,
-          device_type: str = "cpu") -> None:
+          device_type: str = "cpu", kind: str = SEQ2SEQ) -> None:
     """Raise ConfigError for a setting the engine cannot honour (its table in rules.py or
-    ct2_rules.py), or a compute type the device cannot run; cheap (no model is loaded or
-    converted)."""
+    ct2_rules.py), a model kind (model/kind.py) it does not run, or a compute type the device
+    cannot run; cheap (no model is loaded or converted)."""
     if cfg.engine == "ctranslate2":
+        if kind != SEQ2SEQ:
+            raise ConfigError(f"--engine ctranslate2 runs encoder-decoder models; {cfg.model_name} is a decoder-only "
+                              "model: use --engine hf")
         from . import ct2
 
         ct2.check(cfg, model_config, generation_config, tokenizer, device_type)
@@ -44,9 +49,9 @@ def check(cfg: EvalConfig, model_config: Any, generation_config: Any, tokenizer:
 
 
 def load(cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_config: Any, device: Any,
-         env: Any, model: Any = None) -> Engine:
+         env: Any, model: Any = None, kind: str = SEQ2SEQ) -> Engine:
     """This rank's engine. `model`: an already loaded PyTorch model for the HF engine (else it is
-    loaded from --model_name)."""
+    loaded from --model_name); `kind`: the model's kind (model/kind.py)."""
     if cfg.engine == "ctranslate2":
         from . import ct2
 
@@ -56,5 +61,5 @@ def load(cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_confi
     from .hf import HFEngine
 
     if model is None:
-        model = load_model(cfg, device)
-    return HFEngine(model, tokenizer, generation_config, device, seed=cfg.seed)
+        model = load_model(cfg, device, kind)
+    return HFEngine(model, tokenizer, generation_config, device, seed=cfg.seed, causal=kind == CAUSAL)

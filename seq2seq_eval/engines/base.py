@@ -4,7 +4,10 @@ candidates, their scores and token counts out.
 Everything around an engine is shared: the plan, journals, rank files, merge, metrics,
 pseudolabels, resume and out-of-memory splitting (`oom.run_batch` calls `Engine.generate`). An
 engine is therefore free in how it generates, but not in what it returns: texts decoded the way
-the HF engine decodes them (special tokens skipped, outer spaces stripped), best candidate first.
+the HF engine decodes them (special tokens skipped, outer spaces stripped), best candidate first;
+for a decoder-only model, the continuation only (the tokens after the prompt), and with stop
+strings each text cut before its first one (engines/stops.py), its scores the continuation's
+(docs/causal.md#scores).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ class Engine(Protocol):
     name: str
 
     def generate(self, batch_ids: Sequence[Sequence[int]], batch_index: int) -> BatchOutput:
-        """Candidates for one batch of source token ids (unpadded). `batch_index` seeds sampling."""
+        """Candidates for one batch of source (or prompt) token ids, unpadded. `batch_index` seeds
+        sampling."""
         ...
 
     def describe(self) -> dict[str, Any]:

@@ -10,17 +10,19 @@ from typing import Any
 
 from ..errors import ConfigError, first_line
 from .base import BatchOutput
-from . import shrink
+from ..model.generation import stop_list
+from . import shrink, stops
 from .beam_cache import beam_cache, cache_kwarg
 
 
-def generated_lengths(sequences: Any, eos_token_id: int | list[int] | None, pad_id: int) -> Any:
-    """Tokens each returned sequence generated after the decoder start, up to and including its
-    first EOS. Not "non-pad tokens": beam search fills finished rows with pad_token_id or, when
-    that is 0/unset, with EOS, which would count every row as long as its batch."""
+def generated_lengths(sequences: Any, eos_token_id: int | list[int] | None, pad_id: int, start: int = 1) -> Any:
+    """Tokens each returned sequence generated from position `start` on (after the decoder start,
+    or a decoder-only model's padded prompt), up to and including its first EOS. Not "non-pad
+    tokens": beam search fills finished rows with pad_token_id or, when that is 0/unset, with EOS,
+    which would count every row as long as its batch."""
     import torch
 
-    body = sequences[:, 1:]
+    body = sequences[:, start:]
     eos = [] if eos_token_id is None else eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
     is_eos = torch.isin(body, torch.tensor(eos))
     unfinished = (body != pad_id).sum(dim=1)
@@ -76,7 +78,8 @@ class HFEngine:
 
     name = "hf"
 
-    def __init__(self, model: Any, tokenizer: Any, generation_config: Any, device: Any, seed: int = 0) -> None:
+    def __init__(self, model: Any, tokenizer: Any, generation_config: Any, device: Any, seed: int = 0,
+                 causal: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
         # Output options live in the (copied) generation config: transformers 5 warns when
@@ -84,6 +87,11 @@ class HFEngine:
         self.gc = copy.deepcopy(generation_config)
         self.gc.return_dict_in_generate = True
         self.gc.output_scores = int(generation_config.num_return_sequences or 1) > 1
+        # Stop strings are the engine's own criterion (engines/stops.py): generate() would build
+        # its StopStringCriteria from the field, which matches across the prompt's end.
+        self.stops = stop_list(generation_config.stop_strings)
+        self.gc.stop_strings = None
+        self.causal = causal
         # generate() fills settings left unset (None) in the config it is given from the model's
         # own generation_config: a max_length that generation_config_for cleared, or a beam-only
         # setting it dropped, would come back from there. The model carries exactly the settings
@@ -96,6 +104,8 @@ class HFEngine:
         if pad is None:
             pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
         self.pad_id = int(pad)
+        if causal:
+            self.pad_id = left_pad_id(self.gc, self.pad_id)
         self.n_return = int(generation_config.num_return_sequences or 1)
         self._cache_kwarg = cache_kwarg(model)
         # The shortcut rides on the beam cache; its row-count check runs only where both apply.
@@ -111,8 +121,14 @@ class HFEngine:
         input_ids = torch.full((len(batch_ids), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(batch_ids), width), dtype=torch.long)
         for row, ids in enumerate(batch_ids):
-            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            attention[row, : len(ids)] = 1
+            # A decoder-only model continues its prompt: padded on the left, every prompt ends
+            # where generation starts (generate() derives the positions from the attention mask).
+            at = slice(width - len(ids), width) if self.causal else slice(0, len(ids))
+            input_ids[row, at] = torch.tensor(ids, dtype=torch.long)
+            attention[row, at] = 1
+        # Where each returned sequence's continuation starts: after the padded prompts, or after
+        # an encoder-decoder's decoder start token.
+        start = width if self.causal else 1
         # Seeded per batch, not per rank: sampling options then give the same text whichever
         # rank runs the batch, keeping outputs independent of the world size.
         torch.manual_seed(self.seed + batch_index)
@@ -120,6 +136,8 @@ class HFEngine:
         extra = {} if cache is None else {self._cache_kwarg: cache}
         if cache is not None and self.shrink:
             extra["custom_generate"] = shrink.shrinking_beam_search
+        if self.stops:
+            extra["stopping_criteria"] = stops.criterion(self.tokenizer, self.stops, start)
         try:
             with torch.inference_mode(), self._once.on(logging.getLogger("transformers")), \
                     attention_backends(self.device):
@@ -135,10 +153,13 @@ class HFEngine:
             raise ConfigError(f"model.generate() rejected the generate options: {first_line(e)}") from e
         # One transfer per batch; everything after this is host-side.
         sequences = out.sequences.cpu()
-        counts = generated_lengths(sequences, self.gc.eos_token_id, self.pad_id).tolist()
-        texts = [t.strip() for t in self.tokenizer.batch_decode(
-            sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
-        )]
+        counts = generated_lengths(sequences, self.gc.eos_token_id, self.pad_id, start).tolist()
+        if self.causal or self.stops:
+            texts, counts = self._continuations(sequences[:, start:].tolist(), counts)
+        else:
+            texts = [t.strip() for t in self.tokenizer.batch_decode(
+                sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            )]
         k = self.n_return
         preds = [texts[i * k : (i + 1) * k] for i in range(len(batch_ids))]
         n_tokens = [sum(counts[i * k : (i + 1) * k]) for i in range(len(batch_ids))]
@@ -149,3 +170,27 @@ class HFEngine:
                 flat = seq_scores.float().cpu().tolist()
                 scores = [flat[i * k : (i + 1) * k] for i in range(len(batch_ids))]
         return BatchOutput(preds, scores, n_tokens)
+
+    def _continuations(self, rows: list[list[int]], counts: list[int]) -> tuple[list[str], list[int]]:
+        """Each continuation's prediction (cut by token position from its prompt, and before its
+        first stop string) and its token count (up to the token that completed the stop string)."""
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if not self.stops:
+            return [t.strip() for t in texts], counts
+        preds = []
+        for i, (row, text) in enumerate(zip(rows, texts)):
+            if stops.first_stop(text, self.stops) >= 0:
+                counts[i] = stops.tokens_to_stop(self.tokenizer, row[: counts[i]], self.stops)
+            preds.append(stops.cut(text, self.stops).strip())
+        return preds, counts
+
+
+def left_pad_id(gc: Any, pad_id: int) -> int:
+    """The token a decoder-only model's prompts are padded with on the left: its first end token.
+    The attention mask hides padding from the model, but a setting that reads the whole row sees
+    it (no_repeat_ngram_size's n-grams; repetition_penalty excludes it by the mask): a padding
+    n-gram can only match the tail of a hypothesis that holds the end token, which has ended."""
+    eos = gc.eos_token_id
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return int(eos) if eos is not None else pad_id

@@ -7,7 +7,7 @@ record's "id" (or its 0-based line number) in JSON Lines, a dataset's id column 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 ExampleId = int | str
@@ -19,6 +19,8 @@ class Example:
     source: str
     target: str | tuple[str, ...] | None
     """One reference as a str, several as a tuple of two or more, None when there are none."""
+    fields: Mapping[str, str] | None = None
+    """Other columns of the input that a decoder-only model's prompt template names, by name."""
 
     @property
     def references(self) -> tuple[str, ...]:
@@ -58,6 +60,7 @@ class Block:
     sources: list[str]
     targets: list[list[str] | None] | None = None  # per example, its reference(s) or None
     reference_sets: list[list[str]] | None = None  # or: per reference file, a text per example
+    fields: list[Mapping[str, str]] | None = None  # per example, the columns a prompt template names
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -66,20 +69,24 @@ class Block:
         targets = self.targets
         if self.reference_sets is not None:
             targets = [list(t) for t in zip(*self.reference_sets)]
-        for i, s, t in zip(self.ids, self.sources, targets if targets is not None else itertools.repeat(None)):
-            yield Example(i, s, target_of(t))
+        fields = self.fields if self.fields is not None else itertools.repeat(None)
+        for i, s, t, f in zip(self.ids, self.sources, targets if targets is not None else itertools.repeat(None),
+                              fields):
+            yield Example(i, s, target_of(t), f)
 
     def head(self, n: int) -> "Block":
         return Block(self.ids[:n], self.sources[:n], None if self.targets is None else self.targets[:n],
-                     None if self.reference_sets is None else [r[:n] for r in self.reference_sets])
+                     None if self.reference_sets is None else [r[:n] for r in self.reference_sets],
+                     None if self.fields is None else self.fields[:n])
 
 
 def blocks_of(examples: Iterable[Example], rows: int) -> Iterator[Block]:
     """Examples regrouped into blocks of `rows` (the last one shorter)."""
     it = iter(examples)
     while chunk := list(itertools.islice(it, rows)):
+        fields = [e.fields or {} for e in chunk] if any(e.fields is not None for e in chunk) else None
         yield Block([e.id for e in chunk], [e.source for e in chunk],
-                    [list(e.references) if e.target is not None else None for e in chunk])
+                    [list(e.references) if e.target is not None else None for e in chunk], fields=fields)
 
 
 BLOCK_ROWS = 8192

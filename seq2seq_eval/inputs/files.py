@@ -266,8 +266,9 @@ def json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         yield lineno, record
 
 
-def iter_jsonl(path: Path, need_targets: bool) -> Iterator[Example]:
-    """JSON Lines as a stream: {"id": ..., "source": ..., "target": ...} per line."""
+def iter_jsonl(path: Path, need_targets: bool, fields: Sequence[str] = ()) -> Iterator[Example]:
+    """JSON Lines as a stream: {"id": ..., "source": ..., "target": ...} per line; `fields`: the
+    other fields (texts) each record must have, which a decoder-only model's prompt template names."""
     seen = SeenIds()  # 8 bytes an id, not a dict entry (inputs/seen.py)
     for lineno, record in json_records(path):
         ex_id = check_id(record.get("id", lineno - 1), lambda: f"{path} line {lineno} field 'id'")
@@ -275,7 +276,8 @@ def iter_jsonl(path: Path, need_targets: bool) -> Iterator[Example]:
             _check_duplicates(path, lineno)
         source = _field(record, "source", path, lineno, required=True)
         target = _target_field(record, path, lineno, required=need_targets)
-        yield Example(ex_id, source, target)  # type: ignore[arg-type]
+        named = {name: _template_field(record, name, path, lineno) for name in fields} if fields else None
+        yield Example(ex_id, source, target, named)  # type: ignore[arg-type]
     if seen.flush():
         _check_duplicates(path, None)
     if not seen.count:
@@ -306,6 +308,13 @@ def _field(record: dict, name: str, path: Path, lineno: int, required: bool) -> 
         return None
     what = "reference" if name == "target" else name
     return check_text(record[name], what, lambda: f"{path} line {lineno} field {name!r}")
+
+
+def _template_field(record: dict, name: str, path: Path, lineno: int) -> str:
+    if name not in record:
+        raise DataError(f"{path} line {lineno}: missing field {name!r}, which --prompt_template names; expected a "
+                        "non-empty string")
+    return check_text(record[name], name, lambda: f"{path} line {lineno} field {name!r}")
 
 
 def _target_field(record: dict, path: Path, lineno: int, required: bool) -> str | tuple[str, ...] | None:

@@ -56,10 +56,11 @@ SLICE_ROWS = 10_000
 """Rows read from a split at a time: memory stays bounded however large the split."""
 
 
-def iter_hf_examples(cfg: EvalConfig, need_targets: bool) -> tuple[Iterator[Example], str]:
+def iter_hf_examples(cfg: EvalConfig, need_targets: bool, fields: Sequence[str] = ()) -> tuple[Iterator[Example], str]:
     """The split's examples one slice at a time, and where they come from (for messages). The
     split is loaded (and checked: rows, columns) at once; its rows are read as the iterator goes.
-    A local JSON Lines or JSON file is read as --data_dir reads it (inputs/jsonfile.py)."""
+    A local JSON Lines or JSON file is read as --data_dir reads it (inputs/jsonfile.py).
+    `fields`: other columns (texts) a decoder-only model's prompt template names."""
     if cfg.dataset is None:
         raise DataError("load_hf_examples needs --dataset")
     split = cfg.split or cfg.type_path
@@ -81,7 +82,11 @@ def iter_hf_examples(cfg: EvalConfig, need_targets: bool) -> tuple[Iterator[Exam
             f"(pass --target_column); columns: {', '.join(column_paths(features))}"
         )
     targets_of = (tgt_col,) if isinstance(tgt_col, str) else tgt_col or ()
-    _refuse_changed_values(features, [p for p in (src_col, *targets_of, id_col) if p is not None], where)
+    for name in fields:
+        if not _has_path(features, name):
+            raise DataError(f"{where}: no column {name!r}, which --prompt_template names; columns: "
+                            f"{', '.join(column_paths(features))}")
+    _refuse_changed_values(features, [p for p in (src_col, *targets_of, id_col, *fields) if p is not None], where)
 
     def rows() -> Iterator[Example]:
         unique = UniqueIds(lambda row: f"{where} row {row} column {id_col!r}", lambda row: f"in row {row}")
@@ -91,7 +96,9 @@ def iter_hf_examples(cfg: EvalConfig, need_targets: bool) -> tuple[Iterator[Exam
             targets = _references(values, tgt_col, where, base) if has_targets else [None] * len(ids)
             for row, value in enumerate(ids, start=base):
                 unique.add(value, row)
-            yield from (Example(i, s, t) for i, s, t in zip(ids, sources, targets))
+            named = [_field_texts(values(name), name, where, base) for name in fields]
+            rows_fields = [dict(zip(fields, row)) for row in zip(*named)] if fields else [None] * len(ids)
+            yield from (Example(i, s, t, f) for i, s, t, f in zip(ids, sources, targets, rows_fields))
             base += len(ids)
 
     return rows(), where
@@ -238,6 +245,11 @@ def _values(ds: Any, path: str) -> list[Any]:
 
 def _texts(values: list[Any], path: str, where: str, base: int = 0) -> list[str]:
     check_texts(values, "source", lambda i: f"{where} row {base + i} column {path!r}")
+    return values
+
+
+def _field_texts(values: list[Any], path: str, where: str, base: int) -> list[str]:
+    check_texts(values, path, lambda i: f"{where} row {base + i} column {path!r}")
     return values
 
 

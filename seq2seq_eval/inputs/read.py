@@ -7,13 +7,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..config import EvalConfig
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from .examples import BLOCK_ROWS, Block, Examples, blocks_of
 from .files import (
     iter_files,
     iter_jsonl,
     iter_legacy,
 )
+from .prompts import template_fields
 
 
 def load_examples(cfg: EvalConfig) -> Examples:
@@ -27,12 +28,17 @@ def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Blo
     (the last one shorter), and where they come from. The input is opened and checked at once;
     its rows are read as the iterator goes."""
     need_targets = cfg.scored
+    fields = template_fields(cfg.prompt_template)  # other columns a decoder-only model's prompt names
     if cfg.dataset is not None:
         from .hub import iter_hf_examples
 
-        examples, origin = iter_hf_examples(cfg, need_targets)  # applies --n_obs before reading any column
+        examples, origin = iter_hf_examples(cfg, need_targets, fields)  # applies --n_obs before reading any column
         return blocks_of(examples, rows), origin
     path = Path(cfg.data_dir)
+    if fields and (cfg.input_path is not None or not (path.suffix == ".jsonl" or path.is_file())):
+        what = "--input_path's one source per line" if cfg.input_path is not None else "the .source/.target layout"
+        raise ConfigError(f"--prompt_template names {{{fields[0]}}}, but {what} has no other columns; expected a "
+                          "JSON Lines file or --dataset with that column")
     if cfg.input_path is not None:  # the legacy run_eval.py command line
         path = Path(cfg.input_path)
         refs = [Path(cfg.reference_path)] if cfg.reference_path is not None else []
@@ -53,7 +59,7 @@ def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Blo
                 f"holds {cfg.type_path}.source and {cfg.type_path}.target, or a JSON Lines file (.jsonl) "
                 "with one object per line (for one source per line, use --input_path)"
             )
-        blocks = blocks_of(iter_jsonl(path, need_targets), rows)
+        blocks = blocks_of(iter_jsonl(path, need_targets, fields), rows)
     else:
         blocks = iter_legacy(path, cfg.type_path, need_targets, rows)
     if cfg.n_obs is not None:

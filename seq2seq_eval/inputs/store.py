@@ -9,6 +9,8 @@ maps it. Columns:
             that int and str ids survive unchanged
     source  the source text
     target  list of reference texts (one or more), null when the input has none
+    fields  only when a decoder-only model's prompt template names other columns: those columns
+            of the example as a JSON object (text)
 
 The fingerprint is a sha256 over the Arrow buffers as they are written: the same examples give
 the same digest whatever file format they came from, and it costs one pass over bytes already in
@@ -37,9 +39,10 @@ ROWS_PER_BATCH = BLOCK_ROWS
 hashes batch buffers."""
 
 SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.list_(pa.string()))])
+FIELDS_SCHEMA = SCHEMA.append(pa.field("fields", pa.string()))
 
 
-def _record_batch(block: Block) -> pa.RecordBatch:
+def _record_batch(block: Block, with_fields: bool = False) -> pa.RecordBatch:
     n = len(block)
     if isinstance(block.ids, range):
         ids = pa.array(map(str, block.ids), pa.string(), size=n)
@@ -54,7 +57,12 @@ def _record_batch(block: Block) -> pa.RecordBatch:
         targets = pa.ListArray.from_arrays(offsets, pa.array(texts, pa.string()))
     else:
         targets = pa.array(block.targets if block.targets is not None else [None] * n, pa.list_(pa.string()))
-    return pa.record_batch([ids, pa.array(block.sources, pa.string()), targets], schema=SCHEMA)
+    columns = [ids, pa.array(block.sources, pa.string()), targets]
+    if not with_fields:
+        return pa.record_batch(columns, schema=SCHEMA)
+    fields = block.fields if block.fields is not None else [{}] * n
+    columns.append(pa.array([json.dumps(f, ensure_ascii=False, sort_keys=True) for f in fields], pa.string()))
+    return pa.record_batch(columns, schema=FIELDS_SCHEMA)
 
 
 def _hash_batch(h: Any, batch: pa.RecordBatch) -> None:
@@ -78,21 +86,23 @@ def write_store(path: Path, examples: Iterable[Example]) -> tuple[int, str]:
     return write_blocks(path, blocks_of(examples, ROWS_PER_BATCH))
 
 
-def write_blocks(path: Path, blocks: Iterable[Block]) -> tuple[int, str]:
+def write_blocks(path: Path, blocks: Iterable[Block], with_fields: bool = False) -> tuple[int, str]:
     """Write `blocks` (any iterable, consumed once; every block but the last of ROWS_PER_BATCH
     examples, as the fingerprint hashes batch buffers) to `path` atomically; returns the number
-    of rows and the fingerprint. Memory stays at one block whatever the input size."""
+    of rows and the fingerprint. Memory stays at one block whatever the input size. `with_fields`:
+    the store has the fields column (a run whose prompt template names other columns)."""
     h = hashlib.sha256()
     n = 0
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+        with pa.OSFile(str(tmp), "wb") as sink, \
+                pa.ipc.new_file(sink, FIELDS_SCHEMA if with_fields else SCHEMA) as writer:
             short = False
             for block in blocks:
                 if short or len(block) > ROWS_PER_BATCH:
                     raise ValueError(f"blocks must hold {ROWS_PER_BATCH} examples, all but the last")
                 short = len(block) < ROWS_PER_BATCH
-                batch = _record_batch(block)
+                batch = _record_batch(block, with_fields)
                 _hash_batch(h, batch)
                 writer.write_batch(batch)
                 n += len(block)
@@ -227,6 +237,20 @@ class ExampleStore:
             part = self._table.column("source").slice(lo, min(rows, end - lo))
             yield part.to_pylist()
             self.release(part.chunks)
+
+    def iter_fields(self, start: int, end: int, rows: int) -> Iterator[list[dict[str, str]]] | None:
+        """The columns a prompt template names, as iter_sources gives the sources; None when the
+        store has none."""
+        if "fields" not in self._table.column_names:
+            return None
+
+        def chunks() -> Iterator[list[dict[str, str]]]:
+            for lo in range(start, end, rows):
+                part = self._table.column("fields").slice(lo, min(rows, end - lo))
+                yield [json.loads(f) for f in part.to_pylist()]
+                self.release(part.chunks)
+
+        return chunks()
 
 
 def _flat(array: Any) -> list[Any]:

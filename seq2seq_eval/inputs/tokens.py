@@ -13,7 +13,7 @@ import contextlib
 import itertools
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..model.settings import encode_sources
+from .prompts import Prompts, encode_prompts
 
 CHUNK = 10_000
 """Sources per tokenizer call: the tokenizer's output for a chunk is the largest transient."""
@@ -31,17 +32,29 @@ def shard_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 def tokenize_to(cache: Path, key: str, start: int, end: int, tokenizer: Any, sources: Iterable[Sequence[str]],
-                prefix: str, max_len: int | None) -> None:
+                prefix: str, max_len: int | None, prompts: Prompts | None = None,
+                fields: Iterable[Sequence[Mapping[str, str]]] | None = None) -> None:
     """Tokenize sources start..end-1 chunk by chunk, appending each chunk's ids to the shard's
     file as it goes: memory stays at one chunk (a million sources' ids would be hundreds of MB,
-    twice over while concatenated). The description is written last."""
+    twice over while concatenated). The description is written last. With `prompts` (a
+    decoder-only model), each source's prompt instead (`fields`: the other columns its template
+    names, in chunks as `sources`); the first example whose prompt is refused is recorded in the
+    description (`refused`: its position and why), for every rank to read."""
     ids_path, lens_path, meta_path = _names(cache, start, end)
     tmp = ids_path.with_name(f".{ids_path.name}.{os.getpid()}.tmp")
-    len_parts, truncated = [], 0
+    len_parts, truncated, refused, done = [], 0, None, start
+    columns = iter(fields) if fields is not None else None
     try:
         with open(tmp, "wb") as f:
             for chunk in sources:
-                ids, n_trunc = encode_sources(tokenizer, chunk, prefix, max_len)
+                if prompts is None:
+                    ids, n_trunc = encode_sources(tokenizer, chunk, prefix, max_len)
+                else:
+                    named = next(columns) if columns is not None else None
+                    ids, n_trunc, problem = encode_prompts(prompts, tokenizer, chunk, named)
+                    if problem is not None and refused is None:
+                        refused = [done + problem[0], problem[1]]
+                done += len(chunk)
                 truncated += n_trunc
                 lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
                 len_parts.append(lengths)
@@ -51,13 +64,16 @@ def tokenize_to(cache: Path, key: str, start: int, end: int, tokenizer: Any, sou
         with contextlib.suppress(OSError):
             tmp.unlink()
     _save_npy(lens_path, np.concatenate(len_parts) if len_parts else np.zeros(0, np.int32))
-    _write_meta(meta_path, key, start, end, truncated)
+    _write_meta(meta_path, key, start, end, truncated, refused)
 
 
-def _write_meta(meta_path: Path, key: str, start: int, end: int, truncated: int) -> None:
+def _write_meta(meta_path: Path, key: str, start: int, end: int, truncated: int, refused: Any = None) -> None:
     # Renamed into place last: its presence says the shard's two arrays are complete.
     tmp = meta_path.with_name(f".{meta_path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "start": start, "end": end, "truncated": truncated}))
+    meta = {"key": key, "start": start, "end": end, "truncated": truncated}
+    if refused is not None:
+        meta["refused"] = refused
+    tmp.write_text(json.dumps(meta))
     os.replace(tmp, meta_path)
 
 
@@ -113,6 +129,8 @@ class SourceTokens:
     offsets: list[np.ndarray]  # per shard: where every STRIDE-th example's ids start in its flat array
     lengths: np.ndarray  # all examples' lengths, in data order
     truncated: int
+    refused: tuple[int, str] | None = None
+    """The first example (position, why) whose prompt was refused, over all shards."""
 
     def ids(self, position: int) -> list[int]:
         shard = int(np.searchsorted(self.starts, position, side="right")) - 1
@@ -128,7 +146,7 @@ class SourceTokens:
 
 
 def load_shards(cache: Path, ranges: Sequence[tuple[int, int]]) -> SourceTokens:
-    starts, flats, offsets, lens, truncated = [], [], [], [], 0
+    starts, flats, offsets, lens, truncated, refused = [], [], [], [], 0, []
     for start, end in ranges:
         ids_path, lens_path, meta_path = _names(cache, start, end)
         lengths = np.load(lens_path)
@@ -138,7 +156,10 @@ def load_shards(cache: Path, ranges: Sequence[tuple[int, int]]) -> SourceTokens:
         blocks = np.add.reduceat(lengths, np.arange(0, len(lengths), STRIDE), dtype=np.int64) if len(lengths) else lengths
         offsets.append(np.r_[0, np.cumsum(blocks, dtype=np.int64)[:-1]].astype(np.int64) if len(lengths) else np.zeros(0, np.int64))
         lens.append(lengths)
-        truncated += int(json.loads(meta_path.read_text())["truncated"])
+        meta = json.loads(meta_path.read_text())
+        truncated += int(meta["truncated"])
+        if meta.get("refused"):
+            refused.append((int(meta["refused"][0]), str(meta["refused"][1])))
     # One shard (a dry run, one process): its array as it is, not a copy.
     all_lengths = lens[0] if len(lens) == 1 else np.concatenate(lens) if lens else np.zeros(0, np.int32)
-    return SourceTokens(np.asarray(starts, np.int64), flats, offsets, all_lengths, truncated)
+    return SourceTokens(np.asarray(starts, np.int64), flats, offsets, all_lengths, truncated, min(refused, default=None))

@@ -162,15 +162,15 @@ def _new_tokens(gc: Any, which: str) -> tuple[int, str]:
     return max(0, (length or 0) - 1), f"{which}_length"
 
 
-def check_together(gc: Any, user: dict[str, Any], model_set: Any) -> None:
+def check_together(gc: Any, user: dict[str, Any], model_set: Any, causal: bool = False) -> None:
     """Constraints between fields, for every engine, before any work, on the effective settings
     `gc` (a limit nobody set counts at the value generate() would use); `model_set`: the fields set
-    before generate()'s defaults were filled in."""
+    before generate()'s defaults were filled in; `causal`: a decoder-only model (check_causal)."""
     if gc.max_new_tokens is None and gc.max_length is not None and gc.max_length < 2:
         raise ConfigError(f"{where('max_length', user, model_set)}: max_length={gc.max_length} leaves no room to "
                           "generate (it counts the decoder's start token); expected max_length >= 2, or set "
                           "--max_new_tokens")
-    if gc.decoder_start_token_id is None and gc.bos_token_id is None:
+    if not causal and gc.decoder_start_token_id is None and gc.bos_token_id is None:
         raise ConfigError(f"{where('decoder_start_token_id', user, model_set)}: unset, and so is bos_token_id; "
                           "generate() starts an encoder-decoder's decoder from one of them: expected a token id")
     most, most_key = _new_tokens(gc, "max")
@@ -180,3 +180,54 @@ def check_together(gc: Any, user: dict[str, Any], model_set: Any) -> None:
             f"{where(least_key, user, model_set)}: asks for at least {least} generated tokens, more than the {most} "
             f"that {where(most_key, user, model_set)} allows ({least_key}={getattr(gc, least_key)}, "
             f"{most_key}={getattr(gc, most_key)}); expected {least_key} <= {most_key}")
+
+
+# What a decoder-only model's generate() applies to the whole prompt row: in a left-padded batch
+# the padding is part of it, so the example's output would depend on the batch it is in.
+_PROMPT_LENGTH = "counts the prompt's tokens, and in a left-padded batch its padding"
+_ENCODER_ONLY = ("encoder_repetition_penalty", "encoder_no_repeat_ngram_size")
+
+
+def check_causal(gc: Any, user: dict[str, Any], model_set: Any) -> None:
+    """A decoder-only model's settings, before any work: its limits in new tokens, and no setting
+    generate() would apply to a batch's padding. max_length and min_length count the prompt, so in
+    a batch each example would get another number of new tokens (the issue lm-evaluation-harness
+    users see as results that change with the batch size); the encoder settings read the padded
+    prompt, padding included."""
+    if gc.max_new_tokens is None:
+        if "max_length" in user:
+            shown = f"--max_length {user['max_length']!r}"
+        elif model_set is not None and "max_length" in model_set:
+            shown = f"max_length={gc.max_length!r} (from {MODEL_ORIGIN})"
+        else:
+            shown = "no --max_new_tokens (generate()'s default is max_length 20)"
+        raise ConfigError(f"{shown}: a decoder-only model's max_length {_PROMPT_LENGTH}, so every example would get "
+                          "another number of new tokens; give --max_new_tokens")
+    if (gc.min_length or 0) > 1:
+        raise ConfigError(f"{where('min_length', user, model_set)}: min_length={gc.min_length}: a decoder-only "
+                          f"model's min_length {_PROMPT_LENGTH}; give --min_new_tokens instead")
+    for key in _ENCODER_ONLY:
+        if not is_neutral(key, getattr(gc, key, None)):
+            raise ConfigError(f"{where(key, user, model_set)}: {key}={getattr(gc, key)!r}: a decoder-only model has "
+                              "no encoder, and generate() would apply it to the left-padded prompt, padding included; "
+                              f"leave out --{key}")
+
+
+def stop_list(value: Any) -> list[str]:
+    """stop_strings as a list: one string, a list of them, or none."""
+    return [] if value is None else [value] if isinstance(value, str) else list(value)
+
+
+def check_stop_strings(gc: Any, tokenizer: Any, user: dict[str, Any], model_set: Any) -> None:
+    """Stop strings that could never stop a text are refused: an empty one (it would stop at once),
+    and one holding a special token, which predictions are decoded without."""
+    special = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
+    for text in stop_list(gc.stop_strings):
+        shown = where("stop_strings", user, model_set)
+        if not text:
+            raise ConfigError(f"{shown}: an empty stop string would stop every text at once; expected non-empty "
+                              "strings")
+        held = [t for t in special if t in text]
+        if held:
+            raise ConfigError(f"{shown}: {text!r} holds the special token {held[0]!r}, which predictions are decoded "
+                              "without, so no text would stop there; give its id to --eos_token_id instead")

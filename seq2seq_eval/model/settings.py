@@ -15,6 +15,7 @@ from . import generation
 from .converted import converted_model_config, is_converted_folder
 from .generate_check import check_token_ids
 from .generation import model_generation_config
+from .kind import CAUSAL, SEQ2SEQ, kind_of, model_kind
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -105,9 +106,9 @@ def _converted_folder(cfg: EvalConfig) -> bool:
 def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
     """The model's config and its base generation config (as from_pretrained gives the model:
     model/generation.py), without loading any weights: enough to validate a run (--dry_run) and to
-    compute the exact settings the real run will use."""
+    compute the exact settings the real run will use. A model of neither kind (model/kind.py) is
+    refused here."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
 
     name = _model_path(cfg)
     if _converted_folder(cfg):
@@ -119,11 +120,7 @@ def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"--model_name {cfg.model_name}: cannot load a model config ({first_line(e)})") from e
-    if type(config) not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING:
-        raise ModelError(
-            f"--model_name {cfg.model_name}: a {config.model_type!r} model is not a seq2seq model; "
-            "expected an encoder-decoder model such as BART, T5, Marian, mBART or Pegasus"
-        )
+    model_kind(config, cfg.model_name)
     return config, model_generation_config(name)
 
 
@@ -131,27 +128,31 @@ def model_config_of(model: Any, name: str) -> tuple[Any, Any]:
     """load_model_config for a model already in memory: its config and a copy of its own
     generation config (what save_pretrained would write beside its weights)."""
     from transformers import GenerationConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING
 
     config = getattr(model, "config", None)
-    if type(config) not in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING or not hasattr(model, "generate"):
-        kind = f"a {config.model_type!r} model" if config is not None and hasattr(config, "model_type") else type(model).__name__
-        raise ModelError(
-            f"model {name}: {kind} is not a seq2seq model; "
-            "expected an encoder-decoder model such as BART, T5, Marian, mBART or Pegasus"
-        )
+    if config is None or kind_of(config, type(model).__name__) is None or not hasattr(model, "generate"):
+        what = f"a {config.model_type!r} model" if config is not None and hasattr(config, "model_type") else type(model).__name__
+        raise ModelError(f"model {name}: {what} is neither a seq2seq nor a causal language model with generate(); "
+                         "expected an encoder-decoder model such as BART, T5, Marian, mBART or Pegasus, or a "
+                         "decoder-only one such as Llama, Qwen2, Mistral, Gemma or Phi")
+    if kind_of(config) is None:
+        # A decoder-only model built in memory has no `architectures` in its config: its class
+        # says what it is, on a copy (the caller's model is left as it was).
+        config = copy.deepcopy(config)
+        config.architectures = [type(model).__name__]
     own = getattr(model, "generation_config", None)  # what generate() would read: the object's own
     base = copy.deepcopy(own) if own is not None else GenerationConfig.from_model_config(config)
     return config, base
 
 
-def load_model(cfg: EvalConfig, device: Any) -> Any:
+def load_model(cfg: EvalConfig, device: Any, kind: str = SEQ2SEQ) -> Any:
     import torch
-    from transformers import AutoModelForSeq2SeqLM
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     name = os.path.expanduser(cfg.model_name)
+    auto = AutoModelForCausalLM if kind == CAUSAL else AutoModelForSeq2SeqLM
     try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(name)
+        model = auto.from_pretrained(name)
     except (OSError, ValueError) as e:
         raise ModelError(f"--model_name {cfg.model_name}: cannot load the model ({first_line(e)})") from e
     if cfg.fp16:
@@ -261,7 +262,11 @@ def generation_config_for(model_config: Any, base: Any, tokenizer: Any, cfg: Eva
         raise ConfigError(f"invalid generate options: {generation.validation_reason(e)}") from e
     model_set = {k for k, v in gc.to_dict().items() if v is not None}
     gc = generation.effective(gc, model_config)
-    generation.check_together(gc, user, model_set)
+    causal = kind_of(model_config) == CAUSAL
+    if causal:
+        generation.check_causal(gc, user, model_set)
+    generation.check_stop_strings(gc, tokenizer, user, model_set)
+    generation.check_together(gc, user, model_set, causal)
     return gc
 
 
@@ -280,8 +285,7 @@ def source_limit(model_config: Any, tokenizer: Any, cfg: EvalConfig) -> int | No
     legacy scripts truncate at the tokenizer's model_max_length. A learned or sinusoidal
     position table (max_position_embeddings) is a hard limit: a longer source fails mid-run with
     an IndexError, so a larger explicit value is refused here, before any work."""
-    hard = getattr(model_config, "max_position_embeddings", None)
-    hard = hard if isinstance(hard, int) and hard > 0 else None
+    hard = _positions(model_config)
     if cfg.max_source_length is not None:
         if hard is not None and cfg.max_source_length > hard:
             raise ConfigError(
@@ -289,13 +293,30 @@ def source_limit(model_config: Any, tokenizer: Any, cfg: EvalConfig) -> int | No
                 f"(max_position_embeddings of {cfg.model_name}); expected at most {hard}"
             )
         return cfg.max_source_length
+    return model_limit(model_config, tokenizer)
+
+
+def _positions(model_config: Any) -> int | None:
+    hard = getattr(model_config, "max_position_embeddings", None)
+    return hard if isinstance(hard, int) and hard > 0 else None
+
+
+def model_limit(model_config: Any, tokenizer: Any) -> int | None:
+    """The model's own input limit: the tokenizer's model_max_length or the config's
+    max_position_embeddings, whichever is lower; None when neither states one."""
     soft = getattr(tokenizer, "model_max_length", None)
     soft = soft if isinstance(soft, int) and 0 < soft < _NO_LIMIT else None
-    limits = [v for v in (soft, hard) if v is not None]
+    limits = [v for v in (soft, _positions(model_config)) if v is not None]
     return min(limits) if limits else None
 
 
-def _encode(tokenizer: Any, texts: list[str], max_length: int | None) -> list[list[int]]:
+def encode_texts(tokenizer: Any, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+    """Token ids of whole texts (no truncation): with the tokenizer's special tokens added, or
+    without (a chat template's text, which writes its own)."""
+    return _encode(tokenizer, texts, None, add_special_tokens)
+
+
+def _encode(tokenizer: Any, texts: list[str], max_length: int | None, add_special_tokens: bool = True) -> list[list[int]]:
     """Token ids of `texts`, as `tokenizer(texts, truncation=..., max_length=...)` gives them.
 
     A fast tokenizer's __call__ configures its Rust backend (truncation, no padding) and calls
@@ -306,7 +327,7 @@ def _encode(tokenizer: Any, texts: list[str], max_length: int | None) -> list[li
     encode = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
     if encode is None:
         kwargs = {"truncation": True, "max_length": max_length} if max_length is not None else {"truncation": False}
-        return [list(x) for x in tokenizer(texts, **kwargs)["input_ids"]]
+        return [list(x) for x in tokenizer(texts, add_special_tokens=add_special_tokens, **kwargs)["input_ids"]]
     old_truncation, old_padding = backend.truncation, backend.padding
     try:
         if max_length is None:
@@ -315,7 +336,7 @@ def _encode(tokenizer: Any, texts: list[str], max_length: int | None) -> list[li
             backend.enable_truncation(max_length, stride=0, strategy="longest_first",
                                       direction=getattr(tokenizer, "truncation_side", "right"))
         backend.no_padding()
-        return [e.ids for e in encode(texts, add_special_tokens=True)]
+        return [e.ids for e in encode(texts, add_special_tokens=add_special_tokens)]
     finally:
         # Leave the tokenizer as it was: it is used again (decoding, other callers).
         if old_truncation is None:

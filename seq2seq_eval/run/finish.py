@@ -202,6 +202,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
                 "task_settings": prep.manifest["task_settings"],
                 "generation": prep.manifest["generation"],
                 "prefix": prep.prefix,
+                # A decoder-only model's prompts (an encoder-decoder's provenance is as it was).
+                **({"prompt": prep.manifest["prompt"]} if "prompt" in prep.manifest else {}),
                 "model": prep.manifest["model"],
                 "engine": prep.manifest["engine"],
                 "data": prep.manifest["data"],

@@ -15,13 +15,14 @@ from typing import Any
 import numpy as np
 
 from .. import engines
-from ..config import EvalConfig
+from ..config import PROMPT_OPTIONS, EvalConfig
 from ..inputs.read import iter_examples
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..model.generate_check import check_generate_settings
 from ..model.fingerprint import tokenizer_fingerprint
 from ..model.generation import full_dict
 from ..model.identity import check_safetensors, hub_revision
+from ..model.kind import CAUSAL, SEQ2SEQ, model_kind
 from ..model.settings import (
     generation_config_for,
     load_model_config,
@@ -34,6 +35,7 @@ from ..model.settings import (
 from ..outputs.locations import data_files
 from ..atomic import write_json_atomic
 from ..inputs.store import ROWS_PER_BATCH, ExampleStore, write_blocks
+from ..inputs.prompts import Prompts, build_prompts, template_fields
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
 from .plan import Plan, assign_batches, batch_budget, default_plan, make_batches, padding_efficiency, plan_digest, step_overhead
@@ -55,6 +57,8 @@ class Prepared:
     manifest: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per preparation step on this rank
     budget: dict[str, Any] = field(default_factory=dict)  # how the batch budget was chosen (_plan)
+    kind: str = SEQ2SEQ  # the model's kind (model/kind.py)
+    prompts: Prompts | None = None  # a decoder-only model's prompt construction (inputs/prompts.py)
 
 
 def _canonical(name: str) -> str:
@@ -96,6 +100,9 @@ def _data_key(cfg: EvalConfig) -> str:
     stamp = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in data_files(cfg)]
     options = [_canonical(cfg.input_path or cfg.dataset or cfg.data_dir), cfg.reference_path, cfg.dataset_config, cfg.split, cfg.type_path, cfg.n_obs,
                cfg.source_column, cfg.target_column, cfg.id_column, cfg.src_lang, cfg.tgt_lang, cfg.pseudolabels]
+    fields = template_fields(cfg.prompt_template)
+    if fields:  # the columns a prompt template names are in the store too
+        options.append(list(fields))
     return hashlib.sha256(json.dumps([options, stamp], default=str).encode()).hexdigest()
 
 
@@ -113,7 +120,7 @@ def _examples_store(cfg: EvalConfig, pg: ProcessGroup | None, cache: Path) -> tu
         except (OSError, ValueError):
             pass
         blocks, origin = iter_examples(cfg, ROWS_PER_BATCH)
-        n, sha = write_blocks(path, blocks)
+        n, sha = write_blocks(path, blocks, with_fields=bool(template_fields(cfg.prompt_template)))
         meta = {"key": key, "n": n, "sha256": sha, "origin": origin}
         write_json_atomic(meta_path, meta)  # last: the store above is complete
         return meta
@@ -138,17 +145,23 @@ def _give_back_freed_memory() -> None:
 
 
 def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str, store: ExampleStore,
-                   tokenizer: Any, prefix: str, max_len: int | None) -> SourceTokens:
+                   tokenizer: Any, prefix: str, max_len: int | None, prompts: Prompts | None) -> SourceTokens:
     """Each rank tokenizes its 1/world of the sources (a dry run: all of them), then maps every
-    shard. Shards already complete for the same key (a resume, a restart) are kept."""
+    shard. Shards already complete for the same key (a resume, a restart) are kept. A prompt
+    refused on any rank is refused on every rank, from the shards' descriptions."""
     world = env.world_size if pg is not None else 1
     ranges = [shard_range(len(store), r, world) for r in range(world)]
     start, end = ranges[env.rank if pg is not None else 0]
     if not shard_is_complete(cache, key, start, end):
-        tokenize_to(cache, key, start, end, tokenizer, store.iter_sources(start, end, CHUNK), prefix, max_len)
+        tokenize_to(cache, key, start, end, tokenizer, store.iter_sources(start, end, CHUNK), prefix, max_len, prompts,
+                    store.iter_fields(start, end, CHUNK))
     if pg is not None:
         pg.barrier()  # every shard is on disk
-    return load_shards(cache, ranges)
+    tokens = load_shards(cache, ranges)
+    if tokens.refused is not None:
+        position, why = tokens.refused
+        raise DataError(f"{store.origin}: example id {store.ids([position])[0]!r}: {why}")
+    return tokens
 
 
 def _in_memory_identity(model: Any) -> dict[str, Any]:
@@ -188,15 +201,18 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     if model is None and Path(cfg.model_name).expanduser().is_dir():
         check_safetensors(Path(cfg.model_name).expanduser())
     model_config, base_gc = load_model_config(cfg) if model is None else model_config_of(model, cfg.model_name)
+    kind = model_kind(model_config, cfg.model_name)
+    _check_prompt_options(cfg, kind)
     tokenizer = load_tokenizer(cfg, tokenizer)
     entry = task_entry(model_config, cfg.task)
     if entry.note and (pg is None or pg.env.is_main):  # every rank sees the same; one says it
         logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
     gc = generation_config_for(model_config, base_gc, tokenizer, cfg)
-    engines.check(cfg, model_config, gc, tokenizer, device_type)
+    engines.check(cfg, model_config, gc, tokenizer, device_type, kind)
     check_generate_settings(gc, model_config)
     prefix = source_prefix(model_config, cfg)
-    max_source_length = source_limit(model_config, tokenizer, cfg)
+    prompts = build_prompts(cfg, tokenizer, model_config, gc, prefix) if kind == CAUSAL else None
+    max_source_length = source_limit(model_config, tokenizer, cfg) if prompts is None else prompts.limit
     identity = _model_identity(model_config, cfg.model_name) if model is None else _in_memory_identity(model)
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -207,9 +223,10 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     # name: a tokenizer.json with swapped ids is another tokenizer, for the token cache and --resume.
     tokenizer_identity = tokenizer_fingerprint(tokenizer)
     token_key = hashlib.sha256(json.dumps(
-        [data["sha256"], identity, prefix, max_source_length, tokenizer_identity], sort_keys=True
+        [data["sha256"], identity, prefix, max_source_length, tokenizer_identity]
+        + ([prompts.identity()] if prompts is not None else []), sort_keys=True
     ).encode()).hexdigest()
-    tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length)
+    tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length, prompts)
     t2 = time.perf_counter()
     cost = {"out_ratio": 1.0 if cfg.task_family == "translation" else 0.25, "out_cap": gc.max_new_tokens or gc.max_length,
             "beams": gc.num_beams or 1, "step_overhead": step_overhead(device_type, cfg.engine, half=cfg.fp16 or cfg.bf16)}
@@ -239,9 +256,22 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
         "generation": json.loads(json.dumps(gen_settings, sort_keys=True, default=str)),
         "plan": {"bs": bs, "max_tokens": max_tokens, "sha256": plan_digest(batches)},
     }
+    if prompts is not None:  # an encoder-decoder's manifest stays as it was: its runs still resume
+        manifest.update({"model_kind": kind, "prompt": prompts.record()})
     _give_back_freed_memory()
     timings = {"examples": t1 - t0, "tokenize": t2 - t1, "plan": time.perf_counter() - t2}
-    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings, budget)
+    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings, budget, kind,
+                    prompts)
+
+
+def _check_prompt_options(cfg: EvalConfig, kind: str) -> None:
+    """The prompt options are a decoder-only model's: given for an encoder-decoder, one line."""
+    if kind == CAUSAL:
+        return
+    given = [name for name in PROMPT_OPTIONS if getattr(cfg, name) not in (None, False, 0)]
+    if given:
+        raise ConfigError(f"--{given[0]} is for decoder-only models; {cfg.model_name} is an encoder-decoder model, "
+                          "whose sources take --prefix")
 
 
 def _flag(prep: Prepared) -> str:
@@ -287,9 +317,10 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
         f"task settings: {_describe_entry(prep.manifest['task_settings'])}",
         f"generation: {json.dumps(prep.manifest['generation'], sort_keys=True)}",
         f"source prefix: {prep.prefix!r}",
-        f"sources truncated to {prep.manifest['max_source_length']} tokens: {prep.tokens.truncated}"
-        if prep.manifest["max_source_length"] is not None else "sources are not truncated (no model limit)",
+        _describe_limit(prep),
     ]
+    if prep.prompts is not None:
+        lines.insert(5, f"prompts: {json.dumps(prep.manifest['prompt'], sort_keys=True, ensure_ascii=False)}")
     mean = float(loads.sum()) / world_size if world_size else 0.0
     sizes = prep.batches.sizes
     for rank, indices in enumerate(deal):
@@ -303,6 +334,17 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
         lines.append(f"WARNING: {warning}")
     lines.append("prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
     return "\n".join(lines)
+
+
+def _describe_limit(prep: Prepared) -> str:
+    limit = prep.manifest["max_source_length"]
+    if prep.prompts is not None:
+        if limit is None:
+            return "prompts are not limited (no model limit)"
+        kept = "truncated on the left" if prep.prompts.truncate_left else "refused"
+        return f"prompts of more than {limit} tokens ({prep.prompts.limit_why}) are {kept}: {prep.tokens.truncated} truncated"
+    return (f"sources truncated to {limit} tokens: {prep.tokens.truncated}" if limit is not None
+            else "sources are not truncated (no model limit)")
 
 
 def _describe_entry(settings: dict[str, Any]) -> str:

@@ -131,7 +131,8 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
                 # the temp dir only once this rank has let it go (presence.py).
                 presence = Presence(tmp_dir, env.rank)
             engine = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
-                                  generation_config=prep.generation_config, device=device, env=env, model=model)
+                                  generation_config=prep.generation_config, device=device, env=env, model=model,
+                                  kind=prep.kind)
             t_loaded = time.perf_counter()
             # What a large run spends before generating anything (benchmarks/scale.py reads it).
             logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,

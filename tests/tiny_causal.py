@@ -1,0 +1,88 @@
+"""Tiny randomly initialised decoder-only models with their tokenizers, built offline for tests.
+
+Two tokenizer conventions, as the published families have them:
+
+- Llama-style (`build_tiny_llama`): the tokenizer adds BOS to every text (a SentencePiece-like
+  BPE with "▁" word marks), no padding token, a chat template that writes BOS itself
+  (`[INST] ... [/INST]`, a `<<SYS>>` system turn);
+- Qwen2-style (`build_tiny_qwen2`): byte-level BPE, no BOS at all, `<|endoftext|>` as padding,
+  a ChatML template (`<|im_start|>user ... <|im_end|>`) and two end tokens (`<|im_end|>`,
+  `<|endoftext|>`) in the generation config.
+
+Random weights generate deterministic nonsense, which is what equality, world-size and resume
+tests need; the embedded demo (data_samples/causal_model) is the trained one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LLAMA_CHAT = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'system' %}<<SYS>> {{ m['content'] }} <</SYS>>"
+    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+    "{% else %} {{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}"
+)
+QWEN2_CHAT = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _save(model, tokenizer, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def build_tiny_llama(out_dir: Path, corpus: list[str], seed: int = 0, positions: int = 256) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "<<SYS>>", "<</SYS>>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False))
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   additional_special_tokens=specials[3:], model_max_length=positions,
+                                   chat_template=LLAMA_CHAT)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
+                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=None,
+                         tie_word_embeddings=True)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.max_new_tokens = 12
+    model.generation_config.max_length = None
+    return _save(model, fast, out_dir)
+
+
+def build_tiny_qwen2(out_dir: Path, corpus: list[str], seed: int = 0, positions: int = 256) -> Path:
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=specials[1:2], model_max_length=positions,
+                                   chat_template=QWEN2_CHAT)
+    ends = [fast.convert_tokens_to_ids("<|im_end|>"), fast.convert_tokens_to_ids("<|endoftext|>")]
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
+                         bos_token_id=None, eos_token_id=ends[1], pad_token_id=ends[1], tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config).eval()
+    model.generation_config.eos_token_id = ends
+    model.generation_config.pad_token_id = ends[1]
+    model.generation_config.max_new_tokens = 12
+    model.generation_config.max_length = None
+    return _save(model, fast, out_dir)
