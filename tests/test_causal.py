@@ -238,14 +238,11 @@ def test_shell_text_newlines():
     assert unescape(r"a\tb\\nc\frac") == "a\tb\\nc\\frac"  # \\ is a backslash; other escapes stay
 
 
-def test_prompt_options_are_refused_for_an_encoder_decoder_and_ctranslate2_for_a_decoder_only(tiny, tmp_path):
+def test_prompt_options_are_refused_for_an_encoder_decoder(tmp_path):
     from seq2seq_eval.run.runner import run
 
     with pytest.raises(ConfigError, match="^--apply_chat_template is for decoder-only models; .* is an encoder-decoder"):
         run(EvalConfig(apply_chat_template=True, dry_run=True, save_dir=str(tmp_path / "a")))
-    pytest.importorskip("ctranslate2")
-    with pytest.raises(ConfigError, match="^--engine ctranslate2 runs encoder-decoder models; .*llama is a decoder-only"):
-        run(EvalConfig(model_name=str(tiny["llama"]), engine="ctranslate2", dry_run=True, save_dir=str(tmp_path / "b")))
 
 
 @pytest.mark.parametrize("options, message", [
