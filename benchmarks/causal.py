@@ -18,7 +18,9 @@ from its start to its exit (imports, model loading, tokenizing, generating, writ
   (b) tool         python -m seq2seq_eval --model_name M --input_path P (defaults: the HF engine,
                    its default batch budget, one process);
   (c) tool ct2     the same with --engine ctranslate2 (float32; converted once before the rounds,
-                   the conversion's time reported apart, as a later run finds it cached).
+                   the conversion's time reported apart, as a later run finds it cached);
+  (d) tool ct2 int8  the same with --compute_type int8: CTranslate2's own arithmetic, so not the
+                   same outputs (their agreement is printed); no goal, a figure for the reader.
 
 Every process gets OMP_NUM_THREADS=--threads (torch's threads, CTranslate2's intra_threads). The
 outputs are compared line by line (the number of identical continuations). Prints the seconds,
@@ -128,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--bs", type=int, default=16, help="the loop's batch size (lm-evaluation-harness's 16)")
     p.add_argument("--out", default="bench_causal")
+    p.add_argument("--contenders", default="loop,tool,tool ct2,tool ct2 int8",
+                   help="which of (a)-(d) to run, comma-separated (the loop always runs: it is the baseline)")
     p.add_argument("--_loop", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._loop:
@@ -145,12 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "SEQ2SEQ_EVAL_CACHE": str(cache),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     tool = [sys.executable, "-m", "seq2seq_eval", "--model_name", str(model_dir), "--input_path", str(prompt_file)]
+    wanted = {"loop", *(name.strip() for name in args.contenders.split(","))}
     try:
         import ctranslate2  # noqa: F401
-        with_ct2 = True
+        with_ct2 = bool(wanted & {"tool ct2", "tool ct2 int8"})
     except ImportError:
         with_ct2 = False
-        print("ctranslate2 is not installed: (c) is left out")
+        print("ctranslate2 is not installed: (c) and (d) are left out")
     conversion = None
     if with_ct2:  # converted once, as a later run finds it cached
         conversion = timed([*tool, "--engine", "ctranslate2", "--n_obs", "1", "--save_dir", str(out / "convert")], env)
@@ -158,10 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         "loop": [sys.executable, str(Path(__file__).resolve()), "--_loop", str(model_dir), str(prompt_file),
                  str(out / "loop.txt"), str(args.bs), str(args.max_new_tokens)],
         "tool": [*tool, "--save_dir", str(out / "tool")],
-        **({"tool ct2": [*tool, "--engine", "ctranslate2", "--save_dir", str(out / "tool_ct2")]} if with_ct2 else {}),
+        **({"tool ct2": [*tool, "--engine", "ctranslate2", "--save_dir", str(out / "tool_ct2")],
+            "tool ct2 int8": [*tool, "--engine", "ctranslate2", "--compute_type", "int8",
+                              "--save_dir", str(out / "tool_ct2_int8")]} if with_ct2 else {}),
     }
+    commands = {name: cmd for name, cmd in commands.items() if name in wanted}
     outputs = {"loop": out / "loop.txt", "tool": out / "tool" / "test_generations.txt",
-               "tool ct2": out / "tool_ct2" / "test_generations.txt"}
+               "tool ct2": out / "tool_ct2" / "test_generations.txt",
+               "tool ct2 int8": out / "tool_ct2_int8" / "test_generations.txt"}
     rounds = []
     for r in range(args.rounds):
         seconds = {}
@@ -173,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     texts = {name: lines_of(outputs[name]) for name in commands}
     same = {f"{a} = {b}": sum(x == y for x, y in zip(texts[a], texts[b]))
-            for a, b in (("tool", "loop"), ("tool ct2", "loop"), ("tool ct2", "tool")) if a in texts and b in texts}
+            for a, b in (("tool", "loop"), ("tool ct2", "loop"), ("tool ct2", "tool"), ("tool ct2 int8", "tool"))
+            if a in texts and b in texts}
     ratios = {name: statistics.median(rd["loop"] / rd[name] for rd in rounds) for name in commands if name != "loop"}
     if "tool ct2" in ratios:
         ratios["tool ct2 / tool"] = statistics.median(rd["tool"] / rd["tool ct2"] for rd in rounds)

@@ -404,10 +404,13 @@ def test_refused_in_one_line_before_any_work_dry_run_included(tiny, tmp_path, ca
 def test_the_dry_run_shows_the_prompts_and_how_many_were_truncated(tiny, tmp_path):
     data = write_legacy(tmp_path / "data", ["dog", "the small dog runs fast on a big red mat"], ["a", "b"])
     proc = single(["--model_name", str(tiny["llama"]), "--data_dir", str(data), "--max_new_tokens", "250",
-                   "--truncate_prompt", "left", "--prompt_template", r"Q: {source}\nA:", "--dry_run"], cwd=tmp_path)
+                   "--truncate_prompt", "left", "--prompt_template", r"Q: {source}\nA:", "--dry_run", "--device", "cpu"],
+                  cwd=tmp_path)
     assert_ok(proc)
     assert ("prompts of more than 6 tokens (the model's 256 positions less --max_new_tokens 250) are truncated on "
             "the left: 2 truncated") in proc.stdout
+    # A decoder-only model's default budget on CPU, greedy (run/plan.py's CAUSAL_MAX_TOKENS).
+    assert "(--max_tokens 4096: the device's default)" in proc.stdout
     shown = json.loads(proc.stdout.split("prompts: ", 1)[1].splitlines()[0])
     assert shown["template"] == "Q: {source}\nA:" and shown["truncate_prompt"] == "left"
 
