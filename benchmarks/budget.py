@@ -57,7 +57,8 @@ def measure(model: str, data_dir: Path, engine: str, budget: tuple[str, int], n:
     with tempfile.TemporaryDirectory(prefix="budget_") as cache:
         prep = runner.prepare(cfg, DistEnv(), None, Path(cache))
         engine_ = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
-                               generation_config=prep.generation_config, device=torch.device("cpu"), env=DistEnv())
+                               generation_config=prep.generation_config, device=torch.device("cpu"), env=DistEnv(),
+                               kind=prep.kind)
         batches = [[prep.tokens.ids(m) for m in b.members] for b in prep.batches]
         t0 = time.perf_counter()
         for i, batch in enumerate(batches):

@@ -271,3 +271,15 @@ def test_bertscore_benchmark_runs(tmp_path):
     assert "measuring the tool alone" in proc.stdout and "tool (token budget " in proc.stdout
     report = json.loads((out / "results.json").read_text())
     assert report["n"] == 24 and len(report["tool_samples_per_second"]) == 1 and "median_ratio" not in report
+
+
+def test_causal_benchmark_runs(tmp_path):
+    """benchmarks/causal.py on a tiny model, the loop against the tool's HF engine (the CTranslate2
+    contenders are whole runs of the same engine tests/test_ct2_causal.py runs; starting them here
+    would cost the suite seconds for nothing new): same outputs, ratios printed and recorded."""
+    out = tmp_path / "causal"
+    proc = bench("causal.py", ["--size", "tiny", "--n", "12", "--max_new_tokens", "4", "--threads", "1",
+                               "--contenders", "tool", "--out", str(out)], tmp_path)
+    assert "identical outputs: tool = loop: 12 of 12" in proc.stdout
+    report = json.loads((out / "results.json").read_text())
+    assert set(report["rounds"][0]) == {"loop", "tool"} and set(report["median_ratios"]) == {"tool"}

@@ -238,14 +238,11 @@ def test_shell_text_newlines():
     assert unescape(r"a\tb\\nc\frac") == "a\tb\\nc\\frac"  # \\ is a backslash; other escapes stay
 
 
-def test_prompt_options_are_refused_for_an_encoder_decoder_and_ctranslate2_for_a_decoder_only(tiny, tmp_path):
+def test_prompt_options_are_refused_for_an_encoder_decoder(tmp_path):
     from seq2seq_eval.run.runner import run
 
     with pytest.raises(ConfigError, match="^--apply_chat_template is for decoder-only models; .* is an encoder-decoder"):
         run(EvalConfig(apply_chat_template=True, dry_run=True, save_dir=str(tmp_path / "a")))
-    pytest.importorskip("ctranslate2")
-    with pytest.raises(ConfigError, match="^--engine ctranslate2 runs encoder-decoder models; .*llama is a decoder-only"):
-        run(EvalConfig(model_name=str(tiny["llama"]), engine="ctranslate2", dry_run=True, save_dir=str(tmp_path / "b")))
 
 
 @pytest.mark.parametrize("options, message", [
@@ -407,10 +404,13 @@ def test_refused_in_one_line_before_any_work_dry_run_included(tiny, tmp_path, ca
 def test_the_dry_run_shows_the_prompts_and_how_many_were_truncated(tiny, tmp_path):
     data = write_legacy(tmp_path / "data", ["dog", "the small dog runs fast on a big red mat"], ["a", "b"])
     proc = single(["--model_name", str(tiny["llama"]), "--data_dir", str(data), "--max_new_tokens", "250",
-                   "--truncate_prompt", "left", "--prompt_template", r"Q: {source}\nA:", "--dry_run"], cwd=tmp_path)
+                   "--truncate_prompt", "left", "--prompt_template", r"Q: {source}\nA:", "--dry_run", "--device", "cpu"],
+                  cwd=tmp_path)
     assert_ok(proc)
     assert ("prompts of more than 6 tokens (the model's 256 positions less --max_new_tokens 250) are truncated on "
             "the left: 2 truncated") in proc.stdout
+    # A decoder-only model's default budget on CPU, greedy (run/plan.py's CAUSAL_MAX_TOKENS).
+    assert "(--max_tokens 4096: the device's default)" in proc.stdout
     shown = json.loads(proc.stdout.split("prompts: ", 1)[1].splitlines()[0])
     assert shown["template"] == "Q: {source}\nA:" and shown["truncate_prompt"] == "left"
 

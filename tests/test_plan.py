@@ -217,3 +217,17 @@ def test_padding_efficiency_hand_checked(lengths, mode, expected):
 ])
 def test_batch_budget(bs, max_tokens, device, engine, half, expected):
     assert batch_budget(bs, max_tokens, device, engine, half=half) == expected
+
+
+@pytest.mark.parametrize("bs, max_tokens, device, engine, beams, expected", [
+    (None, None, "cpu", "hf", 1, (None, 4096)),  # a decoder-only model's measured best, greedy
+    (None, None, "cpu", "ctranslate2", 1, (None, 8192)),
+    (None, None, "cpu", "hf", 4, (None, 1024)),  # the same rows a batch with beams
+    (None, None, "cpu", "ctranslate2", 3, (None, 2730)),
+    (None, None, "cuda", "hf", 1, (None, 32768)),  # not measured on a GPU: the encoder-decoder's
+    (None, None, "cuda", "ctranslate2", 4, (None, 65536)),
+    (8, None, "cpu", "hf", 1, (8, None)),  # a flag given wins
+    (None, 300, "cpu", "ctranslate2", 4, (None, 300)),
+])
+def test_batch_budget_of_a_decoder_only_model(bs, max_tokens, device, engine, beams, expected):
+    assert batch_budget(bs, max_tokens, device, engine, causal=True, beams=beams) == expected

@@ -6,8 +6,9 @@ Two tokenizer conventions, as the published families have them:
   BPE with "▁" word marks), no padding token, a chat template that writes BOS itself
   (`[INST] ... [/INST]`, a `<<SYS>>` system turn);
 - Qwen2-style (`build_tiny_qwen2`): byte-level BPE, no BOS at all, `<|endoftext|>` as padding,
-  a ChatML template (`<|im_start|>user ... <|im_end|>`) and two end tokens (`<|im_end|>`,
-  `<|endoftext|>`) in the generation config.
+  a ChatML template (`<|im_start|>user ... <|im_end|>`), two end tokens (`<|im_end|>`,
+  `<|endoftext|>`) in the generation config, and Qwen2.5's RoPE base (1e6, not the default 1e4:
+  a conversion that dropped it would change the outputs).
 
 Random weights generate deterministic nonsense, which is what equality, world-size and resume
 tests need; the embedded demo (data_samples/causal_model) is the trained one.
@@ -79,7 +80,8 @@ def build_tiny_qwen2(out_dir: Path, corpus: list[str], seed: int = 0, positions:
     torch.manual_seed(seed)
     config = Qwen2Config(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
-                         bos_token_id=None, eos_token_id=ends[1], pad_token_id=ends[1], tie_word_embeddings=True)
+                         bos_token_id=None, eos_token_id=ends[1], pad_token_id=ends[1], tie_word_embeddings=True,
+                         rope_theta=1e6)
     model = Qwen2ForCausalLM(config).eval()
     model.generation_config.eos_token_id = ends
     model.generation_config.pad_token_id = ends[1]

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import EvalConfig
-from ..errors import ConfigError
 from ..model.kind import CAUSAL, SEQ2SEQ
 from .base import BatchOutput, Engine
 
@@ -32,15 +31,12 @@ def describe(cfg: EvalConfig) -> dict[str, Any]:
 def check(cfg: EvalConfig, model_config: Any, generation_config: Any, tokenizer: Any,
           device_type: str = "cpu", kind: str = SEQ2SEQ) -> None:
     """Raise ConfigError for a setting the engine cannot honour (its table in rules.py or
-    ct2_rules.py), a model kind (model/kind.py) it does not run, or a compute type the device
-    cannot run; cheap (no model is loaded or converted)."""
+    ct2_rules.py, for the model's kind: model/kind.py), or a compute type the device cannot run;
+    cheap (no model is loaded or converted)."""
     if cfg.engine == "ctranslate2":
-        if kind != SEQ2SEQ:
-            raise ConfigError(f"--engine ctranslate2 runs encoder-decoder models; {cfg.model_name} is a decoder-only "
-                              "model: use --engine hf")
         from . import ct2
 
-        ct2.check(cfg, model_config, generation_config, tokenizer, device_type)
+        ct2.check(cfg, model_config, generation_config, tokenizer, device_type, causal=kind == CAUSAL)
         return
     from .rules import HF_RULES, check as check_rules
 
@@ -53,10 +49,11 @@ def load(cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_confi
     """This rank's engine. `model`: an already loaded PyTorch model for the HF engine (else it is
     loaded from --model_name); `kind`: the model's kind (model/kind.py)."""
     if cfg.engine == "ctranslate2":
-        from . import ct2
+        from . import ct2, ct2_generator
 
-        return ct2.CT2Engine.load(cfg, tokenizer=tokenizer, model_config=model_config,
-                                  generation_config=generation_config, device=device, env=env)
+        engine = ct2_generator.GeneratorEngine if kind == CAUSAL else ct2.CT2Engine
+        return engine.load(cfg, tokenizer=tokenizer, model_config=model_config, generation_config=generation_config,
+                           device=device, env=env)
     from ..model.settings import load_model
     from .hf import HFEngine
 

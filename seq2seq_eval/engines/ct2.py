@@ -1,13 +1,14 @@
 """The CTranslate2 engine: the model converted once into a cache (engines/ct2_convert.py), then
-`Translator.translate_batch` on each planned batch.
+`Translator.translate_batch` on each planned batch (an encoder-decoder model), or
+`Generator.generate_batch` (a decoder-only model: engines/ct2_generator.py).
 
 The compute type is applied when the model is loaded, so one conversion serves every compute
 type; it is part of the run's manifest, so a resume under another compute type is refused.
 
 Generation settings are taken from the same effective `GenerationConfig` the HF engine uses
 (model defaults, task entry, user flags) and mapped one by one (`translate_options`), by the rule
-of engines/ct2_rules.py. A setting with no CTranslate2 counterpart is an error naming it, raised
-before any work (`check`).
+of engines/ct2_rules.py (the Translator's table, or the Generator's). A setting with no
+CTranslate2 counterpart is an error naming it, raised before any work (`check`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from typing import Any
 
 from ..config import EvalConfig
 from ..errors import ConfigError, ModelError, first_line
-from . import rules
+from . import rules, stops
 from .base import BatchOutput
-from .ct2_rules import CT2_RULES
+from .ct2_rules import CT2_GENERATOR_RULES, CT2_RULES
 from .ct2_convert import converted_model
 from .ct2_convert import ctranslate2_module as _ctranslate2
+from ..model.generation import stop_list
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -35,11 +37,13 @@ def describe(cfg: EvalConfig) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- generation settings
 
-def check(cfg: EvalConfig, model_config: Any, gc: Any, tokenizer: Any, device_type: str = "cpu") -> None:
+def check(cfg: EvalConfig, model_config: Any, gc: Any, tokenizer: Any, device_type: str = "cpu",
+          causal: bool = False) -> None:
     """Refuse, before any work (before converting), a run this engine cannot do: a compute type
-    the device does not support, settings it cannot honour (ct2_rules.py)."""
+    the device does not support, settings it cannot honour (ct2_rules.py: the Translator's rule,
+    or with `causal`, a decoder-only model, the Generator's)."""
     check_compute_type(cfg.compute_type, device_type)
-    rules.check("ctranslate2", CT2_RULES, cfg.gen_kwargs, gc, model_config,
+    rules.check("ctranslate2", CT2_GENERATOR_RULES if causal else CT2_RULES, cfg.gen_kwargs, gc, model_config,
                 lambda key: "use --engine hf for it" if getattr(rules.HF_RULES.get(key), "honoured", False)
                 else "remove it (--engine hf cannot run it either)")
 
@@ -75,6 +79,7 @@ class Mapping:
     sampling: bool
     n_return: int = 1
     forced_in_beams: bool = False  # the search stops a token early, and the run forces the end (_force_end)
+    stops: tuple[str, ...] = ()  # stop strings: each text is cut before its first (with one beam: ct2_rules)
 
 
 def translate_options(gc: Any, tokenizer: Any) -> Mapping:
@@ -121,7 +126,7 @@ def translate_options(gc: Any, tokenizer: Any) -> Mapping:
         options.update(max_decoding_length=limit - 1, num_hypotheses=options["beam_size"],
                        min_decoding_length=min(options["min_decoding_length"], limit - 1))
     return Mapping(options, prefix, forced_eos[0] if forced_eos else None, tuple(eos), bool(gc.do_sample), n,
-                   forced_in_beams)
+                   forced_in_beams, tuple(stop_list(gc.stop_strings)))
 
 
 def _force_end(candidates: list[tuple[list[int], float]], m: Mapping, length_penalty: float
@@ -157,13 +162,17 @@ def cpu_threads(local_world_size: int) -> int:
     return max(1, cores // max(1, local_world_size))
 
 
-def check_cuda_libraries(translator: Any, tokenizer: Any, version: str, device: Any) -> None:
+def check_cuda_libraries(model: Any, tokenizer: Any, version: str, device: Any) -> None:
     """One decoding step on the GPU at load time. CTranslate2 opens cuBLAS only at its first
     matrix product, so a machine without the cuBLAS its wheel was built against (4.x wheels load
-    CUDA 12's libcublas.so.12) would otherwise fail inside the first batch, with a traceback."""
+    CUDA 12's libcublas.so.12) would otherwise fail inside the first batch, with a traceback.
+    `model`: a Translator or a Generator."""
     token = tokenizer.eos_token or tokenizer.convert_ids_to_tokens(0)
     try:
-        translator.translate_batch([[token]], beam_size=1, max_decoding_length=1)
+        if hasattr(model, "generate_batch"):
+            model.generate_batch([[token]], beam_size=1, max_length=1)
+        else:
+            model.translate_batch([[token]], beam_size=1, max_decoding_length=1)
     except RuntimeError as e:
         hint = ("; CTranslate2's CUDA build needs that library: install it (pip install nvidia-cublas-cu12 for "
                 "libcublas.so.12) and put its folder on LD_LIBRARY_PATH, or use --device cpu"
@@ -171,18 +180,31 @@ def check_cuda_libraries(translator: Any, tokenizer: Any, version: str, device: 
         raise ModelError(f"CTranslate2 {version} cannot run on {device}: {first_line(e)}{hint}") from e
 
 
-class CT2Engine:
-    name = "ctranslate2"
+Found = list[list[tuple[list[int], float]]]
+"""Per example, CTranslate2's hypotheses: (token ids, score), best first."""
 
-    def __init__(self, translator: Any, tokenizer: Any, mapping: Mapping, compute_type: str, seed: int,
-                 model_path: Path, translator_kwargs: dict[str, Any]) -> None:
-        self.translator = translator
+
+class CT2Engine:
+    """An encoder-decoder model on CTranslate2's Translator. What is not about the Translator
+    (loading, seeding, the end of a hypothesis, stop strings, decoding) is shared with the
+    Generator's engine for decoder-only models (engines/ct2_generator.py)."""
+
+    name = "ctranslate2"
+    model_class = "Translator"
+
+    def __init__(self, model: Any, tokenizer: Any, mapping: Mapping, compute_type: str, seed: int,
+                 model_path: Path, model_kwargs: dict[str, Any]) -> None:
+        self.model = model
         self.tokenizer = tokenizer
         self.mapping = mapping
         self.compute_type = compute_type
         self.seed = seed
         self.model_path = model_path
-        self.translator_kwargs = translator_kwargs
+        self.model_kwargs = model_kwargs
+
+    @property
+    def translator(self) -> Any:
+        return self.model
 
     @classmethod
     def load(cls, cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_config: Any, device: Any,
@@ -192,54 +214,74 @@ class CT2Engine:
 
         path = (Path(os.path.expanduser(cfg.model_name)) if is_converted_folder(cfg.model_name)
                 else converted_model(cfg.model_name, cfg.sync_timeout))
+        cls.check_folder(path, tokenizer)
         kwargs: dict[str, Any] = {"compute_type": cfg.compute_type, "inter_threads": 1}
         if device.type == "cuda":
             kwargs.update(device="cuda", device_index=device.index or 0)
         else:
             kwargs.update(device="cpu", intra_threads=cpu_threads(getattr(env, "local_world_size", 1) or 1))
         try:
-            translator = ct2.Translator(str(path), **kwargs)
+            model = getattr(ct2, cls.model_class)(str(path), **kwargs)
         except (ValueError, RuntimeError) as e:
             raise ModelError(f"{path}: CTranslate2 cannot load this model with --compute_type {cfg.compute_type} "
                              f"on {device.type} ({first_line(e)})") from e
         if device.type == "cuda":
-            check_cuda_libraries(translator, tokenizer, ct2.__version__, device)
-        logger.info("CTranslate2 %s on %s, compute type %s, %s", ct2.__version__, device, translator.compute_type,
+            check_cuda_libraries(model, tokenizer, ct2.__version__, device)
+        logger.info("CTranslate2 %s %s on %s, compute type %s, %s", ct2.__version__, cls.model_class, device,
+                    model.compute_type,
                     f"{kwargs.get('intra_threads')} thread(s)" if device.type == "cpu" else f"device {device.index or 0}")
-        return cls(translator, tokenizer, translate_options(generation_config, tokenizer), cfg.compute_type,
-                   cfg.seed, path, kwargs)
+        return cls(model, tokenizer, translate_options(generation_config, tokenizer), cfg.compute_type, cfg.seed,
+                   path, kwargs)
+
+    @classmethod
+    def check_folder(cls, path: Path, tokenizer: Any) -> None:
+        """Refuse a converted model this engine cannot run with `tokenizer` (the Generator's does)."""
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "compute_type": self.compute_type}
+
+    def search(self, model: Any, batch_ids: Sequence[Sequence[int]]) -> Found:
+        """CTranslate2's hypotheses for one batch, as `self.mapping` asks."""
+        m = self.mapping
+        source = [self.tokenizer.convert_ids_to_tokens(list(ids)) for ids in batch_ids]
+        prefix = [[m.prefix_token] for _ in batch_ids] if m.prefix_token is not None else None
+        results = model.translate_batch(source, target_prefix=prefix, **m.options)
+        return [[(self.tokenizer.convert_tokens_to_ids(t), float(s)) for t, s in zip(r.hypotheses, r.scores)]
+                for r in results]
 
     def generate(self, batch_ids: Sequence[Sequence[int]], batch_index: int) -> BatchOutput:
         import ctranslate2
 
         m = self.mapping
-        source = [self.tokenizer.convert_ids_to_tokens(list(ids)) for ids in batch_ids]
-        prefix = [[m.prefix_token] for _ in batch_ids] if m.prefix_token is not None else None
-        translator = self.translator
+        model = self.model
         if m.sampling:
             # Seeded per batch, not per rank, so that a batch samples the same text on any rank and
             # after a resume. CTranslate2 draws from a generator per thread, seeded from the global
             # seed when the thread first samples: reseeding reaches only a thread that has not yet
-            # sampled. A fresh translator brings fresh worker threads; loading it again from the
+            # sampled. A fresh model object brings fresh worker threads; loading it again from the
             # converted folder costs milliseconds for small models, about 0.3 s at opus-mt size.
             ctranslate2.set_random_seed(self.seed + batch_index)
-            translator = ctranslate2.Translator(str(self.model_path), **self.translator_kwargs)
-        limit = m.options["max_decoding_length"]
+            model = getattr(ctranslate2, self.model_class)(str(self.model_path), **self.model_kwargs)
         try:
-            if m.forced_in_beams and limit < 1:  # the first token is the forced end: nothing to search
-                found = [[([m.forced_eos], 0.0)] * m.n_return for _ in source]
+            if m.forced_in_beams and m.options["max_decoding_length"] < 1:
+                # The first token is the forced end: nothing to search.
+                found = [[([m.forced_eos], 0.0)] * m.n_return for _ in batch_ids]  # type: ignore[list-item]
             else:
-                results = translator.translate_batch(source, target_prefix=prefix, **m.options)
-                found = [[(self.tokenizer.convert_tokens_to_ids(t), float(s)) for t, s in zip(r.hypotheses, r.scores)]
-                         for r in results]
+                found = self.search(model, batch_ids)
         except ValueError as e:
             raise ConfigError(f"CTranslate2 rejected the generate options: {first_line(e)}") from e
         finally:
-            if translator is not self.translator:
-                del translator  # its threads and weights go now, not at the next batch
+            if model is not self.model:
+                del model  # its threads and weights go now, not at the next batch
+        return self.outputs(found)
+
+    def outputs(self, found: Found) -> BatchOutput:
+        """Texts, scores and token counts from CTranslate2's hypotheses: the forced end token
+        where generate() forces it, each text cut before its first stop string (with one beam:
+        ct2_rules), decoded as the HF engine decodes. Sampled candidates have no score, as on the
+        HF engine: a score is beam search's."""
+        m = self.mapping
+        limit = m.options["max_decoding_length"]
         preds, scores, n_tokens = [], [], []
         for candidates in found:
             if m.forced_in_beams:
@@ -250,10 +292,15 @@ class CT2Engine:
                     # Greedy or sampled: generate() makes the token at the length limit the forced
                     # end, whatever it would have been (an end token too, when forced_eos is another).
                     ids = ids[:-1] + [m.forced_eos]
+                text = stops.decode(self.tokenizer, ids)
+                if m.stops and stops.first_stop(text, m.stops) >= 0:
+                    # generate() stops at the token that completed the stop string; with one beam
+                    # the tokens before it are the same whatever follows.
+                    ids = ids[:stops.tokens_to_stop(self.tokenizer, ids, m.stops)]
+                    text = stops.cut(text, m.stops)
                 counts += len(ids)
-                texts.append(self.tokenizer.decode(ids, skip_special_tokens=True,
-                                                   clean_up_tokenization_spaces=False).strip())
+                texts.append(text.strip())
             preds.append(texts)
             scores.append([score for _, score in candidates])
             n_tokens.append(counts)
-        return BatchOutput(preds, scores if m.n_return > 1 else None, n_tokens)
+        return BatchOutput(preds, scores if m.n_return > 1 and not m.sampling else None, n_tokens)

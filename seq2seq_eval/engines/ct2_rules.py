@@ -1,5 +1,8 @@
 """The CTranslate2 engine's rule for every generation setting (see engines/rules.py): how
-`ct2.translate_options` maps each honoured one to `translate_batch`, or why one is refused.
+`ct2.translate_options` maps each honoured one to `translate_batch` (an encoder-decoder model's
+Translator, CT2_RULES) or `generate_batch` (a decoder-only model's Generator,
+CT2_GENERATOR_RULES: the Translator's rule except the fields GENERATOR names), or why one is
+refused.
 
 Honoured means generate()'s texts: every honoured setting and combination is compared with
 generate() on the embedded model by tests/test_engine_settings.py's matrix. Where CTranslate2
@@ -9,7 +12,10 @@ decides otherwise, the combination is refused (`refuse_if`), not approximated:
   in log-probabilities it does not normalize again unless renormalize_logits is set; CTranslate2
   masks before normalizing, which is what generate() does with renormalize_logits=True;
 - its beam search stops once num_beams hypotheses are finished: early_stopping=True;
-- it penalises repeated tokens in the logits, generate()'s beam search in log-probabilities.
+- it penalises repeated tokens in the logits, generate()'s beam search in log-probabilities;
+- it cannot stop a hypothesis inside beam search at a stop string. With one beam (greedy search,
+  sampling) a continuation does not depend on the tokens after it, so the text generated in full
+  and cut before its first stop string is the text generate() stops there (engines/stops.py).
 """
 
 from __future__ import annotations
@@ -78,6 +84,14 @@ def _one_forced_end(gc: Any, model_config: Any) -> str | None:
     return None
 
 
+def _stops_one_beam(gc: Any, model_config: Any) -> str | None:
+    if gc.stop_strings and _beams(gc) > 1:
+        return (f"stop_strings={gc.stop_strings!r} with num_beams={gc.num_beams} (generate()'s beam search finishes a "
+                "hypothesis at its stop string and goes on with the others; CTranslate2's cannot stop a hypothesis "
+                "there, so its beams would differ)")
+    return None
+
+
 def _first_not_an_end(gc: Any, model_config: Any) -> str | None:
     ends = gc.eos_token_id if isinstance(gc.eos_token_id, list) else [gc.eos_token_id]
     if gc.forced_bos_token_id is not None and gc.forced_bos_token_id in ends:
@@ -135,13 +149,16 @@ CT2_RULES: dict[str, Rule] = {
                                "`False` (generate()'s default) and `'never'` refused", _early_stopping),
     "decoder_start_token_id": honoured("the converted model's own start token; another value refused", _own_start),
     "pad_token_id": honoured("CTranslate2 pads batches itself; no effect on the texts"),
+    "stop_strings": honoured("with one beam (greedy search, sampling): the text generated to the end token or the "
+                             "length limit, cut before its first stop string, which is where generate() stops it; "
+                             "with beam search refused", _stops_one_beam),
     "bos_token_id": honoured("not used by an encoder-decoder's generation (the decoder starts from "
                              "decoder_start_token_id), by either engine"),
     **{key: honoured(_NO_EFFECT) for key in (
         "use_cache", "cache_implementation", "cache_config", "max_cache_len", "compile_config", "disable_compile",
         "continuous_batching_config", "prefill_chunk_size", "low_memory")},
     **{key: refused(_NONE) for key in (
-        "max_time", "stop_strings", "min_p", "top_h", "epsilon_cutoff", "eta_cutoff", "encoder_no_repeat_ngram_size",
+        "max_time", "min_p", "top_h", "epsilon_cutoff", "eta_cutoff", "encoder_no_repeat_ngram_size",
         "remove_invalid_values", "exponential_decay_length_penalty", "begin_suppress_tokens", "sequence_bias",
         "token_healing", "watermarking_config", "penalty_alpha", "dola_layers", "diversity_penalty", "constraints",
         "force_words_ids", "encoder_repetition_penalty", "guidance_scale", "num_beam_groups", "typical_p")},
@@ -152,3 +169,50 @@ CT2_RULES: dict[str, Rule] = {
         "prompt_lookup_num_tokens", "max_matching_ngram_size", "assistant_early_exit", "assistant_lookbehind",
         "target_lookbehind", "assistant_ensemble_weight", "use_mtp", "speculation_type")},
 }
+
+
+# ---------------------------------------------------------------- the Generator (decoder-only models)
+#
+# `generate_batch` with include_prompt_in_result=False runs a batch's prompts through the decoder
+# up to the shortest one's length at once, and the longer ones' remaining prompt tokens inside its
+# decoding loop, as a forced prefix. The engine (engines/ct2_generator.py) calls it on prompts of
+# one length at a time where that prefix would change the search. What sees the tokens of the
+# loop only (penalties, banned n-grams) would see a part of the prompt that depends on the batch,
+# where a decoder-only model's generate() sees the whole row, prompt included: refused.
+
+_WHOLE_ROW = ("a decoder-only model's generate() applies it to the whole row, the prompt included; CTranslate2's "
+              "Generator only to the tokens of its decoding loop, which hold a part of the prompt that depends on "
+              "the batch")
+
+
+def _single_token_bans(gc: Any, model_config: Any) -> str | None:
+    longer = [list(seq) for seq in (gc.bad_words_ids or []) if len(seq) > 1]
+    if longer:
+        return (f"bad_words_ids={gc.bad_words_ids!r}: {longer[0]} is a sequence of {len(longer[0])} tokens (a "
+                "decoder-only model's generate() matches its start against the prompt's end too; CTranslate2's "
+                "Generator only against the tokens of its decoding loop)")
+    return _masked_in_beam_search("bad_words_ids", bool)(gc, model_config)
+
+
+GENERATOR: dict[str, Rule] = {
+    "max_new_tokens": honoured("`max_length` with `include_prompt_in_result=False`: new tokens only"),
+    "max_length": honoured("a decoder-only model's max_length counts the prompt: without max_new_tokens (which "
+                           "takes precedence) a run is refused for every engine"),
+    "min_new_tokens": honoured("`min_length` (new tokens only)" + _MASKED,
+                               _masked_in_beam_search("min_new_tokens", bool)),
+    "min_length": honoured("above 1 it counts the prompt: refused for every engine; use min_new_tokens"),
+    "num_beams": honoured("`beam_size`; a beam search runs on prompts of one length at a time (with a longer prompt's "
+                          "tail as a forced prefix, CTranslate2 keeps an end token out of all but the first beam "
+                          "at the first free step, where generate() does not)"),
+    "repetition_penalty": refused(_WHOLE_ROW),
+    "no_repeat_ngram_size": refused(_WHOLE_ROW),
+    "bad_words_ids": honoured("`suppress_sequences`, single tokens only" + _MASKED, _single_token_bans),
+    "forced_bos_token_id": refused("a decoder-only model's generate() forces it only where the padded prompt is one "
+                                   "token long: refused for every engine"),
+    "decoder_start_token_id": honoured("not used by a decoder-only model's generation, by either engine"),
+    "bos_token_id": honoured("not used in generation: the prompt's ids carry the BOS token, if any "
+                             "([prompts](causal.md#prompts))"),
+}
+"""The Generator's rule where it differs from the Translator's (docs/engines.md shows these rows)."""
+
+CT2_GENERATOR_RULES: dict[str, Rule] = {**CT2_RULES, **GENERATOR}

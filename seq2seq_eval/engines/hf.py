@@ -29,6 +29,16 @@ def generated_lengths(sequences: Any, eos_token_id: int | list[int] | None, pad_
     return torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1) + 1, unfinished)
 
 
+def row_ends(sequences: Any, eos_token_id: int | list[int] | None, start: int = 1) -> list[int]:
+    """Where each returned sequence ends: after its first end token from position `start` on,
+    else at the sequence's full width."""
+    import torch
+
+    eos = [] if eos_token_id is None else eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
+    is_eos = torch.isin(sequences[:, start:], torch.tensor(eos, dtype=sequences.dtype))
+    return torch.where(is_eos.any(dim=1), start + is_eos.int().argmax(dim=1) + 1, sequences.shape[1]).tolist()
+
+
 class OncePerRun(logging.Filter):
     """Lets each distinct message through once. transformers warns about a generation setting
     on every generate() call, i.e. every batch, over the progress bar; once per run says it."""
@@ -154,11 +164,15 @@ class HFEngine:
         # One transfer per batch; everything after this is host-side.
         sequences = out.sequences.cpu()
         counts = generated_lengths(sequences, self.gc.eos_token_id, self.pad_id, start).tolist()
+        # A row ends at its first end token: generate() fills the rest of a finished row (in a
+        # batch, or among beams) with padding, which an end token that is not a special token
+        # (--eos_token_id) would not hide from the decoded text.
+        rows = [row[:end] for row, end in zip(sequences.tolist(), row_ends(sequences, self.gc.eos_token_id, start))]
         if self.causal or self.stops:
-            texts, counts = self._continuations(sequences[:, start:].tolist(), counts)
+            texts, counts = self._continuations([row[start:] for row in rows], counts)
         else:
             texts = [t.strip() for t in self.tokenizer.batch_decode(
-                sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False
+                rows, skip_special_tokens=True, clean_up_tokenization_spaces=False
             )]
         k = self.n_return
         preds = [texts[i * k : (i + 1) * k] for i in range(len(batch_ids))]

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError, first_line
 from .generation import model_generation_config
+from .kind import CAUSAL, kind_of
+
+# The model specifications CTranslate2 4.x writes for the two kinds (ctranslate2.specs): an
+# encoder-decoder's Translator and a decoder-only model's Generator.
+SEQ2SEQ_SPEC = "TransformerSpec"
+DECODER_SPEC = "TransformerDecoderSpec"
 
 
 def is_converted_folder(name: str) -> bool:
@@ -21,20 +28,48 @@ def is_converted_folder(name: str) -> bool:
         os.path.isfile(os.path.join(path, f)) for f in ("model.safetensors", "pytorch_model.bin"))
 
 
+def converted_spec(folder: str) -> str:
+    """The name of the model specification a converted folder's model.bin holds: its header is a
+    uint32 format version, then the name as a uint16 length (the terminating NUL included) and
+    its bytes (ctranslate2.specs.ModelSpec.save)."""
+    path = Path(folder) / "model.bin"
+    try:
+        with open(path, "rb") as f:
+            header = f.read(6)
+            (length,) = struct.unpack("<H", header[4:6])
+            return f.read(length).rstrip(b"\0").decode("utf-8")
+    except (OSError, struct.error, UnicodeDecodeError) as e:
+        raise ModelError(f"{path}: not a CTranslate2 model file ({first_line(e)})") from e
+
+
 def converted_model_config(folder: str, tokenizer_name: str | None, tokenizer: Any) -> tuple[Any, Any]:
     """The model config and base generation config of an already converted model: those of the
     Hugging Face model named by --tokenizer_name when it has them (task settings, limits and
     generation defaults as published), else what CTranslate2's config.json says of the special
-    tokens, with a generation_config.json in the folder when the conversion copied one."""
+    tokens, with a generation_config.json in the folder when the conversion copied one. A
+    decoder-only model needs the first: its prompts' limit, its kind and its generation settings
+    are in no file of CTranslate2's."""
     from transformers import AutoConfig, GenerationConfig, PretrainedConfig
 
+    config = None
     if tokenizer_name:
         try:
             config = AutoConfig.from_pretrained(os.path.expanduser(tokenizer_name))
         except (OSError, ValueError, KeyError):
             config = None
-        if config is not None and getattr(config, "is_encoder_decoder", False):
-            return config, model_generation_config(tokenizer_name)
+    spec = converted_spec(folder)
+    if spec == DECODER_SPEC:
+        if config is None or kind_of(config) != CAUSAL:
+            given = (f", and --tokenizer_name {tokenizer_name} is not a decoder-only Hugging Face model" if tokenizer_name
+                     else "; its config and generation settings come from the model it was converted from")
+            raise ModelError(f"{folder}: a decoder-only CTranslate2 model{given}; expected --tokenizer_name naming the "
+                             "decoder-only Hugging Face model it was converted from")
+        return config, model_generation_config(tokenizer_name)  # type: ignore[arg-type]
+    if spec != SEQ2SEQ_SPEC:
+        raise ModelError(f"{folder}: a CTranslate2 {spec}; expected a converted encoder-decoder ({SEQ2SEQ_SPEC}) or "
+                         f"decoder-only ({DECODER_SPEC}) model")
+    if config is not None and getattr(config, "is_encoder_decoder", False):
+        return config, model_generation_config(tokenizer_name)  # type: ignore[arg-type]
     path = Path(folder) / "config.json"
     try:
         ct2_config = json.loads(path.read_text())

@@ -211,6 +211,13 @@ def check_causal(gc: Any, user: dict[str, Any], model_set: Any) -> None:
             raise ConfigError(f"{where(key, user, model_set)}: {key}={getattr(gc, key)!r}: a decoder-only model has "
                               "no encoder, and generate() would apply it to the left-padded prompt, padding included; "
                               f"leave out --{key}")
+    if gc.forced_bos_token_id is not None:
+        # generate() forces it where the row is one token long: for a decoder-only model, only in
+        # a batch whose padded prompts are one token wide.
+        raise ConfigError(f"{where('forced_bos_token_id', user, model_set)}: forced_bos_token_id="
+                          f"{gc.forced_bos_token_id!r}: a decoder-only model's generate() forces it only where the "
+                          "padded prompt is one token long, so whether it applies would depend on the batch; end the "
+                          "prompt with that token instead (--prompt_template)")
 
 
 def stop_list(value: Any) -> list[str]:

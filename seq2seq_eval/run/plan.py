@@ -173,15 +173,29 @@ level, docs/gpu.md). Unlisted devices take the CPU's. A budget too large for a G
 a split (run/oom.py), not the run."""
 
 
+CAUSAL_MAX_TOKENS = {"hf": {"cpu": 4096}, "ctranslate2": {"cpu": 8192}}
+"""The same for a decoder-only model in greedy search, where a batch's rows are its prompts (an
+encoder-decoder's defaults above were measured with 4 beams: four rows a source). Measured on
+CPU (benchmarks/budget.py, 2 threads, a random 59M-parameter Llama-style model, 250 prompts of
+6 to 97 tokens, 32 new tokens; samples/s at 1024, 2048, 4096, 8192): the HF engine 14.9, 17.0,
+17.5, 16.5; CTranslate2 9.4, 11.4, 12.2, 13.0. With beams the budget is divided by num_beams,
+so that a batch holds the rows it holds in greedy search (a decoder step's cost grows with its
+rows; not measured with beams). Not measured on a GPU: there a decoder-only model takes
+DEFAULT_MAX_TOKENS."""
+
+
 def batch_budget(bs: int | None, max_tokens: int | None, device_type: str, engine: str = "hf",
-                 half: bool = False) -> tuple[int | None, int | None]:
+                 half: bool = False, causal: bool = False, beams: int = 1) -> tuple[int | None, int | None]:
     """(bs, max_tokens), exactly one of them set: --max_tokens when given, else --bs when given,
-    else the engine's default token budget for the device (`half`: the HF engine in fp16/bf16),
-    which default_plan may lower for the world size."""
+    else the engine's default token budget for the device (`half`: the HF engine in fp16/bf16;
+    `causal`: a decoder-only model searching with `beams` beams, CAUSAL_MAX_TOKENS), which
+    default_plan may lower for the world size."""
     if max_tokens is not None:
         return None, max_tokens
     if bs is not None:
         return bs, None
+    if causal and device_type in CAUSAL_MAX_TOKENS.get(engine, {}):
+        return None, max(1, CAUSAL_MAX_TOKENS[engine][device_type] // max(1, beams))
     key = "hf_half" if engine == "hf" and half else engine
     budgets = DEFAULT_MAX_TOKENS.get(key, DEFAULT_MAX_TOKENS["hf"])
     return None, budgets.get(device_type, budgets["cpu"])

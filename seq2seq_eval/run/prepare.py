@@ -174,7 +174,8 @@ def _in_memory_identity(model: Any) -> dict[str, Any]:
 
 
 def _plan(cfg: EvalConfig, lengths: Any, world_size: int, device_type: str, cost: dict[str, Any],
-          recorded: tuple[int | None, int | None] | None) -> tuple[Plan, int | None, int | None, dict[str, Any]]:
+          recorded: tuple[int | None, int | None] | None, kind: str = SEQ2SEQ
+          ) -> tuple[Plan, int | None, int | None, dict[str, Any]]:
     """The batches, their budget (bs, max_tokens) and how it was chosen: --bs or --max_tokens as
     given; else, resuming, the budget the earlier run recorded (its batches are the journals');
     else the default for the device and the world size (plan.default_plan)."""
@@ -182,7 +183,8 @@ def _plan(cfg: EvalConfig, lengths: Any, world_size: int, device_type: str, cost
         bs, max_tokens = recorded
         how: dict[str, Any] = {"from": "resumed"}
     else:
-        bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type, cfg.engine, half=cfg.fp16 or cfg.bf16)
+        bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type, cfg.engine, half=cfg.fp16 or cfg.bf16,
+                                      causal=kind == CAUSAL, beams=cost["beams"])
         if cfg.bs is None and cfg.max_tokens is None:
             default = max_tokens
             max_tokens, plan = default_plan(lengths, world_size, default, **cost)  # type: ignore[arg-type]
@@ -230,7 +232,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     t2 = time.perf_counter()
     cost = {"out_ratio": 1.0 if cfg.task_family == "translation" else 0.25, "out_cap": gc.max_new_tokens or gc.max_length,
             "beams": gc.num_beams or 1, "step_overhead": step_overhead(device_type, cfg.engine, half=cfg.fp16 or cfg.bf16)}
-    batches, bs, max_tokens, budget = _plan(cfg, tokens.lengths, env.world_size, device_type, cost, recorded)
+    batches, bs, max_tokens, budget = _plan(cfg, tokens.lengths, env.world_size, device_type, cost, recorded, kind)
     gen_settings = full_dict(gc)  # every field, generate()'s defaults included
     manifest = {
         "model": identity,
