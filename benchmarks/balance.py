@@ -35,16 +35,24 @@ from throughput import build_opus_size, child_env, fresh, machine  # noqa: E402
 
 from seq2seq_eval.run.plan import DEFAULT_MAX_TOKENS  # noqa: E402
 
+STOPPING = ["--early_stopping", "true"]
+"""In every job, on both engines: the stop CTranslate2's beam search makes (engines/ct2_rules.py
+refuses generate()'s default, early_stopping=False, under --engine ctranslate2)."""
 MAX_RANK_IMBALANCE = 1.10
 WALL_TOLERANCE = 1.03
+
+
+def job_args(model: str, data: Path, engine: str, n: int, max_new_tokens: int, budget: list[str], save: Path) -> list[str]:
+    """One job's seq2seq_eval arguments (tests/test_benchmark_smoke.py dry-runs them on each engine)."""
+    return ["--model_name", model, "--data_dir", str(data), "--n_obs", str(n), "--engine", engine,
+            "--max_new_tokens", str(max_new_tokens), "--save_dir", str(save), *STOPPING, *budget]
 
 
 def run_job(a: argparse.Namespace, model: str, data: Path, engine: str, n: int, budget: list[str], save: Path) -> dict[str, Any]:
     fresh(save)
     fresh(Path(f"{save}_tmp"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.nproc}", "-m", "seq2seq_eval",
-           "--model_name", model, "--data_dir", str(data), "--n_obs", str(n), "--engine", engine,
-           "--max_new_tokens", str(a.max_new_tokens), "--save_dir", str(save), *budget]
+           *job_args(model, data, engine, n, a.max_new_tokens, budget, save)]
     log = save.parent / f"{save.name}.log"
     t0 = time.perf_counter()
     with open(log, "w") as f:

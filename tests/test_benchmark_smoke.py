@@ -283,3 +283,20 @@ def test_causal_benchmark_runs(tmp_path):
     assert "identical outputs: tool = loop: 12 of 12" in proc.stdout
     report = json.loads((out / "results.json").read_text())
     assert set(report["rounds"][0]) == {"loop", "tool"} and set(report["median_ratios"]) == {"tool"}
+
+
+@pytest.mark.parametrize("engine", ["hf", "ctranslate2"])
+def test_balance_benchmark_jobs_pass_the_dry_run_on_each_engine(tiny_model, tmp_path, engine):
+    """benchmarks/balance.py's job arguments, on a model that searches with beams, pass the dry run
+    on both engines: a setting one engine refuses (CTranslate2 refuses generate()'s default
+    early_stopping with beams) would otherwise surface only in a 10-minute benchmark run."""
+    if engine == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+    balance = load_benchmark("balance.py")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.source").write_text("a b c\nd e\n")
+    (data / "test.target").write_text("a b\nd\n")
+    args = balance.job_args(str(tiny_model), data, engine, 2, 8, [], tmp_path / "out")
+    proc = single([*args, "--num_beams", "2", "--dry_run"], tmp_path)
+    assert_ok(proc)
