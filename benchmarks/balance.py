@@ -43,9 +43,14 @@ WALL_TOLERANCE = 1.03
 
 
 def job_args(model: str, data: Path, engine: str, n: int, max_new_tokens: int, budget: list[str], save: Path) -> list[str]:
-    """One job's seq2seq_eval arguments (tests/test_benchmark_smoke.py dry-runs them on each engine)."""
+    """One job's seq2seq_eval arguments (tests/test_benchmark_smoke.py dry-runs them on each engine).
+    Random weights never end an output early: every output is max_new_tokens long, whatever its
+    source, where the plan's estimate (run/plan.py) takes a trained model's, about the source's
+    length. --min_new_tokens says what happens anyway, so that the estimate knows it (its
+    out_floor); with beams CTranslate2 honours it with --renormalize_logits true only."""
     return ["--model_name", model, "--data_dir", str(data), "--n_obs", str(n), "--engine", engine,
-            "--max_new_tokens", str(max_new_tokens), "--save_dir", str(save), *STOPPING, *budget]
+            "--max_new_tokens", str(max_new_tokens), "--min_new_tokens", str(max_new_tokens),
+            "--renormalize_logits", "true", "--save_dir", str(save), *STOPPING, *budget]
 
 
 def run_job(a: argparse.Namespace, model: str, data: Path, engine: str, n: int, budget: list[str], save: Path) -> dict[str, Any]:

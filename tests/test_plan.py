@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from seq2seq_eval.run.plan import Batch, assign_batches, batch_budget, estimate_cost, make_batches, padding_efficiency, plan_digest, sort_by_length
+from seq2seq_eval.run.plan import Batch, assign_batches, batch_budget, default_plan, estimate_cost, make_batches, padding_efficiency, plan_digest, sort_by_length
 
 
 def members(batches: list[Batch]) -> list[tuple[int, ...]]:
@@ -107,6 +107,23 @@ def test_cost_estimate_hand_checked():
     assert estimate_cost(1, 0, 0, 1) == 0
     b = make_batches([256, 256], bs=2, out_ratio=0.5, out_cap=10, beams=4)[0]
     assert b.cost == 672  # out_len = min(256 * 0.5, 10)
+
+
+def test_an_output_floor_raises_the_estimate_of_short_sources_only():
+    """min_new_tokens (out_floor): an output is at least that long, so a batch of short sources
+    costs what its floor says; longer ones, already estimated above it, do not change."""
+    assert make_batches([4, 4], bs=2, out_floor=10)[0].cost == estimate_cost(2, 4, 10, 1)
+    assert make_batches([4, 4], bs=2, out_floor=3)[0].cost == make_batches([4, 4], bs=2)[0].cost
+    lengths = [40, 40, 3, 3, 3, 3, 3, 3, 3, 3]
+    plain = make_batches(lengths, max_tokens=80, out_cap=64)
+    floored = make_batches(lengths, max_tokens=80, out_cap=64, out_floor=64)
+    assert plain.bounds.tolist() == floored.bounds.tolist() == [0, 2, 10]  # the same batches: only the estimate moves
+    assert plain.cost[0] > plain.cost[1]  # by source length, the 2 long sources look costlier ...
+    assert floored.cost[0] < floored.cost[1]  # ... and 8 outputs of 64 tokens outweigh 2 of 64: the deal flips
+    assert assign_batches(plain, 2) != assign_batches(floored, 2)
+    budget, plan = default_plan(lengths, 2, 40, out_cap=64, out_floor=64, step_overhead=16)
+    assert plan.cost.tolist() == make_batches(lengths, max_tokens=budget, out_cap=64, out_floor=64,
+                                              step_overhead=16).cost.tolist()
 
 
 def test_costlier_batches_for_longer_sources():

@@ -118,16 +118,19 @@ def _cut_by_tokens(sorted_lengths: np.ndarray, max_tokens: int) -> np.ndarray:
 
 
 def _batch_costs(first_lengths: np.ndarray, bounds: np.ndarray, out_ratio: float, out_cap: int | None, beams: int,
-                 step_overhead: float) -> tuple[np.ndarray, np.ndarray]:
+                 step_overhead: float, out_floor: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Each batch's padded length and estimated cost (estimate_cost), for the batches that start
     at `bounds` in length order; `first_lengths`: each batch's first member's length. Sorted
-    longest first, a batch's first member is its longest."""
+    longest first, a batch's first member is its longest. `out_floor`: the fewest tokens an
+    output can have (min_new_tokens): the estimated output length is never below it."""
     padded = first_lengths.astype(np.int64)
     sizes = np.diff(bounds)
     # The same float operations, in the same order, as estimate_cost on Python numbers, so the
     # costs (and the deal that sorts by them) are bit for bit what they were.
     ratio = padded * float(out_ratio)
     out_len = ratio if out_cap is None else np.where(ratio <= out_cap, ratio, float(out_cap))
+    if out_floor:
+        out_len = np.maximum(out_len, float(out_floor))
     cost = (sizes * padded) + (sizes * beams) * out_len * (1.0 + padded / 256.0)
     if step_overhead:
         cost = cost + out_len * float(step_overhead)
@@ -143,10 +146,12 @@ def make_batches(
     out_cap: int | None = None,
     beams: int = 1,
     step_overhead: float = 0.0,
+    out_floor: int = 0,
 ) -> Plan:
     """Cut length-sorted examples into batches of `bs` examples, or of at most `max_tokens`
     padded source tokens (an example longer than the budget gets a batch of its own).
-    `step_overhead`: a decoder step's fixed cost on the device, in the cost's units (STEP_OVERHEAD)."""
+    `step_overhead`: a decoder step's fixed cost on the device, in the cost's units (STEP_OVERHEAD);
+    `out_floor`: the fewest new tokens an output can have (the cost's estimate only)."""
     if (bs is None) == (max_tokens is None):
         raise ValueError("give exactly one of bs and max_tokens")
     lengths = _as_lengths(lengths)
@@ -156,7 +161,7 @@ def make_batches(
         bounds = np.r_[np.arange(0, n, bs, dtype=np.int64), n] if n else np.zeros(1, np.int64)
     else:
         bounds = _cut_by_tokens(lengths[order], max_tokens)  # type: ignore[arg-type]
-    padded, cost = _batch_costs(lengths[order[bounds[:-1]]], bounds, out_ratio, out_cap, beams, step_overhead)
+    padded, cost = _batch_costs(lengths[order[bounds[:-1]]], bounds, out_ratio, out_cap, beams, step_overhead, out_floor)
     return Plan(order, bounds, padded, cost)
 
 
@@ -247,7 +252,8 @@ def _largest_budget(sorted_lengths: np.ndarray, batches: int, upper: int) -> int
 
 
 def default_plan(lengths: Sequence[int], world_size: int, default: int, *, out_ratio: float = 1.0,
-                 out_cap: int | None = None, beams: int = 1, step_overhead: float = 0.0) -> tuple[int, Plan]:
+                 out_cap: int | None = None, beams: int = 1, step_overhead: float = 0.0,
+                 out_floor: int = 0) -> tuple[int, Plan]:
     """The batch budget of a run given neither --bs nor --max_tokens on `world_size` ranks, and
     its plan. The rule, a pure function of the lengths, the world size and the device's defaults
     (`default` from DEFAULT_MAX_TOKENS, `step_overhead` from STEP_OVERHEAD):
@@ -274,7 +280,8 @@ def default_plan(lengths: Sequence[int], world_size: int, default: int, *, out_r
 
     def plan_for(budget: int) -> Plan:
         bounds = _cut_by_tokens(sorted_lengths, budget)
-        padded, cost = _batch_costs(sorted_lengths[bounds[:-1]], bounds, out_ratio, out_cap, beams, step_overhead)
+        padded, cost = _batch_costs(sorted_lengths[bounds[:-1]], bounds, out_ratio, out_cap, beams, step_overhead,
+                                    out_floor)
         return Plan(order, bounds, padded, cost)
 
     first = plan_for(default)

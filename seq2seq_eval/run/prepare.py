@@ -231,7 +231,10 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length, prompts)
     t2 = time.perf_counter()
     cost = {"out_ratio": 1.0 if cfg.task_family == "translation" else 0.25, "out_cap": gc.max_new_tokens or gc.max_length,
-            "beams": gc.num_beams or 1, "step_overhead": step_overhead(device_type, cfg.engine, half=cfg.fp16 or cfg.bf16)}
+            "beams": gc.num_beams or 1, "step_overhead": step_overhead(device_type, cfg.engine, half=cfg.fp16 or cfg.bf16),
+            # Outputs are at least this long, whatever the source's length suggests (an
+            # encoder-decoder's min_length counts the decoder's start token).
+            "out_floor": int(gc.min_new_tokens or max(int(gc.min_length or 0) - 1, 0))}
     batches, bs, max_tokens, budget = _plan(cfg, tokens.lengths, env.world_size, device_type, cost, recorded, kind)
     gen_settings = full_dict(gc)  # every field, generate()'s defaults included
     manifest = {
