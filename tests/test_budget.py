@@ -311,3 +311,24 @@ def test_the_dry_run_prints_each_rank_s_load_and_warns_of_idle_ranks(default_at_
     warnings = [line for line in crowded.stdout.splitlines() if line.startswith("WARNING")]
     assert len(warnings) == 1 and warnings[0].startswith("WARNING: 23 of 64 ranks get no batch (41 batches at --max_tokens ")
     assert warnings[0].endswith("); the set has only 41 examples; run it on fewer ranks")
+
+
+def test_a_run_given_min_new_tokens_estimates_its_outputs_at_least_that_long(tmp_path):
+    """prepare passes the generation settings' minimum to the estimate (out_floor): the same
+    batches, and short sources' batches estimated as outputs of at least that many tokens; an
+    encoder-decoder's min_length counts the decoder's start token."""
+    from seq2seq_eval.config import EvalConfig
+    from seq2seq_eval.run.dist import DistEnv
+    from seq2seq_eval.run.prepare import prepare
+
+    data = write_legacy(tmp_path / "data", ["a b", "c d e f g h i j k l m n o p q r s t u v w x y z"] * 3, ["x", "y"] * 3)
+
+    def plan(**gen):
+        cfg = EvalConfig(data_dir=str(data), save_dir=str(tmp_path / "o"), bs=2, device="cpu",
+                         generate_kwargs=tuple(gen.items()))
+        return prepare(cfg, DistEnv(), None, tmp_path / f"cache{len(list(tmp_path.iterdir()))}").batches
+
+    plain, floored, by_length = plan(), plan(min_new_tokens=60), plan(min_length=61)
+    assert plain.bounds.tolist() == floored.bounds.tolist()
+    assert floored.cost[-1] > 5 * plain.cost[-1]  # the short sources' batch: 60 tokens, not about 3
+    assert floored.cost.tolist() == by_length.cost.tolist()
