@@ -243,6 +243,7 @@ def test_batch_budget(bs, max_tokens, device, engine, half, expected):
     (None, None, "cpu", "ctranslate2", 3, (None, 2730)),
     (None, None, "cuda", "hf", 1, (None, 32768)),  # not measured on a GPU: the encoder-decoder's
     (None, None, "cuda", "ctranslate2", 4, (None, 65536)),
+    (None, None, "mps", "hf", 2, (None, 2048)),  # an unlisted device takes the CPU's
     (8, None, "cpu", "hf", 1, (8, None)),  # a flag given wins
     (None, 300, "cpu", "ctranslate2", 4, (None, 300)),
 ])

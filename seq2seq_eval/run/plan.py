@@ -199,10 +199,10 @@ def batch_budget(bs: int | None, max_tokens: int | None, device_type: str, engin
         return None, max_tokens
     if bs is not None:
         return bs, None
-    if causal and device_type in CAUSAL_MAX_TOKENS.get(engine, {}):
-        return None, max(1, CAUSAL_MAX_TOKENS[engine][device_type] // max(1, beams))
     key = "hf_half" if engine == "hf" and half else engine
     budgets = DEFAULT_MAX_TOKENS.get(key, DEFAULT_MAX_TOKENS["hf"])
+    if causal and (device_type == "cpu" or device_type not in budgets):  # unlisted devices take the CPU's
+        return None, max(1, CAUSAL_MAX_TOKENS.get(engine, CAUSAL_MAX_TOKENS["hf"])["cpu"] // max(1, beams))
     return None, budgets.get(device_type, budgets["cpu"])
 
 
