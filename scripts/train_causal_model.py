@@ -19,12 +19,8 @@ tokenizer are seeded: a rerun on the same machine and library versions reproduce
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
 import logging
 import math
-import random
 import sys
 import time
 from dataclasses import dataclass
@@ -32,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from train_model import PREFIXES, lr_at, read_pairs
+from train_model import PREFIXES, parse_args, read_pairs, save_tokenizer, train
 
 logger = logging.getLogger("train_causal_model")
 
@@ -125,22 +121,6 @@ def encode(tokenizer, pairs: list[tuple[str, str]]) -> list[Example]:
     return [(p, a + [tokenizer.eos_token_id]) for p, a in zip(prompt_ids, answers)]
 
 
-def make_batches(examples: list[Example], max_tokens: int, rng: random.Random) -> list[list[int]]:
-    order = sorted(range(len(examples)), key=lambda i: (len(examples[i][0]) + len(examples[i][1]), rng.random()))
-    batches, current, width = [], [], 0
-    for i in order:
-        new_width = max(width, len(examples[i][0]) + len(examples[i][1]))
-        if current and new_width * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current, new_width = [], len(examples[i][0]) + len(examples[i][1])
-        current.append(i)
-        width = new_width
-    if current:
-        batches.append(current)
-    rng.shuffle(batches)
-    return batches
-
-
 def collate(examples: list[Example], ids: list[int], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded (training needs no left padding: every position's loss is computed); labels
     only on the answer."""
@@ -155,29 +135,6 @@ def collate(examples: list[Example], ids: list[int], pad_id: int) -> dict[str, t
         attention_mask[row, : len(seq)] = 1
         labels[row, len(prompt) : len(seq)] = torch.tensor(answer)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
-def train(model, examples: list[Example], cfg: TrainConfig, pad_id: int) -> None:
-    rng = random.Random(cfg.seed)
-    epochs = [make_batches(examples, cfg.max_batch_tokens, rng) for _ in range(cfg.epochs)]
-    total = sum(len(batches) for batches in epochs)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
-    model.train()
-    step, start, running = 0, time.time(), 0.0
-    for epoch, batches in enumerate(epochs):
-        for ids in batches:
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, total, cfg)  # type: ignore[arg-type]
-            loss = model(**collate(examples, ids, pad_id)).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            running = loss.item() if step == 0 else 0.98 * running + 0.02 * loss.item()
-            step += 1
-            if step % 100 == 0 or step == total:
-                logger.info("epoch %d step %d/%d loss %.4f %.0fs", epoch + 1, step, total, running, time.time() - start)
-    model.eval()
 
 
 def max_new_tokens(tokenizer, pairs: list[tuple[str, str]]) -> int:
@@ -197,12 +154,7 @@ def save(model, tokenizer, cfg: TrainConfig, limits: dict[str, int]) -> None:
     model.generation_config.max_length = None
     cfg.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(cfg.out)
-    tokenizer.save_pretrained(cfg.out)
-    # As train_model.py: a class name both transformers 4 and 5 resolve.
-    config_path = cfg.out / "tokenizer_config.json"
-    tok_config = json.loads(config_path.read_text(encoding="utf-8"))
-    tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    save_tokenizer(tokenizer, cfg.out)
 
 
 def run(cfg: TrainConfig) -> None:
@@ -215,22 +167,17 @@ def run(cfg: TrainConfig) -> None:
     model = build_model(cfg, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     logger.info("%d training examples, vocabulary %d, %d parameters", len(examples), len(tokenizer), n_params)
-    train(model, examples, cfg, tokenizer.eos_token_id)
+    # Batches by the length of the whole sequence (prompt and answer), which collate pads to.
+    train(model, examples, cfg, lambda ids: collate(examples, ids, tokenizer.eos_token_id),
+          key=lambda example: (len(example[0]) + len(example[1]),))
     save(model, tokenizer, cfg, {task: max_new_tokens(tokenizer, [(s, t) for s, t in pairs[task]]) for task in PREFIXES})
     logger.info("saved %s in %.0fs", cfg.out, time.time() - start)
-
-
-def parse_args(argv: list[str] | None) -> TrainConfig:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(TrainConfig):
-        parser.add_argument(f"--{field.name}", type=type(field.default), default=field.default)
-    return TrainConfig(**vars(parser.parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
-        run(parse_args(argv))
+        run(parse_args(argv, TrainConfig, __doc__.splitlines()[0]))
     except (OSError, ValueError) as e:
         logger.error("train_causal_model: %s", e)
         return 1

@@ -21,6 +21,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,11 +160,18 @@ def encode(tokenizer, pairs: list[tuple[str, str]]) -> list[Example]:
     return list(zip(sources, targets))
 
 
-def make_batches(examples: list[Example], max_tokens: int, rng: random.Random) -> list[list[int]]:
-    """Group examples of similar length so little compute goes to padding; shuffle the groups.
+def by_lengths(example: Example) -> tuple[int, ...]:
+    """An encoder-decoder example's sort key: its source's length, then its target's."""
+    return len(example[0]), len(example[1])
+
+
+def make_batches(examples: list[Example], max_tokens: int, rng: random.Random,
+                 key: Callable[[Example], tuple[int, ...]] = by_lengths) -> list[list[int]]:
+    """Group examples of similar length (`key`) so little compute goes to padding; shuffle the
+    groups.
 
     Sorting uses a random tie-break so equal-length examples are mixed differently per epoch."""
-    order = sorted(range(len(examples)), key=lambda i: (len(examples[i][0]), len(examples[i][1]), rng.random()))
+    order = sorted(range(len(examples)), key=lambda i: (*key(examples[i]), rng.random()))
     batches, current, width = [], [], 0
     for i in order:
         src, tgt = examples[i]
@@ -200,9 +208,13 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
     return cfg.lr * max(0.0, (total - step) / max(1, total - cfg.warmup_steps))
 
 
-def train(model, examples: list[Example], cfg: TrainConfig) -> None:
+def train(model, examples: list[Example], cfg: TrainConfig, inputs: Callable[[list[int]], dict] | None = None,
+          key: Callable[[Example], tuple[int, ...]] = by_lengths) -> None:
+    """`inputs`: the model's keyword arguments for a batch of example ids (collate's, by default);
+    `key`: make_batches' sort key. scripts/train_causal_model.py trains with its own."""
+    inputs = inputs or (lambda ids: collate(examples, ids))
     rng = random.Random(cfg.seed)
-    epochs = [make_batches(examples, cfg.max_batch_tokens, rng) for _ in range(cfg.epochs)]
+    epochs = [make_batches(examples, cfg.max_batch_tokens, rng, key) for _ in range(cfg.epochs)]
     total = sum(len(batches) for batches in epochs)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
     model.train()
@@ -211,7 +223,7 @@ def train(model, examples: list[Example], cfg: TrainConfig) -> None:
         for ids in batches:
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, total, cfg)
-            loss = model(**collate(examples, ids)).loss
+            loss = model(**inputs(ids)).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
@@ -238,10 +250,15 @@ def save(model, tokenizer, cfg: TrainConfig, max_lengths: dict[str, int]) -> Non
     model.generation_config.max_length = max(max_lengths.values())
     cfg.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(cfg.out)
-    tokenizer.save_pretrained(cfg.out)
-    # transformers 5 records its own backend class name, which transformers 4 cannot resolve;
-    # PreTrainedTokenizerFast loads tokenizer.json as is in both major versions.
-    config_path = cfg.out / "tokenizer_config.json"
+    save_tokenizer(tokenizer, cfg.out)
+
+
+def save_tokenizer(tokenizer, out: Path) -> None:
+    """Save the tokenizer under a class name both transformers 4 and 5 resolve: transformers 5
+    records its own backend class name, which transformers 4 cannot; PreTrainedTokenizerFast loads
+    tokenizer.json as is in both major versions."""
+    tokenizer.save_pretrained(out)
+    config_path = out / "tokenizer_config.json"
     tok_config = json.loads(config_path.read_text(encoding="utf-8"))
     tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -263,11 +280,12 @@ def run(cfg: TrainConfig) -> None:
     logger.info("saved %s in %.0fs", cfg.out, time.time() - start)
 
 
-def parse_args(argv: list[str] | None) -> TrainConfig:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(TrainConfig):
+def parse_args(argv: list[str] | None, config: type = TrainConfig, description: str = __doc__.splitlines()[0]):
+    """`config` from the command line: a flag per field, its default the field's."""
+    parser = argparse.ArgumentParser(description=description)
+    for field in dataclasses.fields(config):
         parser.add_argument(f"--{field.name}", type=type(field.default), default=field.default)
-    return TrainConfig(**vars(parser.parse_args(argv)))
+    return config(**vars(parser.parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:
