@@ -298,10 +298,6 @@ class EvalConfig:
         """--metrics' model metrics (scoring/registry.py), scored on the ranks after generation."""
         return split_metric_names(parse_metric_names(self.metrics, self.task_family), self.task_family)[1]
 
-    def metric_option(self, name: str) -> Any:
-        """A model metric's option (or a shared one), given or its default."""
-        return dict(self.metric_options)[name]
-
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["generate_kwargs"] = dict(self.generate_kwargs)

@@ -177,12 +177,12 @@ def test_ctranslate2_generates_what_generate_does(cache, settings):
 
 def test_no_repeat_ngram_size_is_honoured(cache):
     engine, batches = _engine("ctranslate2", (("no_repeat_ngram_size", 2), ("renormalize_logits", True)))
-    tokens = [r.hypotheses[0] for b in batches for r in engine.translator.translate_batch(
+    tokens = [r.hypotheses[0] for b in batches for r in engine.model.translate_batch(
         [engine.tokenizer.convert_ids_to_tokens(x) for x in b], **engine.mapping.options)]
     bigrams = [list(zip(t, t[1:])) for t in tokens]
     assert all(len(b) == len(set(b)) for b in bigrams)
     plain, _ = _engine("ctranslate2")
-    repeated = [r.hypotheses[0] for b in batches for r in plain.translator.translate_batch(
+    repeated = [r.hypotheses[0] for b in batches for r in plain.model.translate_batch(
         [plain.tokenizer.convert_ids_to_tokens(x) for x in b], **plain.mapping.options)]
     assert any(len(set(zip(t, t[1:]))) < len(t) - 1 for t in repeated)  # the setting had work to do
 
@@ -342,7 +342,7 @@ def test_a_missing_cuda_library_is_one_line_at_load_not_a_traceback_in_a_batch(c
     from seq2seq_eval.errors import ModelError
 
     engine, _ = _engine("ctranslate2")
-    ct2.check_cuda_libraries(engine.translator, tokenizer, "4.8.5", torch.device("cpu"))  # a working one passes
+    ct2.check_cuda_libraries(engine.model, tokenizer, "4.8.5", torch.device("cpu"))  # a working one passes
     with pytest.raises(ModelError) as e:
         ct2.check_cuda_libraries(_NoCublas(), tokenizer, "4.8.5", torch.device("cuda", 0))
     assert str(e.value).startswith("CTranslate2 4.8.5 cannot run on cuda:0: Library libcublas.so.12 is not found "

@@ -55,12 +55,12 @@ def test_options_reach_the_config_from_every_entry_point(tmp_path):
     from seq2seq_eval.legacy import build_legacy
 
     cfg = build_config(["--metrics", "bleu,comet", "--comet-model", "m", "--comet_max_tokens", "7"])
-    assert cfg.metric_option("comet_model") == "m" and cfg.metric_option("model_metric_max_tokens") == 7
+    assert dict(cfg.metric_options)["comet_model"] == "m" and dict(cfg.metric_options)["model_metric_max_tokens"] == 7
     legacy, _ = build_legacy(["model", str(tmp_path / "in.txt"), str(tmp_path / "out.txt"), "--reference_path",
                               str(tmp_path / "ref.txt"), "--metrics", "bleu,comet", "--comet_model", "m2"])
-    assert legacy.metric_option("comet_model") == "m2"
+    assert dict(legacy.metric_options)["comet_model"] == "m2"
     cfg = _config(None, False, None, None, None, None, {"metrics": "comet", "comet_model": "m3", "num_beams": 2, "bs": 4})
-    assert cfg.metric_option("comet_model") == "m3" and cfg.generate_kwargs == (("num_beams", 2),)
+    assert dict(cfg.metric_options)["comet_model"] == "m3" and cfg.generate_kwargs == (("num_beams", 2),)
     # Every option, given or not, is in the config (the provenance records what was used).
     assert [k for k, _ in cfg.metric_options] == [o.name for o in registry.options()]
     assert cfg.to_dict()["metric_options"]["model_metric_max_tokens"] is None

@@ -673,7 +673,7 @@ def test_ctranslate2_starts_every_hypothesis_with_the_target_language(zoo_models
     engine = engines.load(cfg, tokenizer=tok, model_config=model_config, generation_config=gc,
                           device=torch.device("cpu"), env=DistEnv())
     ids, _ = model_settings.encode_sources(tok, (zoo_data / "test.source").read_text().splitlines(), "", 64)
-    results = engine.translator.translate_batch([tok.convert_ids_to_tokens(x) for x in ids],
+    results = engine.model.translate_batch([tok.convert_ids_to_tokens(x) for x in ids],
                                                 target_prefix=[[engine.mapping.prefix_token]] * len(ids),
                                                 **engine.mapping.options)
     target = tok.convert_ids_to_tokens(gc.forced_bos_token_id)

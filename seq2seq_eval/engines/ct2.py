@@ -202,10 +202,6 @@ class CT2Engine:
         self.model_path = model_path
         self.model_kwargs = model_kwargs
 
-    @property
-    def translator(self) -> Any:
-        return self.model
-
     @classmethod
     def load(cls, cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_config: Any, device: Any,
              env: Any) -> "CT2Engine":
@@ -293,11 +289,11 @@ class CT2Engine:
                     # end, whatever it would have been (an end token too, when forced_eos is another).
                     ids = ids[:-1] + [m.forced_eos]
                 text = stops.decode(self.tokenizer, ids)
-                if m.stops and stops.first_stop(text, m.stops) >= 0:
+                if m.stops:
                     # generate() stops at the token that completed the stop string; with one beam
                     # the tokens before it are the same whatever follows.
-                    ids = ids[:stops.tokens_to_stop(self.tokenizer, ids, m.stops)]
-                    text = stops.cut(text, m.stops)
+                    text, n = stops.stopped(self.tokenizer, ids, text, m.stops)
+                    ids = ids if n is None else ids[:n]
                 counts += len(ids)
                 texts.append(text.strip())
             preds.append(texts)

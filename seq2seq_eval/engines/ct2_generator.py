@@ -96,10 +96,6 @@ class GeneratorEngine(CT2Engine):
 
     model_class = "Generator"
 
-    @property
-    def generator(self) -> Any:
-        return self.model
-
     @classmethod
     def check_folder(cls, path: Path, tokenizer: Any) -> None:
         problem = vocabulary_problem(vocabulary(path), tokenizer)

@@ -193,9 +193,9 @@ class HFEngine:
             return [t.strip() for t in texts], counts
         preds = []
         for i, (row, text) in enumerate(zip(rows, texts)):
-            if stops.first_stop(text, self.stops) >= 0:
-                counts[i] = stops.tokens_to_stop(self.tokenizer, row[: counts[i]], self.stops)
-            preds.append(stops.cut(text, self.stops).strip())
+            text, n = stops.stopped(self.tokenizer, row[: counts[i]], text, self.stops)
+            counts[i] = counts[i] if n is None else n
+            preds.append(text.strip())
         return preds, counts
 
 

@@ -37,18 +37,20 @@ def first_stop(text: str, stops: Sequence[str]) -> int:
     return min(found) if found else -1
 
 
-def cut(text: str, stops: Sequence[str]) -> str:
-    """`text` before its first stop string (all of it when it has none)."""
+def stopped(tokenizer: Any, ids: Sequence[int], text: str, stops: Sequence[str]) -> tuple[str, int | None]:
+    """`text`, the decoding of `ids`, cut before its first stop string, and how many tokens were
+    generated up to the one that completed it; (text, None) when it shows none. What both engines
+    do to a continuation, with `text` decoded once."""
     at = first_stop(text, stops)
-    return text if at < 0 else text[:at]
+    if at < 0:
+        return text, None
+    return text[:at], _first_showing(tokenizer, ids, stops)
 
 
-def tokens_to_stop(tokenizer: Any, ids: Sequence[int], stops: Sequence[str]) -> int:
-    """How many tokens of `ids` were generated up to the one that completed the first stop
-    string (all of them when none did). A prefix that shows a stop string is followed only by
-    longer ones that do, so the first is found by halving."""
-    if first_stop(decode(tokenizer, ids), stops) < 0:
-        return len(ids)
+def _first_showing(tokenizer: Any, ids: Sequence[int], stops: Sequence[str]) -> int:
+    """The length of the shortest prefix of `ids` whose text shows a stop string (len(ids) when
+    none does). A prefix that shows a stop string is followed only by longer ones that do, so the
+    first is found by halving."""
     lo, hi = 1, len(ids)  # the shortest prefix that shows a stop string is in [lo, hi]
     while lo < hi:
         mid = (lo + hi) // 2

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
-from .model_metric import MAX_TOKENS, ModelMetric, ModelMetricSpec, Option, Ranks, columns, score_all
+from .model_metric import MAX_TOKENS, OPTION_KINDS, ModelMetric, ModelMetricSpec, Option, Ranks, columns, score_all
 
 BUILTIN = (
     "seq2seq_eval.scoring.comet",
@@ -59,7 +59,7 @@ def register(spec: ModelMetricSpec) -> None:
     for option in spec.options:
         names = (option.name, *option.aliases)
         bad = [n for n in names if not n.startswith(f"{spec.name}_") or n in taken or n == f"{spec.name}_signature"]
-        if bad or option.kind not in (str, int, float, bool):
+        if bad or option.kind not in OPTION_KINDS:
             raise ConfigError(f"register {spec.name}: option {bad[0] if bad else option.name!r}: expected a new "
                               f"name {spec.name}_<what> and a kind among str, int, float, bool")
         taken.update(names)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import ConfigError
-from ..model_metric import DEFAULT_MAX_TOKENS, ModelMetric, ModelMetricSpec, Option
+from ..model_metric import ModelMetric, ModelMetricSpec, Option, default_budget
 from .layers import MODEL_LAYERS
 
 __all__ = ["DEFAULT_MODEL", "METRIC", "BERTScore", "check", "load"]
@@ -106,7 +106,7 @@ class BERTScore(ModelMetric):
             return []
         if self.use_idf and self.idf is None:
             raise ValueError("BERTScore with idf: prepare() with every reference first")
-        budget = max_tokens or DEFAULT_MAX_TOKENS.get(self.device.type, DEFAULT_MAX_TOKENS["cpu"])
+        budget = default_budget(max_tokens, self.device.type)
         flat = [r for refs in references for r in refs]
         texts = list(dict.fromkeys([*predictions, *flat]))  # each distinct text encoded once
         ids = self._ids(texts)

@@ -70,14 +70,14 @@ class Comet(ModelMetric):
               references: Sequence[Sequence[str]], max_tokens: int | None = None) -> list[float]:
         import torch
 
-        from ..model_metric import DEFAULT_MAX_TOKENS
+        from ..model_metric import default_budget
 
         if not sources:
             return []
         counts = [len(r) for r in references]
         if min(counts) < 1:
             raise ValueError("COMET needs at least one reference per example")
-        budget = max_tokens or DEFAULT_MAX_TOKENS.get(self.device.type, DEFAULT_MAX_TOKENS["cpu"])
+        budget = default_budget(max_tokens, self.device.type)
         flat = [r for refs in references for r in refs]
         # One encoder pass per distinct text: a translation equal to its reference, or a source
         # shared by several examples, is encoded once (the encoder sees each text alone).
