@@ -46,7 +46,7 @@ def score_main(argv: Sequence[str], env: DistEnv | None = None) -> dict:
 
     from .api import score
     from .config import CONFIG_FIELDS
-    from .inputs.files import read_lines, read_references, read_sources
+    from .inputs.files import read_lines, read_references
     from .scoring import registry
     from .scoring.names import accepted_metric_names, parse_metric_names
 
@@ -72,7 +72,7 @@ def score_main(argv: Sequence[str], env: DistEnv | None = None) -> dict:
     if not preds:
         raise DataError(f"{args.predictions}: no lines; expected one prediction per line")
     streams = [read_references(Path(r), len(preds), args.predictions, "prediction") for r in args.references]
-    sources = read_sources(Path(args.sources), len(preds), args.predictions) if args.sources else None
+    sources = read_references(Path(args.sources), len(preds), args.predictions, "prediction", "source") if args.sources else None
     kwargs = dict(metrics=args.metrics, task=args.task, reference_layout="streams", sources=sources, **options)
     if env is None or env.world_size == 1 or not any(n in registry.names() for n in names):
         return score(preds, streams, **kwargs)

@@ -137,21 +137,13 @@ def check_lines(path: Path, texts: Sequence[str], what: str) -> list[str]:
     return list(texts)
 
 
-def read_references(path: Path, n_lines: int, against: str, per: str) -> list[str]:
-    """A reference file: `n_lines` non-empty lines, one per `per` line of the file `against`."""
-    refs = read_lines(path)
-    if len(refs) != n_lines:
-        raise DataError(f"{path}: {len(refs)} lines but {against} has {n_lines}; expected one reference per {per} line")
-    return check_lines(path, refs, "reference")
-
-
-def read_sources(path: Path, n_lines: int, against: str) -> list[str]:
-    """A source file beside predictions (score, compare): `n_lines` non-empty lines, one per
-    line of the file `against`."""
-    sources = read_lines(path)
-    if len(sources) != n_lines:
-        raise DataError(f"{path}: {len(sources)} lines but {against} has {n_lines}; expected one source per prediction line")
-    return check_lines(path, sources, "source")
+def read_references(path: Path, n_lines: int, against: str, per: str, what: str = "reference") -> list[str]:
+    """A file of `what` texts (references; sources beside predictions for score and compare):
+    `n_lines` non-empty lines, one per `per` line of the file `against`."""
+    texts = read_lines(path)
+    if len(texts) != n_lines:
+        raise DataError(f"{path}: {len(texts)} lines but {against} has {n_lines}; expected one {what} per {per} line")
+    return check_lines(path, texts, what)
 
 
 def _check_count(path: Path, n_lines: int, against: Path, per: str) -> None:

@@ -96,7 +96,7 @@ def iter_hf_examples(cfg: EvalConfig, need_targets: bool, fields: Sequence[str] 
             targets = _references(values, tgt_col, where, base) if has_targets else [None] * len(ids)
             for row, value in enumerate(ids, start=base):
                 unique.add(value, row)
-            named = [_field_texts(values(name), name, where, base) for name in fields]
+            named = [_texts(values(name), name, where, base, what=name) for name in fields]
             rows_fields = [dict(zip(fields, row)) for row in zip(*named)] if fields else [None] * len(ids)
             yield from (Example(i, s, t, f) for i, s, t, f in zip(ids, sources, targets, rows_fields))
             base += len(ids)
@@ -243,13 +243,9 @@ def _values(ds: Any, path: str) -> list[Any]:
     return values
 
 
-def _texts(values: list[Any], path: str, where: str, base: int = 0) -> list[str]:
-    check_texts(values, "source", lambda i: f"{where} row {base + i} column {path!r}")
-    return values
-
-
-def _field_texts(values: list[Any], path: str, where: str, base: int) -> list[str]:
-    check_texts(values, path, lambda i: f"{where} row {base + i} column {path!r}")
+def _texts(values: list[Any], path: str, where: str, base: int = 0, what: str = "source") -> list[str]:
+    """A column's values, each checked as a `what` text (inputs.checks), the row named."""
+    check_texts(values, what, lambda i: f"{where} row {base + i} column {path!r}")
     return values
 
 
