@@ -124,12 +124,12 @@ def _data_stamp(options: dict[str, Any]) -> list[list[Any]] | None:
     data file changed between two evaluations makes them differ. In-memory sources are in the
     options themselves; a hub dataset has no files here."""
     from .config import EvalConfig
-    from .outputs.locations import data_files
+    from .outputs.locations import data_stamp
 
     if options.get("sources") is not None:
         return None
     try:
         cfg = EvalConfig(**{k: options[k] for k in _DATA_OPTIONS if options.get(k) is not None})
-        return [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in data_files(cfg)]
+        return data_stamp(cfg)
     except (EvalError, OSError):
         return None  # evaluate() says what is wrong with them

@@ -21,12 +21,12 @@ _ESCAPES = {ord(c): f"\\u{ord(c):04x}" for c in LINE_BREAKS_JSON_KEEPS}
 
 # One encoder for every record: json.dumps builds a new JSONEncoder per call when given options,
 # a fifth of rank 0's tail on a million pseudolabels.
-_encode = json.JSONEncoder(ensure_ascii=False).encode
+encode = json.JSONEncoder(ensure_ascii=False).encode
 
 
 def encode_line(value: Any) -> str:
     """`value` as JSON text with no character any line splitter ends a line at (no newline added)."""
-    text = _encode(value)
+    text = encode(value)
     # Most text is ASCII (one C pass); the rest is scanned for the three before any copy.
     if text.isascii() or not any(c in text for c in LINE_BREAKS_JSON_KEEPS):
         return text

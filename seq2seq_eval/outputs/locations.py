@@ -17,7 +17,7 @@ import errno
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..config import EvalConfig
 from ..errors import OutputError
@@ -66,6 +66,12 @@ def data_files(cfg: EvalConfig) -> list[Path]:
     """The local data files a run reads (a local dataset's files, the legacy layout's files of
     --type_path, a .jsonl file, --input_path and --reference_path)."""
     return [r.path for r in _data_roles(cfg)]
+
+
+def data_stamp(cfg: EvalConfig) -> list[list[Any]]:
+    """Each local data file (data_files) with its size and modification time: what tells that a
+    file changed without reading it (the examples cache, the training callback)."""
+    return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in data_files(cfg)]
 
 
 def _data_roles(cfg: EvalConfig) -> list[Role]:

@@ -4,7 +4,6 @@ metrics as it goes (write_outputs)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -15,7 +14,9 @@ from typing import Any
 from ..atomic import dumps
 from ..config import EvalConfig
 from ..inputs.examples import Example
-from .jsonl import encode_line
+# encode: one encoder for every record (outputs/jsonl.py); encode_line: the same with the
+# characters line splitters break at escaped, for a line of a JSON Lines file.
+from .jsonl import encode, encode_line
 from ..scoring.totals import MetricTotals
 from .locations import _one_line, planned_outputs, run_inputs, run_outputs
 from .parts import Parts, add_scores, complete, concatenated, legacy_ends, scores_of
@@ -26,12 +27,6 @@ from .shuffle import ROWS_PER_CHUNK, prefetched
 logger = logging.getLogger("seq2seq_eval")
 
 
-# One encoder for every record: json.dumps builds a new JSONEncoder per call when given options,
-# a fifth of rank 0's tail on a million pseudolabels. Same output as json.dumps(x, ensure_ascii=False).
-_encode = json.JSONEncoder(ensure_ascii=False).encode
-# A line of a JSON Lines file: the same, but U+0085, U+2028 and U+2029 escaped, so a reader
-# that splits lines with str.splitlines() sees one line per example (outputs/jsonl.py).
-_encode_line = encode_line
 
 
 def _indented(value: Any, level: int) -> str:
@@ -42,14 +37,14 @@ def _indented(value: Any, level: int) -> str:
             return "[]"
         pad = " " * (level + 1)
         return "[\n" + ",\n".join(pad + _indented(v, level + 1) for v in value) + "\n" + " " * level + "]"
-    return _encode(value)
+    return encode(value)
 
 
 def _legacy_record(record: Mapping[str, Any]) -> bytes:
     """One element of json.dumps(list, ensure_ascii=False, sort_keys=True, indent=1): the same
     bytes as dumping the whole list at once, written one element at a time. Values are strings,
     numbers, None or lists of them (tested against json.dumps)."""
-    items = ",\n".join(f"  {_encode(k)}: {_indented(record[k], 2)}" for k in sorted(record))
+    items = ",\n".join(f"  {encode(k)}: {_indented(record[k], 2)}" for k in sorted(record))
     return (" {\n" + items + "\n }").encode("utf-8")
 
 
@@ -69,7 +64,7 @@ def output_lines(cfg: EvalConfig, examples: Sequence[Example], records: Sequence
             b",\n" + _legacy_record({"id": e.id, "source": e.source, "target": target_list(e.target), "preds": p})
             for e, p in zip(examples, preds)]
         lines["out_jsonl"] = [
-            (_encode_line({"id": e.id, "source": e.source, "target": target_list(e.target), "candidates": p,
+            (encode_line({"id": e.id, "source": e.source, "target": target_list(e.target), "candidates": p,
                            "scores": r.get("scores")})
              + "\n").encode("utf-8")
             for e, p, r in zip(examples, preds, records)]
@@ -201,4 +196,4 @@ def _example_line(e: Example, prediction: str, scores: Mapping[str, float] | Non
     """
     row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": prediction}
     row.update(scores or {})
-    return (_encode_line(row) + "\n").encode("utf-8")
+    return (encode_line(row) + "\n").encode("utf-8")

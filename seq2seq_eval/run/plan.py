@@ -189,6 +189,11 @@ rows; not measured with beams). Not measured on a GPU: there a decoder-only mode
 DEFAULT_MAX_TOKENS."""
 
 
+def _engine_key(engine: str, half: bool) -> str:
+    """The key of DEFAULT_MAX_TOKENS and STEP_OVERHEAD: the engine, or the HF engine in fp16/bf16."""
+    return "hf_half" if engine == "hf" and half else engine
+
+
 def batch_budget(bs: int | None, max_tokens: int | None, device_type: str, engine: str = "hf",
                  half: bool = False, causal: bool = False, beams: int = 1) -> tuple[int | None, int | None]:
     """(bs, max_tokens), exactly one of them set: --max_tokens when given, else --bs when given,
@@ -199,8 +204,7 @@ def batch_budget(bs: int | None, max_tokens: int | None, device_type: str, engin
         return None, max_tokens
     if bs is not None:
         return bs, None
-    key = "hf_half" if engine == "hf" and half else engine
-    budgets = DEFAULT_MAX_TOKENS.get(key, DEFAULT_MAX_TOKENS["hf"])
+    budgets = DEFAULT_MAX_TOKENS.get(_engine_key(engine, half), DEFAULT_MAX_TOKENS["hf"])
     if causal and (device_type == "cpu" or device_type not in budgets):  # unlisted devices take the CPU's
         return None, max(1, CAUSAL_MAX_TOKENS.get(engine, CAUSAL_MAX_TOKENS["hf"])["cpu"] // max(1, beams))
     return None, budgets.get(device_type, budgets["cpu"])
@@ -226,15 +230,16 @@ this factor of the lowest (default_plan)."""
 
 def step_overhead(device_type: str, engine: str = "hf", half: bool = False) -> float:
     """STEP_OVERHEAD for the engine and device (`half`: the HF engine in fp16/bf16)."""
-    key = "hf_half" if engine == "hf" and half else engine
-    overheads = STEP_OVERHEAD.get(key, STEP_OVERHEAD["hf"])
+    overheads = STEP_OVERHEAD.get(_engine_key(engine, half), STEP_OVERHEAD["hf"])
     return overheads.get(device_type, overheads["cpu"])
 
 
-def rank_loads(batches: Sequence[Batch] | Plan, world_size: int) -> np.ndarray:
-    """Each rank's estimated cost under assign_batches' deal; a rank with no batch has 0."""
+def rank_loads(batches: Sequence[Batch] | Plan, world_size: int, deal: list[list[int]] | None = None) -> np.ndarray:
+    """Each rank's estimated cost under assign_batches' deal (`deal`: that deal, already made);
+    a rank with no batch has 0."""
     costs = _costs(batches)
-    return np.asarray([costs[np.asarray(share, np.int64)].sum() for share in assign_batches(batches, world_size)])
+    shares = deal if deal is not None else assign_batches(batches, world_size)
+    return np.asarray([costs[np.asarray(share, np.int64)].sum() for share in shares])
 
 
 def _largest_budget(sorted_lengths: np.ndarray, batches: int, upper: int) -> int:

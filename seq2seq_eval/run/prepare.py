@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 from .. import engines
 from ..config import PROMPT_OPTIONS, EvalConfig
@@ -32,13 +31,14 @@ from ..model.settings import (
     source_prefix,
     task_entry,
 )
-from ..outputs.locations import data_files
+from ..outputs.locations import data_stamp
 from ..atomic import write_json_atomic
 from ..inputs.store import ROWS_PER_BATCH, ExampleStore, write_blocks
 from ..inputs.prompts import Prompts, build_prompts, template_fields
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
-from .plan import Plan, assign_batches, batch_budget, default_plan, make_batches, padding_efficiency, plan_digest, step_overhead
+from .plan import (Plan, assign_batches, batch_budget, default_plan, make_batches, padding_efficiency, plan_digest,
+                   rank_loads, step_overhead)
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -97,7 +97,7 @@ def _data_key(cfg: EvalConfig) -> str:
     """What the examples cache depends on: the input options and, for local files, their size
     and modification time (a changed file is converted again; its new fingerprint then tells a
     --resume that the data changed)."""
-    stamp = [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in data_files(cfg)]
+    stamp = data_stamp(cfg)
     options = [_canonical(cfg.input_path or cfg.dataset or cfg.data_dir), cfg.reference_path, cfg.dataset_config, cfg.split, cfg.type_path, cfg.n_obs,
                cfg.source_column, cfg.target_column, cfg.id_column, cfg.src_lang, cfg.tgt_lang, cfg.pseudolabels]
     fields = template_fields(cfg.prompt_template)
@@ -314,7 +314,7 @@ def idle_ranks_warning(prep: Prepared, world_size: int) -> str | None:
 
 def describe_plan(prep: Prepared, world_size: int) -> str:
     deal = assign_batches(prep.batches, world_size)
-    loads = np.asarray([prep.batches.cost[np.asarray(share, np.int64)].sum() for share in deal])
+    loads = rank_loads(prep.batches, world_size, deal)
     lines = [
         f"{len(prep.store)} examples from {prep.store.origin}, {len(prep.batches)} batches ({describe_budget(prep)}), "
         f"source padding efficiency {padding_efficiency(prep.batches, prep.tokens.lengths):.3f}",
