@@ -20,7 +20,11 @@ from its start to its exit (imports, model loading, tokenizing, generating, writ
   (c) tool ct2     the same with --engine ctranslate2 (float32; converted once before the rounds,
                    the conversion's time reported apart, as a later run finds it cached);
   (d) tool ct2 int8  the same with --compute_type int8: CTranslate2's own arithmetic, so not the
-                   same outputs (their agreement is printed); no goal, a figure for the reader.
+                   same outputs (their agreement is printed); no goal, a figure for the reader;
+  (e) bare ct2     CTranslate2 alone, what (c) could at best be: the converted model of (c), every
+                   prompt in one generate_batch call (float32, --threads workers of one thread,
+                   its own length-sorted parts of --bare_part prompts), nothing of the tool around
+                   it; no goal.
 
 Every process gets OMP_NUM_THREADS=--threads (torch's threads, CTranslate2's intra_threads). The
 outputs are compared line by line (the number of identical continuations). Prints the seconds,
@@ -108,6 +112,32 @@ def loop(model_dir: str, prompt_file: str, out_file: str, bs: int, max_new_token
     Path(out_file).write_text("".join(" ".join(line.splitlines()) + "\n" for line in out), encoding="utf-8")
 
 
+def bare(ct2_dir: str, model_dir: str, prompt_file: str, out_file: str, part: int, max_new_tokens: int) -> None:
+    """(e): the tokens of the prompts the tool's tokenizer gives, one generate_batch call."""
+    import ctranslate2
+    from transformers import AutoTokenizer
+
+    threads = int(os.environ["OMP_NUM_THREADS"])
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    generator = ctranslate2.Generator(ct2_dir, device="cpu", compute_type="float32", inter_threads=threads,
+                                      intra_threads=1)
+    texts = Path(prompt_file).read_text(encoding="utf-8").splitlines()
+    prompts = [tok.convert_ids_to_tokens(ids) for ids in tok(texts)["input_ids"]]
+    results = generator.generate_batch(prompts, max_batch_size=part, max_length=max_new_tokens,
+                                       include_prompt_in_result=False, end_token=tok.eos_token)
+    out = [tok.decode(r.sequences_ids[0], skip_special_tokens=True, clean_up_tokenization_spaces=False).strip()
+           for r in results]
+    Path(out_file).write_text("".join(" ".join(line.splitlines()) + "\n" for line in out), encoding="utf-8")
+
+
+def converted_folder(cache: Path) -> str:
+    """The one conversion in the tool's cache (made before the rounds)."""
+    found = sorted({str(f.parent) for f in cache.rglob("model.bin")})
+    if len(found) != 1:
+        raise SystemExit(f"{cache}: expected one converted model, found {len(found)}")
+    return found[0]
+
+
 def timed(cmd: list[str], env: dict[str, str]) -> float:
     t = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -130,13 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--bs", type=int, default=16, help="the loop's batch size (lm-evaluation-harness's 16)")
     p.add_argument("--out", default="bench_causal")
-    p.add_argument("--contenders", default="loop,tool,tool ct2,tool ct2 int8",
-                   help="which of (a)-(d) to run, comma-separated (the loop always runs: it is the baseline)")
+    p.add_argument("--contenders", default="loop,tool,tool ct2,tool ct2 int8,bare ct2",
+                   help="which of (a)-(e) to run, comma-separated (the loop always runs: it is the baseline)")
+    p.add_argument("--bare_part", type=int, default=64, help="(e)'s max_batch_size")
     p.add_argument("--_loop", nargs=5, help=argparse.SUPPRESS)
+    p.add_argument("--_bare", nargs=6, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args._loop:
         model_dir, prompt_file, out_file, bs, new = args._loop
         loop(model_dir, prompt_file, out_file, int(bs), int(new))
+        return 0
+    if args._bare:
+        ct2_dir, model_dir, prompt_file, out_file, part, new = args._bare
+        bare(ct2_dir, model_dir, prompt_file, out_file, int(part), int(new))
         return 0
 
     out = Path(args.out).resolve()
@@ -152,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {"loop", *(name.strip() for name in args.contenders.split(","))}
     try:
         import ctranslate2  # noqa: F401
-        with_ct2 = bool(wanted & {"tool ct2", "tool ct2 int8"})
+        with_ct2 = bool(wanted & {"tool ct2", "tool ct2 int8", "bare ct2"})
     except ImportError:
         with_ct2 = False
         print("ctranslate2 is not installed: (c) and (d) are left out")
@@ -165,12 +201,15 @@ def main(argv: list[str] | None = None) -> int:
         "tool": [*tool, "--save_dir", str(out / "tool")],
         **({"tool ct2": [*tool, "--engine", "ctranslate2", "--save_dir", str(out / "tool_ct2")],
             "tool ct2 int8": [*tool, "--engine", "ctranslate2", "--compute_type", "int8",
-                              "--save_dir", str(out / "tool_ct2_int8")]} if with_ct2 else {}),
+                              "--save_dir", str(out / "tool_ct2_int8")],
+            "bare ct2": [sys.executable, str(Path(__file__).resolve()), "--_bare", converted_folder(cache),
+                         str(model_dir), str(prompt_file), str(out / "bare_ct2.txt"), str(args.bare_part),
+                         str(args.max_new_tokens)]} if with_ct2 else {}),
     }
     commands = {name: cmd for name, cmd in commands.items() if name in wanted}
     outputs = {"loop": out / "loop.txt", "tool": out / "tool" / "test_generations.txt",
                "tool ct2": out / "tool_ct2" / "test_generations.txt",
-               "tool ct2 int8": out / "tool_ct2_int8" / "test_generations.txt"}
+               "tool ct2 int8": out / "tool_ct2_int8" / "test_generations.txt", "bare ct2": out / "bare_ct2.txt"}
     rounds = []
     for r in range(args.rounds):
         seconds = {}
@@ -182,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {r + 1}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items()))
     texts = {name: lines_of(outputs[name]) for name in commands}
     same = {f"{a} = {b}": sum(x == y for x, y in zip(texts[a], texts[b]))
-            for a, b in (("tool", "loop"), ("tool ct2", "loop"), ("tool ct2", "tool"), ("tool ct2 int8", "tool"))
+            for a, b in (("tool", "loop"), ("tool ct2", "loop"), ("tool ct2", "tool"), ("tool ct2 int8", "tool"),
+                         ("bare ct2", "loop"))
             if a in texts and b in texts}
     ratios = {name: statistics.median(rd["loop"] / rd[name] for rd in rounds) for name in commands if name != "loop"}
     if "tool ct2" in ratios:

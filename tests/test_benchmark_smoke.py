@@ -285,6 +285,32 @@ def test_causal_benchmark_runs(tmp_path):
     assert set(report["rounds"][0]) == {"loop", "tool"} and set(report["median_ratios"]) == {"tool"}
 
 
+def test_causal_benchmarks_bare_ctranslate2_contender_runs(tmp_path):
+    """(e) of benchmarks/causal.py, CTranslate2 alone on the conversion the tool made: the loop's
+    outputs (greedy, float32, the tiny model) and a time recorded."""
+    pytest.importorskip("ctranslate2", reason='the ctranslate2 extra is not installed (pip install -e ".[ctranslate2]")')
+    out = tmp_path / "causal"
+    proc = bench("causal.py", ["--size", "tiny", "--n", "12", "--max_new_tokens", "4", "--threads", "2",
+                               "--contenders", "bare ct2", "--out", str(out)], tmp_path)
+    assert "identical outputs: bare ct2 = loop: 12 of 12" in proc.stdout
+    report = json.loads((out / "results.json").read_text())
+    assert set(report["rounds"][0]) == {"loop", "bare ct2"} and report["rounds"][0]["bare ct2"] > 0
+
+
+def test_ct2_layout_benchmark_runs(tmp_path):
+    """benchmarks/ct2_layout.py on small models: both layouts run (the one-worker layout is set by
+    replacing the engine's cpu_layout in the child: a renamed method would fail here) and give the
+    same generations."""
+    pytest.importorskip("ctranslate2", reason='the ctranslate2 extra is not installed (pip install -e ".[ctranslate2]")')
+    out = tmp_path / "layout"
+    bench("ct2_layout.py", ["--small", "--rounds", "1", "--n_translate", "8", "--n_prompts", "8", "--out", str(out)],
+          tmp_path)
+    report = json.loads((out / "results.json").read_text())
+    assert {job: r["same_generations"] for job, r in report.items() if job != "threads"} == {
+        "translate": True, "causal": True}
+    assert all(set(r["rounds"][0]) == {"workers", "one worker"} for job, r in report.items() if job != "threads")
+
+
 @pytest.mark.parametrize("engine", ["hf", "ctranslate2"])
 def test_balance_benchmark_jobs_pass_the_dry_run_on_each_engine(tiny_model, tmp_path, engine):
     """benchmarks/balance.py's job arguments, on a model that searches with beams, pass the dry run

@@ -31,7 +31,7 @@ from seq2seq_eval.run.dist import DistEnv
 pytest.importorskip("ctranslate2", reason='the ctranslate2 extra is not installed (pip install -e ".[ctranslate2]")')
 torch = pytest.importorskip("torch")
 
-from seq2seq_eval.engines import ct2_generator  # noqa: E402
+from seq2seq_eval.engines import ct2, ct2_generator  # noqa: E402
 from seq2seq_eval.engines.ct2 import translate_options  # noqa: E402
 from seq2seq_eval.engines.hf import HFEngine  # noqa: E402
 
@@ -138,6 +138,63 @@ def test_an_end_token_among_the_first_steps_candidates_in_beam_search(tiny):
     # ... and the HF engine's batches, which pad after the end token, cut there too
     assert HFEngine(_model(tiny["llama"]), s.tokenizer, s.gc, torch.device("cpu"), causal=True).generate(
         prompts, 0).preds == texts
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("name, options", [
+    ("llama", {}),
+    ("llama", {**BEAMS, "num_return_sequences": 3}),
+    ("qwen2", {"min_new_tokens": 4}),
+])
+def test_workers_on_cpu_give_the_loop(tiny, monkeypatch, threads, name, options):
+    """A rank's threads as CTranslate2 workers of one thread each, each given a part of a call
+    (ct2_generator.parts): the same continuations and scores as the one-prompt-at-a-time loop."""
+    s = _checked(tiny[name], **options)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+    engine = engines.load(dataclasses.replace(s.cfg, engine="ctranslate2"), tokenizer=s.tokenizer,
+                          model_config=s.model_config, generation_config=s.gc, device=torch.device("cpu"),
+                          env=DistEnv(), kind=CAUSAL)
+    assert engine.workers == engine.model.num_generators == threads
+    prompts = s.ids()
+    out = engine.generate(prompts, 0)
+    texts, counts, scores = _reference(s, prompts)
+    assert out.preds == texts and out.n_tokens == counts
+    if scores[0] is not None:
+        assert _flat(out.scores) == pytest.approx(_flat(scores), rel=1e-4, abs=1e-5)
+
+
+def test_sampling_on_several_workers_is_one_workers(tiny, monkeypatch):
+    """A sampled batch runs on a model of one worker with all the rank's threads (each worker
+    draws from its own generator): the same samples again, and the samples of a one-thread rank."""
+    s = _checked(tiny["llama"], do_sample=True, top_k=0, temperature=1.5, max_new_tokens=12)
+    prompts = s.ids()
+    samples = {}
+    for threads in (1, 2):
+        monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+        engine = engines.load(dataclasses.replace(s.cfg, engine="ctranslate2"), tokenizer=s.tokenizer,
+                              model_config=s.model_config, generation_config=s.gc, device=torch.device("cpu"),
+                              env=DistEnv(), kind=CAUSAL)
+        samples[threads] = [engine.generate(prompts, 3).preds for _ in range(2)]
+        assert samples[threads][0] == samples[threads][1]
+    assert samples[1][0] == samples[2][0]
+    assert samples[1][0] != engine.generate(prompts, 4).preds  # another batch index, other samples
+
+
+@pytest.mark.parametrize("lengths, workers, new", [
+    ([5, 3, 9, 9, 1, 4, 7], 2, 4), ([5, 3, 9, 9, 1, 4, 7], 3, 0), ([6] * 5, 2, 10), ([2], 4, 8),
+    ([40, 1, 1, 1, 1], 2, 0), ([3, 8], 5, 1), ([10, 9, 8, 7, 6, 5, 4, 3, 2, 1], 1, 3),
+])
+def test_parts_are_runs_in_length_order_of_about_equal_work(lengths, workers, new):
+    positions = list(range(len(lengths)))
+    runs = ct2.parts(positions, lengths, workers, new)
+    flat = [i for run in runs for i in run]
+    assert flat == sorted(positions, key=lambda i: (-lengths[i], i))  # every prompt once, longest first
+    assert len(runs) == min(workers, len(lengths)) and all(runs)
+    work = [sum(lengths[i] + new for i in run) for run in runs]
+    biggest = max(n + new for n in lengths)
+    assert max(work) <= sum(work) / len(runs) + biggest  # no run more than one prompt over its share
+    subset = positions[1::2]  # a call holds some of a batch's positions
+    assert sorted(i for run in ct2.parts(subset, lengths, workers, new) for i in run) == subset
 
 
 def test_calls_and_options():

@@ -18,8 +18,9 @@ at a time (`groups`):
   beam but the first (a guard against short hypotheses of its own); generate() does not.
 
 So in beam search each call holds prompts of one length; with one beam, prompts of one token are
-kept apart from longer ones. What reads the tokens of the decoding loop (repetition penalties,
-banned n-grams) would see a part of the prompt that depends on the batch: engines/ct2_rules.py's
+kept apart from longer ones; on CPU each call is cut into parts for the workers (engines/ct2.py's
+`parts`), and every part of every call is queued before any is awaited. What reads the tokens of
+the decoding loop (repetition penalties, banned n-grams) would see a part of the prompt that depends on the batch: engines/ct2_rules.py's
 GENERATOR refuses those settings.
 """
 
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError, first_line
-from .ct2 import CT2Engine, Found, Mapping
+from .ct2 import CT2Engine, Found, Mapping, parts
 
 
 def generate_options(m: Mapping) -> dict[str, Any]:
@@ -107,8 +108,14 @@ class GeneratorEngine(CT2Engine):
         options = generate_options(self.mapping)
         found: Found = [[] for _ in batch_ids]
         beams = int(options["beam_size"]) > 1
-        for call in groups([len(ids) for ids in batch_ids], one_length=beams):
-            prompts = [self.tokenizer.convert_ids_to_tokens(list(batch_ids[i])) for i in call]
-            for i, result in zip(call, model.generate_batch(prompts, **options)):
-                found[i] = [(list(ids), float(s)) for ids, s in zip(result.sequences_ids, result.scores)]
+        lengths = [len(ids) for ids in batch_ids]
+        runs = [run for call in groups(lengths, one_length=beams)
+                for run in parts(call, lengths, model.num_generators, int(options["max_length"]))]
+        # Every part is queued before any is awaited: the workers run them at once.
+        pending = [(run, model.generate_batch([self.tokenizer.convert_ids_to_tokens(list(batch_ids[i])) for i in run],
+                                              asynchronous=True, **options)) for run in runs]
+        for run, results in pending:
+            for i, result in zip(run, results):
+                done = result.result()
+                found[i] = [(list(ids), float(s)) for ids, s in zip(done.sequences_ids, done.scores)]
         return found
