@@ -27,9 +27,7 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,15 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 ONE_WORKER = ("from seq2seq_eval.engines import ct2; "
               "ct2.CT2Engine.cpu_layout = classmethod(lambda cls, t: {'inter_threads': 1, 'intra_threads': t}); "
               "from seq2seq_eval.cli import main; raise SystemExit(main())")
-
-
-def timed(cmd: list[str], env: dict[str, str]) -> float:
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[:6])} ... failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return seconds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="bench_ct2_layout")
     args = p.parse_args(argv)
     import causal
+    from causal import timed
     from throughput import build_opus_size
 
     out = Path(args.out).resolve()
