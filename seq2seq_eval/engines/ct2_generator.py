@@ -20,8 +20,8 @@ at a time (`groups`):
 So in beam search each call holds prompts of one length; with one beam, prompts of one token are
 kept apart from longer ones; on CPU each call is cut into parts for the workers (engines/ct2.py's
 `parts`), and every part of every call is queued before any is awaited. What reads the tokens of
-the decoding loop (repetition penalties, banned n-grams) would see a part of the prompt that depends on the batch: engines/ct2_rules.py's
-GENERATOR refuses those settings.
+the decoding loop (repetition penalties, banned n-grams) would see a part of the prompt that
+depends on the batch: engines/ct2_rules.py's GENERATOR refuses those settings.
 """
 
 from __future__ import annotations

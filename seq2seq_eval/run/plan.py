@@ -185,8 +185,8 @@ CPU (benchmarks/budget.py, 2 threads, a random 59M-parameter Llama-style model, 
 6 to 97 tokens, 32 new tokens, one round; samples/s at 1024, 2048, 4096, 8192): the HF engine 14.9, 17.0,
 17.5, 16.5; CTranslate2 9.4, 11.4, 12.2, 13.0, with one worker of 2 threads. With 2 workers of
 1 thread (the engine's layout since), whole runs of 500 such prompts took 31.6, 28.8, 27.8 s at
-2048, 4096, 8192 and 27.3 s at 16384, one round each: 8192 kept. With beams the budget is divided by num_beams,
-so that a batch holds the rows it holds in greedy search (a decoder step's cost grows with its
+2048, 4096, 8192 and 27.3 s at 16384, one round each: 8192 kept. With beams the budget is divided
+by num_beams, so that a batch holds the rows it holds in greedy search (a decoder step's cost grows with its
 rows; not measured with beams). Not measured on a GPU: there a decoder-only model takes
 DEFAULT_MAX_TOKENS."""
 
