@@ -9,6 +9,8 @@ cannot honour is an error naming it, never dropped), and the engine itself (`loa
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from ..config import EvalConfig
@@ -37,6 +39,10 @@ def check(cfg: EvalConfig, model_config: Any, generation_config: Any, tokenizer:
         from . import ct2
 
         ct2.check(cfg, model_config, generation_config, tokenizer, device_type, causal=kind == CAUSAL)
+        from ..model.converted import is_converted_folder
+
+        if is_converted_folder(cfg.model_name):  # a folder to convert is checked once converted (load)
+            _ct2_class(kind).check_folder(Path(os.path.expanduser(cfg.model_name)), tokenizer)
         return
     from .rules import HF_RULES, check as check_rules
 
@@ -49,14 +55,18 @@ def load(cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_confi
     """This rank's engine. `model`: an already loaded PyTorch model for the HF engine (else it is
     loaded from --model_name); `kind`: the model's kind (model/kind.py)."""
     if cfg.engine == "ctranslate2":
-        from . import ct2, ct2_generator
-
-        engine = ct2_generator.GeneratorEngine if kind == CAUSAL else ct2.CT2Engine
-        return engine.load(cfg, tokenizer=tokenizer, model_config=model_config, generation_config=generation_config,
-                           device=device, env=env)
+        return _ct2_class(kind).load(cfg, tokenizer=tokenizer, model_config=model_config,
+                                     generation_config=generation_config, device=device, env=env)
     from ..model.settings import load_model
     from .hf import HFEngine
 
     if model is None:
         model = load_model(cfg, device, kind)
     return HFEngine(model, tokenizer, generation_config, device, seed=cfg.seed, causal=kind == CAUSAL)
+
+
+def _ct2_class(kind: str) -> Any:
+    """CTranslate2's engine for the model's kind: the Generator's for a decoder-only model."""
+    from . import ct2, ct2_generator
+
+    return ct2_generator.GeneratorEngine if kind == CAUSAL else ct2.CT2Engine

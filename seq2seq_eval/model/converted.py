@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,10 @@ from .kind import CAUSAL, kind_of
 # encoder-decoder's Translator and a decoder-only model's Generator.
 SEQ2SEQ_SPEC = "TransformerSpec"
 DECODER_SPEC = "TransformerDecoderSpec"
+MAX_FORMAT_VERSION = 1000
+"""Above any binary version CTranslate2 has written (6 in 4.x), far below what the first four
+bytes of another kind of file read as."""
+SPEC_NAME = re.compile(rb"[A-Za-z_][A-Za-z0-9_]*\0")
 
 
 def is_converted_folder(name: str) -> bool:
@@ -36,10 +41,16 @@ def converted_spec(folder: str) -> str:
     try:
         with open(path, "rb") as f:
             header = f.read(6)
-            (length,) = struct.unpack("<H", header[4:6])
-            return f.read(length).rstrip(b"\0").decode("utf-8")
-    except (OSError, struct.error, UnicodeDecodeError) as e:
+            version, length = struct.unpack("<IH", header)
+            name = f.read(length)
+    except (OSError, struct.error) as e:
         raise ModelError(f"{path}: not a CTranslate2 model file ({first_line(e)})") from e
+    # A file CTranslate2 did not write (a git-lfs pointer, a PyTorch checkpoint) has other bytes
+    # there: no small format version, no NUL-terminated name of a specification class.
+    if not 0 < version <= MAX_FORMAT_VERSION or len(name) != length or not SPEC_NAME.fullmatch(name):
+        raise ModelError(f"{path}: not a CTranslate2 model file (its first bytes are {header[:6]!r}, not a format "
+                         "version and a model specification's name)")
+    return name[:-1].decode("ascii")
 
 
 def converted_model_config(folder: str, tokenizer_name: str | None, tokenizer: Any) -> tuple[Any, Any]:

@@ -41,12 +41,17 @@ def model_generation_config(name: str) -> Any:
     from transformers import GenerationConfig
 
     own = Path(os.path.expanduser(name)) / "generation_config.json"
+    # There, whatever it is: a link to a file that is gone, or a folder, is an error too, not a
+    # fallback to config.json's settings (which would drop the model's own).
+    present = os.path.lexists(own)
     try:
         return GenerationConfig.from_pretrained(os.path.expanduser(name))
-    except ValueError as e:  # read, and refused by transformers (a value of the wrong kind)
-        raise ModelError(f"{own if own.is_file() else name}: not a usable generation config ({first_line(e)})") from e
+    except (ValueError, TypeError, AttributeError) as e:
+        # Read, and refused by transformers: a value of the wrong kind (ValueError), a file that is
+        # not a JSON object (TypeError) or a sub-config that is not an object (AttributeError).
+        raise ModelError(f"{own if present else name}: not a usable generation config ({first_line(e)})") from e
     except OSError as e:
-        if own.is_file():
+        if present:
             raise ModelError(f"{own}: not a readable generation config ({first_line(e)})") from e
     try:
         return GenerationConfig.from_pretrained(os.path.expanduser(name), config_file_name="config.json",

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import COPY_BYTES, dumps, fsync_dir, write_atomic, write_error
-from ..errors import OutputError
+from ..errors import OutputError, first_line
 from .digest import ContentHash, file_digest
 from .record import INTENT, STAGING, Entry, OutputRecord, locked, read_intent
 
@@ -175,12 +175,18 @@ class Staging:
                 intent_written = True
                 _apply(self.folder, intent)
                 _finish(self.folder, intent, record)
-        except BaseException:
+        except BaseException as e:
             if not intent_written:
                 self.discard()
-            else:  # the intent says what to do: the next command completes or undoes it
-                with contextlib.suppress(Exception):
-                    recover(self.folder)
+                raise
+            # The intent says what to do: done here, else by the next command in the folder.
+            try:
+                outcome = "completed from its staged files" if recover(self.folder) else "undone"
+            except Exception:
+                outcome = "left for the next command in this folder to complete or undo"
+            if isinstance(e, OSError):  # a move or a write failed: one line, as any refusal
+                raise OutputError(f"{self.folder}: putting the outputs in place failed ({first_line(e)}); the "
+                                  f"publish was {outcome}") from e
             raise
         finally:
             self._release()
