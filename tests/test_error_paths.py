@@ -395,6 +395,38 @@ def test_a_file_put_where_the_publish_moved_the_tools_own_aside_is_kept_and_the_
     assert OutputRecord(folder).owns(folder / "test_generations.txt")
 
 
+@pytest.mark.parametrize("step, outcome", [("_apply", "completed from its staged files"), ("_remove_staged", "completed")])
+def test_a_publish_that_fails_after_its_intent_says_truly_what_became_of_it(tmp_path, monkeypatch, step, outcome):
+    """An I/O error inside the publish once its intent is written: in a move into place (_apply;
+    recovery then completes it from the staged files), or after the intent was cleared (the
+    staging folder's removal, the last step: the publish was whole already). One OutputError
+    saying which, and one run's complete set in the folder."""
+    folder = tmp_path / "out"
+    publish_set(folder, b"earlier\n")
+    real = getattr(publish, step)
+    calls = []
+
+    def failing(*args, **kwargs):
+        if not calls:  # the publish's own call; recovery's calls go through
+            calls.append(1)
+            if step == "_apply":
+                raise OSError(errno.EIO, "Input/output error")
+            real(*args, **kwargs)
+            raise OSError(errno.EIO, "Input/output error")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(publish, step, failing)
+    staging = Staging(folder, "test", "output")
+    staging.add("test_generations.txt", b"later\n")
+    with pytest.raises(OutputError) as e:
+        staging.publish(("test_bleu.json", lambda removed: b'{"bleu": 2.0}\n'), stale=True)
+    assert str(e.value) == (f"{folder}: putting the outputs in place failed ([Errno 5] Input/output error); the "
+                            f"publish was {outcome}")
+    assert visible(folder) == {"test_bleu.json": b'{"bleu": 2.0}\n', "test_generations.txt": b"later\n"}
+    assert not (folder / INTENT).exists() and not (folder / STAGING).exists()
+    assert all(OutputRecord(folder).owns(folder / name) for name in visible(folder))
+
+
 # The command line, with the first rename onto sys.argv[1] failing as a disk does (EIO).
 FAILING_MOVE = '''
 import errno, os, sys

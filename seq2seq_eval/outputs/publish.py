@@ -179,9 +179,12 @@ class Staging:
             if not intent_written:
                 self.discard()
                 raise
-            # The intent says what to do: done here, else by the next command in the folder.
+            # The intent says what to do: done here, else by the next command in the folder. With
+            # no intent of this run's left, its own _finish had cleared it: the publish was whole.
+            mine = (read_intent(self.folder) or {}).get("run") == self.id
             try:
-                outcome = "completed from its staged files" if recover(self.folder) else "undone"
+                completed = recover(self.folder)
+                outcome = ("completed from its staged files" if completed else "undone") if mine else "completed"
             except Exception:
                 outcome = "left for the next command in this folder to complete or undo"
             if isinstance(e, OSError):  # a move or a write failed: one line, as any refusal
