@@ -185,6 +185,7 @@ def test_sampling_on_several_workers_is_one_workers(tiny, monkeypatch):
     ([40, 1, 1, 1, 1], 2, 0), ([3, 8], 5, 1), ([10, 9, 8, 7, 6, 5, 4, 3, 2, 1], 1, 3),
 ])
 def test_parts_are_runs_in_length_order_of_about_equal_work(lengths, workers, new):
+    assert ct2.parts([], lengths, workers, new) == []  # no input, no run (not one empty run)
     positions = list(range(len(lengths)))
     runs = ct2.parts(positions, lengths, workers, new)
     flat = [i for run in runs for i in run]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,6 +192,8 @@ def parts(positions: Iterable[int], lengths: Sequence[int], workers: int, new_to
     work = [lengths[i] + new_tokens for i in ordered]
     n, total = len(ordered), sum(work)
     runs = min(workers, n)
+    if runs == 0:
+        return []
     cuts, end, done = [0], 0, 0
     for k in range(1, runs):
         start = end
@@ -205,6 +207,19 @@ def parts(positions: Iterable[int], lengths: Sequence[int], workers: int, new_to
 
 Found = list[list[tuple[list[int], float]]]
 """Per example, CTranslate2's hypotheses: (token ids, score), best first."""
+
+
+def gather(runs: Sequence[list[int]], n: int, submit: Callable[[list[int]], list[Any]],
+           hypotheses: Callable[[Any], list[tuple[list[int], float]]]) -> Found:
+    """The hypotheses of a batch of `n` inputs, its `runs` (positions) each submitted as one
+    asynchronous call (`submit`, giving one async result per input); every run is queued before
+    any is awaited, so the workers run them at once."""
+    found: Found = [[] for _ in range(n)]
+    pending = [(run, submit(run)) for run in runs]
+    for run, results in pending:
+        for i, result in zip(run, results):
+            found[i] = hypotheses(result.result())
+    return found
 
 
 class CT2Engine:
@@ -278,18 +293,12 @@ class CT2Engine:
     def search(self, model: Any, batch_ids: Sequence[Sequence[int]]) -> Found:
         """CTranslate2's hypotheses for one batch, as `self.mapping` asks."""
         m = self.mapping
-        found: Found = [[] for _ in batch_ids]
         runs = parts(range(len(batch_ids)), [len(ids) for ids in batch_ids], model.num_translators, 0)
-        # Every part is queued before any is awaited: the workers run them at once.
-        pending = [(run, model.translate_batch(
+        return gather(runs, len(batch_ids), lambda run: model.translate_batch(
             [self.tokenizer.convert_ids_to_tokens(list(batch_ids[i])) for i in run],
             target_prefix=[[m.prefix_token] for _ in run] if m.prefix_token is not None else None,
-            asynchronous=True, **m.options)) for run in runs]
-        for run, results in pending:
-            for i, result in zip(run, results):
-                r = result.result()
-                found[i] = [(self.tokenizer.convert_tokens_to_ids(t), float(s)) for t, s in zip(r.hypotheses, r.scores)]
-        return found
+            asynchronous=True, **m.options),
+            lambda r: [(self.tokenizer.convert_tokens_to_ids(t), float(s)) for t, s in zip(r.hypotheses, r.scores)])
 
     def generate(self, batch_ids: Sequence[Sequence[int]], batch_index: int) -> BatchOutput:
         import ctranslate2

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError, first_line
-from .ct2 import CT2Engine, Found, Mapping, parts
+from .ct2 import CT2Engine, Found, Mapping, gather, parts
 
 
 def generate_options(m: Mapping) -> dict[str, Any]:
@@ -106,16 +106,9 @@ class GeneratorEngine(CT2Engine):
 
     def search(self, model: Any, batch_ids: Sequence[Sequence[int]]) -> Found:
         options = generate_options(self.mapping)
-        found: Found = [[] for _ in batch_ids]
-        beams = int(options["beam_size"]) > 1
         lengths = [len(ids) for ids in batch_ids]
-        runs = [run for call in groups(lengths, one_length=beams)
+        runs = [run for call in groups(lengths, one_length=int(options["beam_size"]) > 1)
                 for run in parts(call, lengths, model.num_generators, int(options["max_length"]))]
-        # Every part is queued before any is awaited: the workers run them at once.
-        pending = [(run, model.generate_batch([self.tokenizer.convert_ids_to_tokens(list(batch_ids[i])) for i in run],
-                                              asynchronous=True, **options)) for run in runs]
-        for run, results in pending:
-            for i, result in zip(run, results):
-                done = result.result()
-                found[i] = [(list(ids), float(s)) for ids, s in zip(done.sequences_ids, done.scores)]
-        return found
+        return gather(runs, len(batch_ids), lambda run: model.generate_batch(
+            [self.tokenizer.convert_ids_to_tokens(list(batch_ids[i])) for i in run], asynchronous=True, **options),
+            lambda r: [(list(ids), float(s)) for ids, s in zip(r.sequences_ids, r.scores)])
