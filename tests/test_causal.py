@@ -249,6 +249,9 @@ LEAK_ROWS = [{"id": "a", "source": "the cat sat", "target": "die Katze sass", "l
 def leak_data(tmp_path) -> Path:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in LEAK_ROWS))
+    # The same rows as CSV, read by the datasets library (a JSON file given to --dataset is not).
+    (tmp_path / "data.csv").write_text("source,target,gloss\n" + "".join(f"{r['source']},{r['target']},{r['gloss']}\n"
+                                                                       for r in LEAK_ROWS))
     return data
 
 
@@ -268,6 +271,8 @@ TR = {"dataset": "{data}", "src_lang": "en", "tgt_lang": "de"}  # WMT's layout: 
      "{data}: --prompt_template names {target}, which is the reference column 'target'"),
     ({"dataset": "{data}", "source_column": "source"}, "{target}: {source}",  # its partner, the reference
      "split test: --prompt_template names {target}, which is the reference column 'target'"),
+    ({"dataset": "{csv}"}, "{source} {target}", "split test: --prompt_template names {target}, which is the reference "
+                                                "column 'target'"),
     (TR, "{source} = {translation.de}", "--prompt_template names {translation.de}, which is the reference column "
                                          "'translation.de'"),
     (TR, "{translation}: {source}", "--prompt_template names {translation}, which holds the reference column "
@@ -288,7 +293,8 @@ TR = {"dataset": "{data}", "src_lang": "en", "tgt_lang": "de"}  # WMT's layout: 
 ])
 def test_a_template_that_would_show_the_reference_is_refused_on_every_input_kind(leak_data, options, template,
                                                                                    message):
-    options = {k: v.replace("{data}", str(leak_data)) for k, v in options.items()}
+    csv = leak_data.with_suffix(".csv")
+    options = {k: v.replace("{data}", str(leak_data)).replace("{csv}", str(csv)) for k, v in options.items()}
     with pytest.raises(ConfigError) as e:
         _read(prompt_template=template, **options)
     said = str(e.value)
@@ -365,11 +371,15 @@ def test_few_shot_checks_on_text_files_chat_templates_and_integer_ids(tiny, tmp_
     integer ids (line numbers, counters) are not compared, so other examples numbered alike are
     accepted; the prompts record that references were not allowed."""
     legacy = write_legacy(tmp_path / "legacy", ["dog", "the cat"], ["ein Hund", "die Katze"])
+    (legacy / "test.target.1").write_text("a dog\nthe tomcat\n")  # a second reference each
     shots = tmp_path / "shots.jsonl"
-    shots.write_text(json.dumps({"id": 1, "source": "The  Cat", "target": "?"}) + "\n")
     options = {"data_dir": str(legacy), "apply_chat_template": True, "num_fewshot": 1, "fewshot_file": str(shots)}
-    with pytest.raises(ConfigError, match=r"few-shot example id 1 has the source of evaluated example id 1 of "):
-        _prepare(tiny, tmp_path, **options)
+    for shot, message in (({"id": 1, "source": "The  Cat", "target": "?"}, "id 1 has the source of evaluated example id 1"),
+                          ({"id": 5, "source": "a tree", "target": "The Tomcat"},
+                           "id 5 shows in its target a reference of evaluated example id 1")):
+        shots.write_text(json.dumps(shot) + "\n")
+        with pytest.raises(ConfigError, match=f"few-shot example {message} of "):
+            _prepare(tiny, tmp_path, **options)
     shots.write_text(json.dumps({"id": 1, "source": "a tree", "target": "ein Baum"}) + "\n")
     prep = _prepare(tiny, tmp_path, **options)
     assert prep.manifest["prompt"]["allow_reference_in_prompt"] is False

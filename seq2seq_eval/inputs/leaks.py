@@ -33,11 +33,13 @@ COMPARED = "compared ignoring case, Unicode compatibility forms and runs of whit
 
 
 def normalised(texts: Sequence[str | None] | pa.Array) -> pa.Array:
-    """Texts as they are compared here: NFKC, lower case, each run of whitespace one space, no
-    outer whitespace. Arrow's kernels: a million texts in a fraction of a second."""
+    """Texts as they are compared here: NFKC, lower case, each run of (Unicode) whitespace one
+    space, no outer whitespace: " ".join(text.split()) of the lower-cased NFKC text. Arrow's
+    kernels (a split and a join, 3x faster than a regular expression): about 3 s a million texts
+    of 70 characters on a busy 2-core machine."""
     array = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string())
     array = pc.utf8_lower(pc.utf8_normalize(array, form="NFKC"))
-    return pc.utf8_trim_whitespace(pc.replace_substring_regex(array, r"[\s\p{Z}]+", " "))
+    return pc.utf8_trim_whitespace(pc.binary_join(pc.utf8_split_whitespace(array), " "))
 
 
 def _relation(path: str, reference: str) -> str | None:
@@ -95,10 +97,9 @@ def _check_rows(block: Block, template: Sequence[str], origin: str) -> None:
     flat = normalised([r for refs in references for r in refs])
     for name in template:
         values = normalised([f.get(name) for f in block.fields])  # type: ignore[union-attr]
-        same = pc.equal(values.take(pa.array(parents)), flat).to_numpy(zero_copy_only=False)
-        hits = [parents[k] for k in range(len(parents)) if same[k]]
-        if hits:
-            row = hits[0]
+        first = pc.index(pc.equal(values.take(pa.array(parents)), flat), True).as_py()
+        if first >= 0:
+            row = parents[first]
             raise ConfigError(f"{origin}: example id {block.ids[row]!r}: its column {name!r}, which --prompt_template "
                               f"names, holds its reference {_short(references[row][0])} ({COMPARED}), so the prompt "
                               f"would show it; name another column, or pass {FLAG} to allow it")
