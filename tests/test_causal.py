@@ -281,14 +281,16 @@ TR = {"dataset": "{data}", "src_lang": "en", "tgt_lang": "de"}  # WMT's layout: 
      "--prompt_template names {translation.fr}, which is the reference column 'translation.fr'"),
     ({"dataset": "{data}", "source_column": "source", "target_column": "gloss"}, "{gloss} {source}",
      "--prompt_template names {gloss}, which is the reference column 'gloss'"),
-    ({"dataset": "{data}", "source_column": "source", "id_column": "target"}, "{id}: {source}",  # ids taken from the reference column
+    # ids taken from the reference column
+    ({"dataset": "{data}", "source_column": "source", "id_column": "target"}, "{id}: {source}",
      "--prompt_template names {id}, which is the reference column 'target'"),
     ({"dataset": "{data}", "source_column": "translation.de", "target_column": "translation"}, "{source}",
      "its source column 'translation.de' lies inside the reference column 'translation'"),
     ({"data_dir": "{data}"}, "{gloss}: {source}",  # a reference column under another name, row by row
      "{data}: example id 'b': its column 'gloss', which --prompt_template names, holds its reference 'ein rotes Haus' "
      "(compared ignoring case, Unicode compatibility forms and runs of whitespace)"),
-    ({"dataset": "{data}", "source_column": "source"}, "{source} ({gloss})", "example id 'b': its column 'gloss', which --prompt_template names, "
+    ({"dataset": "{data}", "source_column": "source"}, "{source} ({gloss})",
+     "example id 'b': its column 'gloss', which --prompt_template names, "
                                                   "holds its reference"),
 ])
 def test_a_template_that_would_show_the_reference_is_refused_on_every_input_kind(leak_data, options, template,

@@ -307,7 +307,8 @@ def _template_field(record: dict, name: str, path: Path, lineno: int) -> str:
     if name not in record:
         raise DataError(f"{path} line {lineno}: missing field {name!r}, which --prompt_template names; expected a "
                         "non-empty string")
-    return check_text(record[name], name, lambda: f"{path} line {lineno} field {name!r} (which --prompt_template names)")
+    return check_text(record[name], name,
+                      lambda: f"{path} line {lineno} field {name!r} (which --prompt_template names)")
 
 
 def _target_field(record: dict, path: Path, lineno: int, required: bool) -> str | tuple[str, ...] | None:

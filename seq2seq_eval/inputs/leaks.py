@@ -14,6 +14,7 @@ it by name (--allow_reference_in_prompt). Checked before any work, the dry run i
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -71,6 +72,7 @@ def check_columns(references: Sequence[str], where: str, allow: bool, template: 
 
 
 def _row_references(block: Block) -> list[list[str]]:
+    """Each example's references (none: an empty list), from either of a block's layouts."""
     if block.reference_sets is not None:
         return [list(t) for t in zip(*block.reference_sets)]
     return [list(t) if t is not None else [] for t in (block.targets or [None] * len(block))]
@@ -147,11 +149,9 @@ def check_shots(shots: Sequence[Any], store: Any, fewshot_file: str | None, allo
         row, why = found[k]
         raise ConfigError(f"--fewshot_file {fewshot_file}: few-shot example id {shots[k].id!r} {why} evaluated "
                           f"example id {store.ids([row])[0]!r} of {store.origin} ({COMPARED}), so every prompt would "
-                          f"show an evaluated example or what it is scored against; choose few-shot examples outside the evaluated set, "
-                          f"or pass {FLAG} to allow it")
+                          "show an evaluated example or what it is scored against; choose few-shot examples outside "
+                          f"the evaluated set, or pass {FLAG} to allow it")
 
 
 def _json(value: str) -> str:
-    import json
-
     return json.dumps(value, ensure_ascii=False)  # as the store writes a string id

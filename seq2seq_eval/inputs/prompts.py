@@ -3,8 +3,8 @@
 A prompt is what the model sees before it generates: the source prefix (--prefix or the model's
 task entry) and the source filled into --prompt_template (`{source}`, the default, is the source
 alone; `{id}` the example's id as text; `{column}` another column of a JSON Lines or dataset input,
-never a reference column: inputs/leaks.py); with --num_fewshot K, the same K examples of --fewshot_file before it, each its prompt
-followed by its target and a blank line; with --apply_chat_template, the tokenizer's own chat
+never a reference column: inputs/leaks.py); with --num_fewshot K, the same K examples of
+--fewshot_file before it, each its prompt followed by its target and a blank line; with --apply_chat_template, the tokenizer's own chat
 template over the turns (--system_instruction, each few-shot example as a user turn and an
 assistant turn, then the example's user turn), with the generation prompt added.
 

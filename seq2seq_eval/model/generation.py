@@ -208,9 +208,9 @@ def check_causal(gc: Any, user: dict[str, Any], model_set: Any) -> None:
             # transformers 5's generate() (GenerationMixin._prepare_generated_length): with no
             # length set, max_length becomes 20 plus the padded prompt's width, cut to the model's
             # max_position_embeddings.
-            raise ConfigError("no --max_new_tokens (nor max_new_tokens in the model's generation config or task entry): "
-                              "generate() would give each prompt at most 20 new tokens, its default max_length 20 "
-                              "counted after the batch's padded prompts and cut at the model's "
+            raise ConfigError("no --max_new_tokens (nor max_new_tokens in the model's generation config or task "
+                              "entry): generate() would give each prompt at most 20 new tokens, its default "
+                              "max_length 20 counted after the batch's padded prompts and cut at the model's "
                               "max_position_embeddings (so a prompt near that limit would get fewer, depending on its "
                               "batch); give --max_new_tokens")
         raise ConfigError(f"{shown}: a decoder-only model's max_length {_PROMPT_LENGTH}, so every example would get "
