@@ -155,6 +155,8 @@ class EvalConfig:
     """With --num_fewshot: a JSON Lines file of {"source": ..., "target": ...} examples (an "id" each, optional)."""
     truncate_prompt: str | None = None
     """Decoder-only models: left keeps a prompt's last tokens (and its BOS) when it is longer than the model's positions less --max_new_tokens; without it, such a prompt is refused."""
+    allow_reference_in_prompt: bool = False
+    """Let the model's input hold the evaluated examples' references: a --prompt_template column (or the source column) that is a reference column or holds an example's own reference, few-shot examples that share a string id, a source or a shown text with the evaluated set; refused without it (docs/causal.md)."""
     generate_kwargs: tuple[tuple[str, Any], ...] = field(default_factory=tuple)
     """Extra --key value pairs passed to model.generate() (e.g. --num_beams 4)."""
 

@@ -32,9 +32,9 @@ CASES = [
     ("line-counts-differ", ["--data_dir", "{d}/uneven"],
      ["{d}/uneven/test.target: 2 lines but test.source has 3"], 1),
     ("empty-source-line", ["--data_dir", "{d}/empty_source"],
-     ["{d}/empty_source/test.source line 2: empty source"], 1),
+     ["{d}/empty_source/test.source line 2: blank source (empty or whitespace only)"], 1),
     ("empty-reference", ["--data_dir", "{d}/empty_reference"],
-     ["{d}/empty_reference/test.target line 3: empty reference"], 1),
+     ["{d}/empty_reference/test.target line 3: blank reference (empty or whitespace only)"], 1),
     ("invalid-utf8", ["--data_dir", "{d}/bad_utf8"],
      ["{d}/bad_utf8/test.target line 2: invalid UTF-8", "byte 0xff"], 1),
     # ---- data: JSON Lines (a blank line still counts, as in an editor)
@@ -92,8 +92,9 @@ CASES = [
     # ---- model
     ("model-path-missing", ["--model_name", "{d}/no_model"], ["--model_name {d}/no_model: no such path"], 1),
     # a decoder-only model is evaluated, but a limit that counts the prompt is not taken
-    ("model-gpt2", ["--model_name", "{d}/gpt2"], ["no --max_new_tokens (generate()'s default is max_length 20): a "
-                                                  "decoder-only model's max_length counts the prompt's tokens"], 2),
+    ("model-gpt2", ["--model_name", "{d}/gpt2"], ["no --max_new_tokens (nor max_new_tokens in the "
+                                                  "model's generation config or task entry): generate() would give "
+                                                  "each prompt at most 20 new tokens"], 2),
     ("model-bert", ["--model_name", "{d}/bert"], ["--model_name {d}/bert: a 'bert' model (BertModel) is neither a seq2seq nor a causal language model"], 1),
     # ---- output folders, checked before the model loads: we may run as root, so use regular files
     # rather than permissions (a read-only mount is tested in test_new_user.py)
@@ -124,7 +125,7 @@ CASES = [
 
 DEBUG_CASES = [
     ("debug-data-error", ["--data_dir", "{d}/empty_source", "--debug"],
-     "DataError: {d}/empty_source/test.source line 2: empty source"),
+     "DataError: {d}/empty_source/test.source line 2: blank source"),
     ("debug-config-error", ["--bs", "0", "--debug"], "ConfigError: --bs must be an integer >= 1, got 0"),
 ]
 

@@ -27,7 +27,7 @@ def _line_by_line(src: Path, refs: list[Path]):
         for path, text in zip((src, *refs), texts):
             if not text.strip():
                 what = "source" if path == src else "reference"
-                raise DataError(f"{path} line {lineno}: empty {what}; expected non-empty text")
+                raise DataError(f"{path} line {lineno}: blank {what} (empty or whitespace only); expected a text with a non-whitespace character")
         refs_texts = texts[1:]
         target = None if not refs_texts else refs_texts[0] if len(refs_texts) == 1 else tuple(refs_texts)
         out.append((lineno - 1, texts[0], target))
@@ -89,5 +89,5 @@ def test_a_bad_line_after_many_blocks_is_named_by_its_line(tmp_path, monkeypatch
         _blockwise(src, [tgt], 64)
     lines[433] = b"   "
     tgt.write_bytes(b"\n".join(lines) + b"\n")
-    with pytest.raises(DataError, match=r"^.*/t line 434: empty reference; expected non-empty text$"):
+    with pytest.raises(DataError, match=r"^.*/t line 434: blank reference \(empty or whitespace only\); expected a text with a non-whitespace character$"):
         _blockwise(src, [tgt], 64)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -140,7 +141,9 @@ def test_few_shot_examples_are_chosen_by_seed_and_the_same_for_every_prompt(tiny
     ({"prompt_template": "{source} {a[0]}"}, "--prompt_template '{source} {a[0]}': {a[0]}: expected a plain"),
     ({"prompt_template": "Q: {source"}, "--prompt_template 'Q: {source': expected '}' before end of string"),
     ({"max_length": 40}, "--max_length 40: a decoder-only model's max_length counts the prompt's tokens"),
-    ({"max_new_tokens": None}, "no --max_new_tokens (generate()'s default is max_length 20): a decoder-only model's"),
+    ({"max_new_tokens": None}, "no --max_new_tokens (nor max_new_tokens in the model's generation config or task "
+                               "entry): generate() would give each prompt at most 20 new tokens, its default "
+                               "max_length 20 counted after the batch's padded prompts"),
     ({"min_length": 5}, "--min_length: min_length=5: a decoder-only model's min_length counts the prompt's tokens"),
     ({"encoder_repetition_penalty": 1.2}, "--encoder_repetition_penalty: encoder_repetition_penalty=1.2: a decoder-only "
                                           "model has no encoder"),
@@ -231,6 +234,198 @@ def test_other_columns_of_the_input_fill_the_template(tiny, tmp_path):
     with pytest.raises(ConfigError, match=r"^--prompt_template names \{lang\}, but the .source/.target layout has no "
                                           r"other columns"):
         ids(data_dir=str(legacy), prompt_template="{lang}: {source}")
+
+
+# ---------------------------------------------------------------- references never reach a prompt unless asked
+
+# Row "b"'s gloss is its reference in other case and spacing: a reference column under another name.
+LEAK_ROWS = [{"id": "a", "source": "the cat sat", "target": "die Katze sass", "lang": "de", "gloss": "cat",
+              "translation": {"en": "the cat sat", "de": "die Katze sass", "fr": "le chat"}},
+             {"id": "b", "source": "a red house", "target": "ein rotes Haus", "lang": "de", "gloss": " EIN rotes\tHaus",
+              "translation": {"en": "a red house", "de": "ein rotes Haus", "fr": "une maison"}}]
+
+
+@pytest.fixture
+def leak_data(tmp_path) -> Path:
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in LEAK_ROWS))
+    # The same rows as CSV, read by the datasets library (a JSON file given to --dataset is not).
+    (tmp_path / "data.csv").write_text("source,target,gloss\n" + "".join(f"{r['source']},{r['target']},{r['gloss']}\n"
+                                                                       for r in LEAK_ROWS))
+    return data
+
+
+def _read(**options) -> list:
+    """The examples as a run reads them, template fields included (no model needed)."""
+    from seq2seq_eval.inputs.read import iter_examples
+
+    blocks, _ = iter_examples(EvalConfig(**options))
+    return [e for b in blocks for e in b.examples()]
+
+
+TR = {"dataset": "{data}", "src_lang": "en", "tgt_lang": "de"}  # WMT's layout: source translation.en
+
+
+@pytest.mark.parametrize("options, template, message", [
+    ({"data_dir": "{data}"}, "{source} => {target}",
+     "{data}: --prompt_template names {target}, which is the reference column 'target'"),
+    ({"dataset": "{data}", "source_column": "source"}, "{target}: {source}",  # its partner, the reference
+     "split test: --prompt_template names {target}, which is the reference column 'target'"),
+    ({"dataset": "{csv}"}, "{source} {target}", "split test: --prompt_template names {target}, which is the reference "
+                                                "column 'target'"),
+    (TR, "{source} = {translation.de}", "--prompt_template names {translation.de}, which is the reference column "
+                                         "'translation.de'"),
+    (TR, "{translation}: {source}", "--prompt_template names {translation}, which holds the reference column "
+                                    "'translation.de'"),
+    (TR, "{translation.fr}: {source}",  # another translation of the source is a reference too
+     "--prompt_template names {translation.fr}, which is the reference column 'translation.fr'"),
+    ({"dataset": "{data}", "source_column": "source", "target_column": "gloss"}, "{gloss} {source}",
+     "--prompt_template names {gloss}, which is the reference column 'gloss'"),
+    # ids taken from the reference column
+    ({"dataset": "{data}", "source_column": "source", "id_column": "target"}, "{id}: {source}",
+     "--prompt_template names {id}, which is the reference column 'target'"),
+    ({"dataset": "{data}", "source_column": "translation.de", "target_column": "translation"}, "{source}",
+     "its source column 'translation.de' lies inside the reference column 'translation'"),
+    ({"data_dir": "{data}"}, "{gloss}: {source}",  # a reference column under another name, row by row
+     "{data}: example id 'b': its column 'gloss', which --prompt_template names, holds its reference 'ein rotes Haus' "
+     "(compared ignoring case, Unicode compatibility forms and runs of whitespace)"),
+    ({"dataset": "{data}", "source_column": "source"}, "{source} ({gloss})",
+     "example id 'b': its column 'gloss', which --prompt_template names, "
+                                                  "holds its reference"),
+])
+def test_a_template_that_would_show_the_reference_is_refused_on_every_input_kind(leak_data, options, template,
+                                                                                   message):
+    csv = leak_data.with_suffix(".csv")
+    options = {k: v.replace("{data}", str(leak_data)).replace("{csv}", str(csv)) for k, v in options.items()}
+    with pytest.raises(ConfigError) as e:
+        _read(prompt_template=template, **options)
+    said = str(e.value)
+    assert message.replace("{data}", str(leak_data)) in said and "\n" not in said, said
+    assert said.endswith("pass --allow_reference_in_prompt to allow it"), said
+    # Asked for by name, it is what the user gets (a dict column is no text for a prompt, then).
+    if "{translation}" in template or options.get("target_column") == "translation":
+        with pytest.raises(DataError, match="column 'translation'.*: expected a non-empty string, got {'en'"):
+            _read(prompt_template=template, allow_reference_in_prompt=True, **options)
+    else:
+        assert len(_read(prompt_template=template, allow_reference_in_prompt=True, **options)) == 2
+
+
+def test_template_columns_that_are_not_references_and_ids_as_text_fill_prompts(tiny, leak_data, tmp_path):
+    """{lang}, {meta...}: accepted; {id}: the example's id as text on every input kind (a line
+    number, a record's id, a dataset's id column), also for few-shot examples."""
+    assert [e.fields for e in _read(data_dir=str(leak_data), prompt_template="{lang} {source}")] == [{"lang": "de"}] * 2
+    assert [e.fields for e in _read(**{**TR, "dataset": str(leak_data)}, prompt_template="{lang} {source}")] == \
+        [{"lang": "de"}] * 2
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"source": s, "target": "x"}) + "\n" for s in ("dog", "cat")))
+    legacy = write_legacy(tmp_path / "legacy", ["dog", "cat"], ["x", "y"])
+    for options, ids in (({"data_dir": str(plain)}, ["0", "1"]), ({"data_dir": str(legacy)}, ["0", "1"]),
+                         ({"data_dir": str(leak_data)}, ["a", "b"]),
+                         ({"dataset": str(leak_data), "source_column": "source", "id_column": "lang", "n_obs": 1},
+                          ["de"])):
+        assert [e.fields for e in _read(prompt_template="{id}: {source}", **options)] == [{"id": i} for i in ids]
+    shots = tmp_path / "shots.jsonl"
+    shots.write_text(json.dumps({"id": 7, "source": "a blue tree", "target": "z"}) + "\n")
+    s = Setup(tiny["llama"], prompt_template="{id}: {source} =", num_fewshot=1, fewshot_file=str(shots))
+    assert s.prompts.text(s.tokenizer, "dog", {"id": "0"}) == "7: a blue tree =z\n\n0: dog ="
+
+
+def _prepare(tiny, tmp_path, **options):
+    from seq2seq_eval.run.dist import DistEnv
+    from seq2seq_eval.run.prepare import prepare
+
+    cfg = EvalConfig(model_name=str(tiny["llama"]), save_dir=str(tmp_path / "o"), **options)
+    return prepare(cfg, DistEnv(), None, tmp_path / f"cache{len(list(tmp_path.iterdir()))}")
+
+
+@pytest.mark.parametrize("shot, template, message", [
+    (None, "{source}", r"few-shot example id '(a|b)' has the source of evaluated example id '\1' of"),  # the file itself
+    ({"id": "x1", "source": "  A RED\u00a0house ", "target": "?"}, "{source}",  # a copy, other ids, other spacing
+     "few-shot example id 'x1' has the source of evaluated example id 'b' of"),
+    ({"id": "x2", "source": "a tree", "target": "Ein Rotes Haus"}, "{source}",
+     "few-shot example id 'x2' shows in its target a reference of evaluated example id 'b' of"),
+    ({"id": "x3", "source": "die katze sass", "target": "the cat"}, "{source}",  # the other direction
+     "few-shot example id 'x3' shows in its source a reference of evaluated example id 'a' of"),
+    ({"id": "x4", "source": "a tree", "target": "ein Baum", "lang": "ein rotes haus"}, "{lang}: {source}",
+     "few-shot example id 'x4' shows in its column 'lang' a reference of evaluated example id 'b' of"),
+    ({"id": "b", "source": "a tree", "target": "ein Baum", "lang": "de"}, "{source}",
+     "few-shot example id 'b' has the id of evaluated example id 'b' of"),
+])
+def test_few_shot_examples_from_the_evaluated_set_are_refused(tiny, leak_data, tmp_path, shot, template, message):
+    shots = leak_data
+    if shot is not None:
+        shots = tmp_path / "shots.jsonl"
+        shots.write_text(json.dumps({"id": "far", "source": "x", "target": "y", "lang": "de"}) + "\n" +
+                         json.dumps(shot) + "\n")
+    options = {"data_dir": str(leak_data), "prompt_template": template, "num_fewshot": 2, "fewshot_file": str(shots)}
+    with pytest.raises(ConfigError) as e:
+        _prepare(tiny, tmp_path, **options)
+    said = str(e.value)
+    assert said.startswith(f"--fewshot_file {shots.resolve()}: ") and re.search(message, said), said
+    assert str(leak_data) in said and said.endswith("choose few-shot examples outside the evaluated set, or pass "
+                                                     "--allow_reference_in_prompt to allow it")
+    prep = _prepare(tiny, tmp_path, allow_reference_in_prompt=True, **options)
+    assert prep.manifest["prompt"]["allow_reference_in_prompt"] is True
+
+
+def test_few_shot_checks_on_text_files_chat_templates_and_integer_ids(tiny, tmp_path):
+    """The .source/.target layout with a chat template: a few-shot copy of its texts is refused;
+    integer ids (line numbers, counters) are not compared, so other examples numbered alike are
+    accepted; the prompts record that references were not allowed."""
+    legacy = write_legacy(tmp_path / "legacy", ["dog", "the cat"], ["ein Hund", "die Katze"])
+    (legacy / "test.target.1").write_text("a dog\nthe tomcat\n")  # a second reference each
+    shots = tmp_path / "shots.jsonl"
+    options = {"data_dir": str(legacy), "apply_chat_template": True, "num_fewshot": 1, "fewshot_file": str(shots)}
+    for shot, message in (({"id": 1, "source": "The  Cat", "target": "?"}, "id 1 has the source of evaluated example id 1"),
+                          ({"id": 5, "source": "a tree", "target": "The Tomcat"},
+                           "id 5 shows in its target a reference of evaluated example id 1")):
+        shots.write_text(json.dumps(shot) + "\n")
+        with pytest.raises(ConfigError, match=f"few-shot example {message} of "):
+            _prepare(tiny, tmp_path, **options)
+    shots.write_text(json.dumps({"id": 1, "source": "a tree", "target": "ein Baum"}) + "\n")
+    prep = _prepare(tiny, tmp_path, **options)
+    assert prep.manifest["prompt"]["allow_reference_in_prompt"] is False
+    assert prep.manifest["prompt"]["fewshot"]["ids"] == [1]
+
+
+def test_evaluate_refuses_a_template_that_shows_the_references(tiny, tmp_path):
+    import seq2seq_eval
+
+    with pytest.raises(ConfigError, match=r"--prompt_template names \{target\}, which is the reference column "):
+        seq2seq_eval.evaluate(str(tiny["llama"]), sources=["dog", "cat"], references=["Hund", "Katze"],
+                              save_dir=str(tmp_path / "o"), prompt_template="{source} => {target}")
+
+
+def test_the_dry_run_refuses_references_in_prompts_before_any_work(tiny, leak_data, tmp_path):
+    from seq2seq_eval.run.runner import run
+
+    save = tmp_path / "out"
+    for options in ({"prompt_template": "{source} => {target}", "apply_chat_template": True},
+                    {"num_fewshot": 1, "fewshot_file": str(leak_data)}):
+        with pytest.raises(ConfigError, match="allow_reference_in_prompt"):
+            run(EvalConfig(model_name=str(tiny["llama"]), data_dir=str(leak_data), save_dir=str(save), dry_run=True,
+                           device="cpu", **options))
+        assert not save.exists() and not Path(f"{save}_tmp").exists()
+
+
+def test_generates_default_length_is_what_the_refusal_says(tiny):
+    """With no length setting, transformers' generate() gives at most 20 new tokens after the
+    padded prompts, fewer where that passes max_position_embeddings: the short prompt of a batch
+    with a long one gets fewer, as the refusal of such a run says."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(tiny["llama"]).eval()
+    model.generation_config = GenerationConfig()  # nothing set: generate()'s own defaults
+    gc = GenerationConfig(do_sample=False, pad_token_id=2, eos_token_id=None)  # no end: runs to the limit
+    ids, mask = torch.full((2, 240), 9), torch.ones(2, 240, dtype=torch.long)
+    ids[0, :235], mask[0, :235] = 2, 0  # a 5-token prompt, left-padded beside a 240-token one
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        alone = model.generate(input_ids=ids[:1, 235:], attention_mask=mask[:1, 235:], generation_config=gc)
+        batch = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
+    assert alone.shape[1] - 5 == 20 and batch.shape[1] - 240 == 256 - 240
 
 
 def test_shell_text_newlines():

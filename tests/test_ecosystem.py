@@ -266,7 +266,8 @@ def test_columns_table(tmp_path, columns, flags, expected):
 @pytest.mark.parametrize("columns, flags, message", [
     ({"source": ["a", "b"], "target": ["x", "y"], "id": ["k", "k"]}, {},
      "row 1 column 'id': duplicated id 'k' (first in row 0)"),
-    ({"source": ["a", "  "], "target": ["x", "y"]}, {}, "split test row 1 column 'source': empty source; expected non-empty text"),
+    ({"source": ["a", "  "], "target": ["x", "y"]}, {}, "split test row 1 column 'source': blank source (whitespace only: '  '); expected a text with a "
+     "non-whitespace character"),
     ({"source": ["a"], "target": [None]}, {}, "row 0 column 'target': expected a non-empty string, got None"),
     ({"source": ["a"], "target": ["x"], "id": [1.5]}, {}, "an id must be a string or an integer, got 1.5"),
     ({"source": ["a"]}, {}, "no target column 'target'"),

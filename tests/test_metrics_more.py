@@ -403,7 +403,8 @@ def test_legacy_dir_with_several_references(tmp_path):
     [
         ({"test.target.1": ["b1"]}, "{d}/test.target.1: 1 lines but test.source has 2; expected one reference per source line"),
         ({"test.target.1": ["b1", "b2"], "test.target.2": ["c1", "  "]},
-         "{d}/test.target.2 line 2: empty reference; expected non-empty text"),
+         "{d}/test.target.2 line 2: blank reference (empty or whitespace only); expected a text with a "
+         "non-whitespace character"),
         ({"test.target.2": ["c1", "c2"]}, "{d}/test.target.2: found, but test.target.1 is missing"),
     ],
 )
@@ -423,7 +424,8 @@ def test_jsonl_target_lists(tmp_path):
                     '{"source": "u", "target": "d"}\n', encoding="utf-8")
     assert [e.target for e in load_jsonl(path, need_targets=True).items] == [("a", "b"), "c", "d"]
     for bad, message in (('[]', "field 'target': an empty list; expected one or more references"),
-                         ('["a", ""]', "field 'target' item 1: empty reference; expected non-empty text"),
+                         ('["a", ""]', "field 'target' item 1: blank reference (empty); expected a text with a non-whitespace "
+                                        "character"),
                          ('["a", 3]', "field 'target' item 1: expected a non-empty string, got 3")):
         path.write_text('{"source": "s", "target": "a"}\n{"source": "s", "target": %s}\n' % bad, encoding="utf-8")
         with pytest.raises(DataError, match=re.escape(f"{path} line 2 {message}")):
@@ -454,7 +456,8 @@ def test_dataset_several_target_columns_and_list_columns(tmp_path):
     with pytest.raises(DataError, match=re.escape("no column 'nope' (--target_column)")):
         load_hf_examples(EvalConfig(dataset=str(ds), target_column=("target", "nope")), need_targets=True)
     bad = _saved(tmp_path / "bad", {"source": ["s1", "s2"], "refs": [["c1"], ["c2", ""]]})
-    with pytest.raises(DataError, match=re.escape("split test row 1 column 'refs' item 1: empty reference; expected non-empty text")):
+    with pytest.raises(DataError, match=re.escape("split test row 1 column 'refs' item 1: blank reference (empty); expected a text "
+                                                     "with a non-whitespace character")):
         load_hf_examples(EvalConfig(dataset=str(bad), target_column="refs"), need_targets=True)
     empty = _saved(tmp_path / "empty", {"source": ["s1"], "refs": [[]]})
     with pytest.raises(DataError, match=re.escape("row 0 column 'refs': an empty list; expected one or more references")):

@@ -30,8 +30,8 @@ PREDICTIONS = ["the cat sat", "a dog runs fast", "it is a red house"]
 OTHER = ["a cat sat on the mat", "the dog runs", "it is red"]
 
 # The rules' words (inputs/checks.py and the count checks), as a refusal says them.
-EMPTY_REFERENCE = "empty reference"
-EMPTY_SOURCE = "empty source"
+EMPTY_REFERENCE = r"blank reference \((empty|whitespace only)"
+EMPTY_SOURCE = r"blank source \((empty or )?whitespace only"
 NOT_A_TEXT = "expected a non-empty string"
 EMPTY_LIST = "an empty list; expected one or more references"
 COUNT = r"\b(\d+) (lines|entries)\b.*\b(but|for)\b.*\d+"

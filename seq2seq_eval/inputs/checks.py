@@ -38,10 +38,17 @@ def is_text(value: Any) -> bool:
     return isinstance(value, str) and value != "" and not value.isspace()
 
 
+def blank(what: str, value: str | None = None) -> str:
+    """Why a string is not a text: empty, or whitespace only (`value` None: a line read without
+    its trailing whitespace, which may have been either)."""
+    kind = "empty or whitespace only" if value is None else "empty" if not value else f"whitespace only: {short(value)}"
+    return f"blank {what} ({kind}); expected a text with a non-whitespace character"
+
+
 def text_error(value: Any, what: str, where: str) -> DataError:
     """Why `value` is not a text, as a DataError at `where` (call only when is_text is False)."""
     if isinstance(value, str):
-        return DataError(f"{where}: empty {what}; expected non-empty text")
+        return DataError(f"{where}: {blank(what, value)}")
     return DataError(f"{where}: expected a non-empty string, got {short(value)}")
 
 

@@ -64,6 +64,15 @@ def resolve_columns(
     return src, tgt
 
 
+def reference_paths(features: Mapping[str, Any], source: str, targets: Sequence[str]) -> tuple[str, ...]:
+    """The columns that hold references: the target columns and, when the source is a language
+    of the translation dict, the dict's other languages (each a translation of the source, a
+    reference whether or not this run scores against it)."""
+    prefix = f"{TRANSLATION_COLUMN}."
+    others = [f"{prefix}{lang}" for lang in _languages(features)] if source.startswith(prefix) else []
+    return tuple(dict.fromkeys([*targets, *(p for p in others if p != source)]))
+
+
 def _languages(features: Mapping[str, Any]) -> list[str]:
     return list(_nested(features[TRANSLATION_COLUMN])) if TRANSLATION_COLUMN in features else []
 

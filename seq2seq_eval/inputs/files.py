@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from .checks import check_id, check_references, check_text, check_texts, duplicate_id, text_error
+from .checks import blank, check_id, check_references, check_text, duplicate_id
 from .examples import BLOCK_ROWS, Block, Example, ExampleId, Examples
 from .seen import SeenIds
 
@@ -127,13 +127,14 @@ class _Lines:
 
 
 def _empty_text(path: Path, lineno: int, what: str) -> str:
-    return str(text_error("", what, f"{path} line {lineno}"))
+    return f"{path} line {lineno}: {blank(what)}"  # the line lost its trailing whitespace: it was either
 
 
 def check_lines(path: Path, texts: Sequence[str], what: str) -> list[str]:
     """A file's lines (read_lines), each a source or reference text (inputs.checks): the line
     that is not says so."""
-    check_texts(texts, what, lambda i: f"{path} line {i + 1}")
+    if "" in texts:  # lines lose their trailing whitespace: a line that is not a text is exactly an empty one
+        raise DataError(_empty_text(path, list(texts).index("") + 1, what))
     return list(texts)
 
 
@@ -306,7 +307,8 @@ def _template_field(record: dict, name: str, path: Path, lineno: int) -> str:
     if name not in record:
         raise DataError(f"{path} line {lineno}: missing field {name!r}, which --prompt_template names; expected a "
                         "non-empty string")
-    return check_text(record[name], name, lambda: f"{path} line {lineno} field {name!r}")
+    return check_text(record[name], name,
+                      lambda: f"{path} line {lineno} field {name!r} (which --prompt_template names)")
 
 
 def _target_field(record: dict, path: Path, lineno: int, required: bool) -> str | tuple[str, ...] | None:

@@ -31,11 +31,13 @@ from ..errors import DataError
 from .columns import (
     _has_path,
     column_paths,
+    reference_paths,
     resolve_columns,
 )
 from .checks import UniqueIds, check_references, check_texts
 from .examples import Example, Examples
 from .jsonfile import json_slices
+from .leaks import ID_FIELD, check_columns
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -60,7 +62,9 @@ def iter_hf_examples(cfg: EvalConfig, need_targets: bool, fields: Sequence[str] 
     """The split's examples one slice at a time, and where they come from (for messages). The
     split is loaded (and checked: rows, columns) at once; its rows are read as the iterator goes.
     A local JSON Lines or JSON file is read as --data_dir reads it (inputs/jsonfile.py).
-    `fields`: other columns (texts) a decoder-only model's prompt template names."""
+    `fields`: the other fields a decoder-only model's prompt template names: columns (texts), and
+    {id}, the example's id (filled in by inputs.leaks), which is checked here with them: none may
+    be a reference column, nor the source (inputs/leaks.py)."""
     if cfg.dataset is None:
         raise DataError("load_hf_examples needs --dataset")
     split = cfg.split or cfg.type_path
@@ -82,6 +86,9 @@ def iter_hf_examples(cfg: EvalConfig, need_targets: bool, fields: Sequence[str] 
             f"(pass --target_column); columns: {', '.join(column_paths(features))}"
         )
     targets_of = (tgt_col,) if isinstance(tgt_col, str) else tgt_col or ()
+    check_columns(reference_paths(features, src_col, targets_of), where, cfg.allow_reference_in_prompt, fields,
+                  src_col, id_col)
+    fields = tuple(name for name in fields if name != ID_FIELD)
     for name in fields:
         if not _has_path(features, name):
             raise DataError(f"{where}: no column {name!r}, which --prompt_template names; columns: "
@@ -96,7 +103,8 @@ def iter_hf_examples(cfg: EvalConfig, need_targets: bool, fields: Sequence[str] 
             targets = _references(values, tgt_col, where, base) if has_targets else [None] * len(ids)
             for row, value in enumerate(ids, start=base):
                 unique.add(value, row)
-            named = [_texts(values(name), name, where, base, what=name) for name in fields]
+            named = [_texts(values(name), name, where, base, what=name, note=" (which --prompt_template names)")
+                     for name in fields]
             rows_fields = [dict(zip(fields, row)) for row in zip(*named)] if fields else [None] * len(ids)
             yield from (Example(i, s, t, f) for i, s, t, f in zip(ids, sources, targets, rows_fields))
             base += len(ids)
@@ -243,9 +251,9 @@ def _values(ds: Any, path: str) -> list[Any]:
     return values
 
 
-def _texts(values: list[Any], path: str, where: str, base: int = 0, what: str = "source") -> list[str]:
+def _texts(values: list[Any], path: str, where: str, base: int = 0, what: str = "source", note: str = "") -> list[str]:
     """A column's values, each checked as a `what` text (inputs.checks), the row named."""
-    check_texts(values, what, lambda i: f"{where} row {base + i} column {path!r}")
+    check_texts(values, what, lambda i: f"{where} row {base + i} column {path!r}{note}")
     return values
 
 

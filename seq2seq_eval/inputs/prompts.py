@@ -2,8 +2,9 @@
 
 A prompt is what the model sees before it generates: the source prefix (--prefix or the model's
 task entry) and the source filled into --prompt_template (`{source}`, the default, is the source
-alone; `{column}` is another column of a JSON Lines or dataset input); with --num_fewshot K, the same K examples of --fewshot_file before it, each its prompt
-followed by its target and a blank line; with --apply_chat_template, the tokenizer's own chat
+alone; `{id}` the example's id as text; `{column}` another column of a JSON Lines or dataset input,
+never a reference column: inputs/leaks.py); with --num_fewshot K, the same K examples of
+--fewshot_file before it, each its prompt followed by its target and a blank line; with --apply_chat_template, the tokenizer's own chat
 template over the turns (--system_instruction, each few-shot example as a user turn and an
 assistant turn, then the example's user turn), with the generation prompt added.
 
@@ -36,6 +37,7 @@ from typing import Any
 from ..config import EvalConfig
 from ..errors import ConfigError, DataError, first_line
 from ..model.settings import encode_texts, model_limit
+from .leaks import ID_FIELD
 
 SHOT_SEPARATOR = "\n\n"
 """What ends a few-shot example in a plain prompt (after its target), as lm-evaluation-harness's
@@ -67,6 +69,8 @@ class Prompts:
     truncate_left: bool
     bos_id: int | None
     bos_text: str | None
+    allow_reference: bool = False
+    """--allow_reference_in_prompt: the prompts may hold the evaluated examples' references (inputs/leaks.py)."""
 
     def user_text(self, source: str, fields: Mapping[str, str] | None = None) -> str:
         return self.prefix + fill(self.template, source, fields or {})
@@ -103,6 +107,7 @@ class Prompts:
             "special_tokens": "written by the chat template" if chat is not None else "added by the tokenizer",
             "max_prompt_tokens": self.limit,
             "truncate_prompt": "left" if self.truncate_left else None,
+            "allow_reference_in_prompt": self.allow_reference,
         }
 
 
@@ -148,13 +153,20 @@ def _shots(cfg: EvalConfig) -> tuple[Shot, ...]:
     path = Path(cfg.fewshot_file)  # type: ignore[arg-type]  # EvalConfig requires it with --num_fewshot
     if not path.is_file():
         raise DataError(f"--fewshot_file {path}: no such file; expected a JSON Lines file of source/target pairs")
-    pool = list(iter_jsonl(path, need_targets=True, fields=template_fields(cfg.prompt_template)))
+    template = template_fields(cfg.prompt_template)
+    pool = list(iter_jsonl(path, need_targets=True, fields=[name for name in template if name != ID_FIELD]))
     if cfg.num_fewshot > len(pool):
         raise ConfigError(f"--num_fewshot {cfg.num_fewshot}: --fewshot_file {path} holds {len(pool)} examples; "
                           f"expected at most {len(pool)}")
     chosen = random.Random(cfg.seed).sample(range(len(pool)), cfg.num_fewshot)
     # A few-shot example's answer is its (first) reference.
-    return tuple(Shot(pool[i].id, pool[i].source, pool[i].references[0], pool[i].fields) for i in chosen)
+    shots = []
+    for i in chosen:
+        named = dict(pool[i].fields or {})
+        if ID_FIELD in template:  # {id}: the example's id as text, as for the evaluated examples
+            named[ID_FIELD] = str(pool[i].id)
+        shots.append(Shot(pool[i].id, pool[i].source, pool[i].references[0], named if template else None))
+    return tuple(shots)
 
 
 def _limit(cfg: EvalConfig, model_config: Any, tokenizer: Any, max_new_tokens: int) -> tuple[int | None, str]:
@@ -190,7 +202,8 @@ def build_prompts(cfg: EvalConfig, tokenizer: Any, model_config: Any, gc: Any, p
     bos_id = getattr(tokenizer, "bos_token_id", None)
     fewshot_file = str(Path(cfg.fewshot_file).expanduser().resolve()) if cfg.fewshot_file else None
     prompts = Prompts(template, prefix, chat, cfg.system_instruction, _shots(cfg), fewshot_file, limit, why,
-                      cfg.truncate_prompt == "left", bos_id, getattr(tokenizer, "bos_token", None))
+                      cfg.truncate_prompt == "left", bos_id, getattr(tokenizer, "bos_token", None),
+                      cfg.allow_reference_in_prompt)
     try:
         text = prompts.text(tokenizer, "a source", probe_fields)
     except Exception as e:  # a chat template is code of the model's: any error it raises is its refusal

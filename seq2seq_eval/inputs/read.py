@@ -14,6 +14,7 @@ from .files import (
     iter_jsonl,
     iter_legacy,
 )
+from .leaks import ID_FIELD, check_columns, with_template_fields
 from .prompts import template_fields
 
 
@@ -27,12 +28,20 @@ def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Blo
     """The examples the run evaluates (the first --n_obs), as a stream of blocks of `rows`
     (the last one shorter), and where they come from. The input is opened and checked at once;
     its rows are read as the iterator goes."""
+    blocks, origin = _blocks(cfg, rows)
+    # {id} filled in, and no column the template names holding its example's reference (inputs/leaks.py).
+    return with_template_fields(blocks, template_fields(cfg.prompt_template), origin,
+                                cfg.allow_reference_in_prompt), origin
+
+
+def _blocks(cfg: EvalConfig, rows: int) -> tuple[Iterator[Block], str]:
     need_targets = cfg.scored
-    fields = template_fields(cfg.prompt_template)  # other columns a decoder-only model's prompt names
+    template = template_fields(cfg.prompt_template)  # the fields a decoder-only model's prompt names
+    fields = tuple(name for name in template if name != ID_FIELD)  # the input's own columns among them
     if cfg.dataset is not None:
         from .hub import iter_hf_examples
 
-        examples, origin = iter_hf_examples(cfg, need_targets, fields)  # applies --n_obs before reading any column
+        examples, origin = iter_hf_examples(cfg, need_targets, template)  # applies --n_obs before reading any column
         return blocks_of(examples, rows), origin
     path = Path(cfg.data_dir)
     if fields and (cfg.input_path is not None or not (path.suffix == ".jsonl" or path.is_file())):
@@ -59,6 +68,8 @@ def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Blo
                 f"holds {cfg.type_path}.source and {cfg.type_path}.target, or a JSON Lines file (.jsonl) "
                 "with one object per line (for one source per line, use --input_path)"
             )
+        # A record's "target" is its reference; its "id" ({id}) is the example's id.
+        check_columns(("target",), str(path), cfg.allow_reference_in_prompt, template)
         blocks = blocks_of(iter_jsonl(path, need_targets, fields), rows)
     else:
         blocks = iter_legacy(path, cfg.type_path, need_targets, rows)

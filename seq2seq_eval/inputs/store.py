@@ -238,6 +238,12 @@ class ExampleStore:
             yield part.to_pylist()
             self.release(part.chunks)
 
+    def chunks(self, *columns: str) -> Iterator[tuple[pa.Array, ...]]:
+        """The named columns' arrays, record batch by record batch, each let go of once read."""
+        for arrays in zip(*(self._table.column(c).chunks for c in columns)):
+            yield arrays
+            self.release(arrays)
+
     def iter_fields(self, start: int, end: int, rows: int) -> Iterator[list[dict[str, str]]] | None:
         """The columns a prompt template names, as iter_sources gives the sources; None when the
         store has none."""

@@ -205,7 +205,14 @@ def check_causal(gc: Any, user: dict[str, Any], model_set: Any) -> None:
         elif model_set is not None and "max_length" in model_set:
             shown = f"max_length={gc.max_length!r} (from {MODEL_ORIGIN})"
         else:
-            shown = "no --max_new_tokens (generate()'s default is max_length 20)"
+            # transformers 5's generate() (GenerationMixin._prepare_generated_length): with no
+            # length set, max_length becomes 20 plus the padded prompt's width, cut to the model's
+            # max_position_embeddings.
+            raise ConfigError("no --max_new_tokens (nor max_new_tokens in the model's generation config or task "
+                              "entry): generate() would give each prompt at most 20 new tokens, its default "
+                              "max_length 20 counted after the batch's padded prompts and cut at the model's "
+                              "max_position_embeddings (so a prompt near that limit would get fewer, depending on its "
+                              "batch); give --max_new_tokens")
         raise ConfigError(f"{shown}: a decoder-only model's max_length {_PROMPT_LENGTH}, so every example would get "
                           "another number of new tokens; give --max_new_tokens")
     if (gc.min_length or 0) > 1:

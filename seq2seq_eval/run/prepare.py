@@ -34,6 +34,7 @@ from ..model.settings import (
 from ..outputs.locations import data_stamp
 from ..atomic import write_json_atomic
 from ..inputs.store import ROWS_PER_BATCH, ExampleStore, write_blocks
+from ..inputs.leaks import check_shots
 from ..inputs.prompts import Prompts, build_prompts, template_fields
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
@@ -103,6 +104,8 @@ def _data_key(cfg: EvalConfig) -> str:
     fields = template_fields(cfg.prompt_template)
     if fields:  # the columns a prompt template names are in the store too
         options.append(list(fields))
+    if cfg.allow_reference_in_prompt:  # a store built with it was not checked for references in prompts
+        options.append("allow_reference_in_prompt")
     return hashlib.sha256(json.dumps([options, stamp], default=str).encode()).hexdigest()
 
 
@@ -219,6 +222,8 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     store, data = _examples_store(cfg, pg, cache)
+    if prompts is not None:  # no few-shot example is one of the evaluated examples (inputs/leaks.py)
+        check_shots(prompts.shots, store, prompts.fewshot_file, cfg.allow_reference_in_prompt)
     _give_back_freed_memory()
     t1 = time.perf_counter()
     # The tokenizer's content (vocabulary, pipeline, special tokens, limits and sides), not its
