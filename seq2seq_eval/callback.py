@@ -75,7 +75,8 @@ class EvalCallback(TrainerCallback):
         self.last: EvalResult | None = None
         self._results: dict[str, EvalResult] = {}  # by what_is_evaluated's key
         self._folders: set[Path] = set()  # the folders this callback's evaluations wrote
-        self._warned: set[str] = set()
+        self._warned: set[str] = set()  # the names that got their warning
+        self._bound: dict[str, Any] = {}  # declared name -> the dataset its data is of (held: lists have no weakref)
         self._datasets: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         check_checkpoints_hold_the_model(trainer.model)
         self._join(trainer)
@@ -120,14 +121,21 @@ class EvalCallback(TrainerCallback):
         """The scores of the evaluation named `name` of `dataset` (None: not known), under that
         name; {} when there is no data for it."""
         data = self.data.get(name)
+        if data is not None and dataset is not None:
+            # Declared data belongs to the dataset first evaluated under its name; another dataset
+            # evaluated under that name (trainer.evaluate(eval_dataset=other)) is not it.
+            first = self._bound.setdefault(name, dataset)
+            if first is not dataset:
+                data = None
         if data is None:
             data = examples_of(dataset)
         if data is None:
             if name not in self._warned:
                 self._warned.add(name)
-                logger.warning("EvalCallback: no data for the evaluation named %r (no %s_bleu...): declare it "
-                               "with data={%r: {...}}, or give the Trainer a dataset with %s columns",
-                               name, name, name, "/".join(COLUMNS.values()))
+                why = (f"its declared data is that of the dataset first evaluated as {name!r}, and this is another"
+                       if name in self.data else f"no data is declared for it (data={{{name!r}: {{...}}}})")
+                logger.warning("EvalCallback: no %s_bleu...: %s; the dataset evaluated as %r carries no %s columns",
+                               name, why, name, "/".join(COLUMNS.values()))
             return {}
         result = self.evaluation(name, data)
         return scores_of(result.metrics, name)

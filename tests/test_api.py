@@ -252,4 +252,7 @@ def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp
     assert evaluation(12, "test", rows) == {"test_bleu": 9.0}
     assert evaluation(14, "test", [{"source": "a", "target": "b"}]) == {"test_bleu": 9.0}  # equal examples
     assert evaluation(14, "test", [{"source": "a", "target": "x"}]) == {"test_bleu": 10.0}
-    assert evaluation(14, "eval", rows)["eval_bleu"] == 7.0  # declared data first
+    assert evaluation(14, "eval", rows)["eval_bleu"] == 7.0  # declared data, now of that dataset
+    assert evaluation(14, "eval", rows)["eval_bleu"] == 7.0
+    assert evaluation(14, "eval", [{"source": "a", "target": "x"}]) == {"eval_bleu": 10.0}  # another: its own
+    assert evaluation(14, "eval", [{"input_ids": [1]}]) == {} and len(runs) == 10

@@ -57,57 +57,55 @@ def trainer_of(model, tokenizer, out: Path, eval_dataset, **kwargs) -> Seq2SeqTr
 
 
 def test_every_score_is_its_own_data_on_its_checkpoint(tmp_path, caplog):
-    """A dict of eval datasets ("a" carries its texts, "b" is declared as files), early stopping
-    given in the constructor, then evaluate(metric_key_prefix="test") and predict() after the best
-    checkpoint is loaded: each score equals evaluate() on the saved checkpoint's path (the command
-    line's run) with that name's data."""
+    """A dict of eval datasets ("a" declared as files, "b" carrying its texts) with
+    EarlyStoppingCallback given in the constructor, then evaluate(metric_key_prefix="test") on val
+    and predict() on test: each score equals evaluate() on the path of the checkpoint saved at
+    that step (the command line's run) with that name's data."""
     model, tokenizer = model_and_tokenizer()
     out = tmp_path / "out"
-    trainer = trainer_of(model, tokenizer, out, {"a": rows(tokenizer, "val", True), "b": rows(tokenizer, "test", False)},
-                         callbacks=[EarlyStoppingCallback(early_stopping_patience=1)])
-    trainer.add_callback(EvalCallback(trainer, data={"eval_b": {"data_dir": str(DATA), "type_path": "test"}}, **OPTIONS))
+    val, test = rows(tokenizer, "val", True), rows(tokenizer, "test", True)
+    # Patience 0 stops at the first evaluation whose eval_a_bleu early stopping finds; without it,
+    # training runs to max_steps.
+    trainer = trainer_of(model, tokenizer, out, {"a": rows(tokenizer, "val", False), "b": test},
+                         callbacks=[EarlyStoppingCallback(early_stopping_patience=0)])
+    trainer.add_callback(EvalCallback(trainer, data={"eval_a": {"data_dir": str(DATA), "type_path": "val"}}, **OPTIONS))
     trainer.train()
-    logged: dict[int, dict] = {}
+    logged: dict[str, float] = {}
     for record in trainer.state.log_history:  # one record per dataset: the Trainer's loss with the score
         if any(k.endswith("_loss") and k.startswith("eval_") for k in record):
-            name = next(k for k in record if k.endswith("_loss"))[: -len("_loss")]
-            assert f"{name}_bleu" in record, record
-            logged.setdefault(record["step"], {}).update(record)
-    steps = sorted(logged)
-    # Early stopping (given before the tool's callback) read eval_a_bleu: training stopped at the
-    # first evaluation that did not beat the best, not at max_steps.
-    assert trainer.state.global_step == steps[-1] < MAX_STEPS
-    assert logged[steps[-1]]["eval_a_bleu"] <= max(logged[s]["eval_a_bleu"] for s in steps[:-1])
-    best = Path(trainer.state.best_model_checkpoint)
+            logged.update(record)
+    assert trainer.state.global_step == 2 < MAX_STEPS and logged["step"] == 2
+    assert Path(trainer.state.best_model_checkpoint).name == "checkpoint-2"
 
-    after_test = trainer.evaluate(eval_dataset=rows(tokenizer, "test", True), metric_key_prefix="test")
-    predicted = trainer.predict(rows(tokenizer, "val", True)).metrics
+    on_val = trainer.evaluate(eval_dataset=val, metric_key_prefix="test")
+    predicted = trainer.predict(test).metrics
     after = trainer.evaluate()
 
-    def reference(checkpoint: Path, split: str) -> float:
-        save = tmp_path / "ref" / f"{checkpoint.name}_{split}"
-        return seq2seq_eval.evaluate(str(checkpoint), data_dir=str(DATA), type_path=split, save_dir=str(save),
-                                     **OPTIONS).metrics["bleu"]
+    def reference(split: str) -> float:  # the command line's run on the checkpoint
+        return seq2seq_eval.evaluate(str(out / "checkpoint-2"), data_dir=str(DATA), type_path=split,
+                                     save_dir=str(tmp_path / "ref" / split), **OPTIONS).metrics["bleu"]
 
-    for step in steps:
-        checkpoint = out / f"checkpoint-{step}"
-        assert logged[step]["eval_a_bleu"] == reference(checkpoint, "val")
-        assert logged[step]["eval_b_bleu"] == reference(checkpoint, "test")
-        assert logged[step]["eval_a_bleu"] != logged[step]["eval_b_bleu"]  # the two data tell apart
-    at_best = logged[int(best.name.split("-")[1])]
-    # The same data as "b" and "a": the Trainer's loss and the tool's score agree on what it is.
-    assert (after_test["test_bleu"], after_test["test_loss"]) == (at_best["eval_b_bleu"], after["eval_b_loss"])
-    assert (predicted["test_bleu"], predicted["test_loss"]) == (at_best["eval_a_bleu"], after["eval_a_loss"])
-    assert (after["eval_a_bleu"], after["eval_b_bleu"]) == (at_best["eval_a_bleu"], at_best["eval_b_bleu"])
-    assert not any(k.startswith("eval") for k in after_test) and not any(k.startswith("eval") for k in predicted)
+    bleu = {"val": reference("val"), "test": reference("test")}
+    assert bleu["val"] != bleu["test"]  # the two data tell apart
+    assert (logged["eval_a_bleu"], logged["eval_b_bleu"]) == (bleu["val"], bleu["test"])
+    assert (after["eval_a_bleu"], after["eval_b_bleu"]) == (bleu["val"], bleu["test"])
+    # The Trainer's loss and the tool's score are of the same data.
+    assert (on_val["test_bleu"], on_val["test_loss"]) == (bleu["val"], after["eval_a_loss"])
+    assert (predicted["test_bleu"], predicted["test_loss"]) == (bleu["test"], after["eval_b_loss"])
+    assert not any(k.startswith("eval") for k in on_val) and not any(k.startswith("eval") for k in predicted)
 
+    # Another dataset evaluated as "eval_a" is not the one its declared files are of: it is scored
+    # on its own examples when it carries them, else not at all.
+    swapped = trainer.evaluate(eval_dataset={"a": test})
+    assert (swapped["eval_a_bleu"], swapped["eval_a_loss"]) == (bleu["test"], after["eval_b_loss"])
     # A name with no data: no score, one warning, however often it is evaluated.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="seq2seq_eval"):
         plain = [trainer.evaluate(eval_dataset=rows(tokenizer, "test", False), metric_key_prefix="other")
-                 for _ in range(2)]
-    assert all("other_loss" in m and not any(k.endswith("_bleu") for k in m) for m in plain)
-    assert caplog.text.count("no data for the evaluation named 'other'") == 1
+                 for _ in range(2)] + [trainer.evaluate(eval_dataset={"a": rows(tokenizer, "val", False)})]
+    assert all(any(k.endswith("_loss") for k in m) and not any(k.endswith("_bleu") for k in m) for m in plain)
+    assert caplog.text.count("no other_bleu...: no data is declared for it") == 1
+    assert caplog.text.count("no eval_a_bleu...: its declared data is that of the dataset first evaluated") == 1
 
 
 def test_refused_in_one_line_before_training(tmp_path):
