@@ -134,8 +134,8 @@ class EvalCallback(TrainerCallback):
                 self._warned.add(name)
                 why = (f"its declared data is that of the dataset first evaluated as {name!r}, and this is another"
                        if name in self.data else f"no data is declared for it (data={{{name!r}: {{...}}}})")
-                logger.warning("EvalCallback: no %s_bleu...: %s; the dataset evaluated as %r carries no %s columns",
-                               name, why, name, "/".join(COLUMNS.values()))
+                logger.warning("EvalCallback: no %s_bleu...: %s; the dataset evaluated as %r carries no %s and %s "
+                               "columns", name, why, name, COLUMNS["sources"], COLUMNS["references"])
             return {}
         result = self.evaluation(name, data)
         return scores_of(result.metrics, name)
