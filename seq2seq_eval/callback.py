@@ -75,7 +75,7 @@ class EvalCallback(TrainerCallback):
         self.last: EvalResult | None = None
         self._results: dict[str, EvalResult] = {}  # by what_is_evaluated's key
         self._folders: set[Path] = set()  # the folders this callback's evaluations wrote
-        self._warned: set[str] = set()  # the names that got their warning
+        self._warned: set[str] = set()  # the names and score keys that got their warning
         self._bound: dict[str, Any] = {}  # declared name -> the dataset its data is of (held: lists have no weakref)
         self._datasets: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         check_checkpoints_hold_the_model(trainer.model)
@@ -104,7 +104,13 @@ class EvalCallback(TrainerCallback):
             output = loop(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
             name = bound.arguments.get("metric_key_prefix", signature.parameters["metric_key_prefix"].default)
-            output.metrics.update(self.scores(name, self._datasets.get(bound.arguments["dataloader"])))
+            scores = self.scores(name, self._dataset_of(bound.arguments["dataloader"]))
+            replaced = sorted(k for k in scores if k in output.metrics and k not in self._warned)
+            if replaced:  # the Trainer's compute_metrics named a score as the tool names its own
+                self._warned.update(replaced)
+                logger.warning("EvalCallback: %s: the Trainer's compute_metrics gives it too; the tool's score on "
+                               "%r's data replaces it", ", ".join(replaced), name)
+            output.metrics.update(scores)
             return output
 
         trainer.get_eval_dataloader, trainer.get_test_dataloader = get_eval_dataloader, get_test_dataloader
@@ -113,9 +119,18 @@ class EvalCallback(TrainerCallback):
     def _remember(self, loader: Any, dataset: Any) -> Any:
         # A loader the Trainer keeps (persistent workers) stays with the dataset it was made for,
         # whatever the dataset later given: it is that one the Trainer evaluates.
-        if loader not in self._datasets and dataset is not None:
-            self._datasets[loader] = dataset
+        if dataset is not None and self._dataset_of(loader) is None:
+            try:
+                self._datasets[loader] = dataset
+            except TypeError:
+                pass  # a loader with no weak reference: its dataset stays unknown
         return loader
+
+    def _dataset_of(self, loader: Any) -> Any:
+        try:
+            return self._datasets.get(loader)
+        except TypeError:  # no weak reference to it: never remembered
+            return None
 
     def scores(self, name: str, dataset: Any) -> dict[str, float]:
         """The scores of the evaluation named `name` of `dataset` (None: not known), under that

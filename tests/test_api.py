@@ -186,11 +186,12 @@ def test_in_memory_data_errors(tmp_path):
         seq2seq_eval.evaluate(model, sources=["a"], references=["x"], data_dir=str(DATA), save_dir=str(tmp_path))
 
 
-def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp_path, monkeypatch):
+def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp_path, monkeypatch, caplog):
     """The callback's cache, in-process with evaluate() recorded: a result is reused for the same
     weights and data (another step, another name with the same data), never for other weights,
     other data file contents, other in-memory examples or other options; a second set of weights
     at one step gets its own folder."""
+    import logging
     import types
 
     import torch
@@ -212,7 +213,8 @@ def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp
     state = types.SimpleNamespace(global_step=0)
     trainer = types.SimpleNamespace(  # what the callback reads of a Trainer
         model=model, processing_class=tokenizer, state=state, args=types.SimpleNamespace(output_dir=str(tmp_path)),
-        evaluation_loop=lambda dataloader, description, metric_key_prefix="eval": None,
+        evaluation_loop=lambda dataloader, description, metric_key_prefix="eval": types.SimpleNamespace(
+            metrics={f"{metric_key_prefix}_loss": 1.0, f"{metric_key_prefix}_bleu": 50.0}),
         get_eval_dataloader=lambda eval_dataset=None: None, get_test_dataloader=lambda test_dataset: None)
     callback = cb.EvalCallback(trainer, data={"eval_other": {"data_dir": str(data)}}, data_dir=str(data), bs=4)
 
@@ -256,3 +258,8 @@ def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp
     assert evaluation(14, "eval", rows)["eval_bleu"] == 7.0
     assert evaluation(14, "eval", [{"source": "a", "target": "x"}]) == {"eval_bleu": 10.0}  # another: its own
     assert evaluation(14, "eval", [{"input_ids": [1]}]) == {} and len(runs) == 10
+    # Through the Trainer's loop: a compute_metrics score of the same name is replaced, with one warning.
+    with caplog.at_level(logging.WARNING, logger="seq2seq_eval"):
+        outputs = [trainer.evaluation_loop(None, "Evaluation", metric_key_prefix=n) for n in ("eval", "eval", "x")]
+    assert [o.metrics for o in outputs] == [{"eval_loss": 1.0, "eval_bleu": 7.0}] * 2 + [{"x_loss": 1.0, "x_bleu": 50.0}]
+    assert caplog.text.count("eval_bleu: the Trainer's compute_metrics gives it too") == 1
