@@ -79,6 +79,7 @@ class EvalCallback(TrainerCallback):
         self._bound: dict[str, Any] = {}  # declared name -> the dataset its data is of (held: lists have no weakref)
         self._datasets: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         check_checkpoints_hold_the_model(trainer.model)
+        self._unsaved = unsaved_of(trainer.model)  # what a checkpoint rebuilds, as it is now
         self._join(trainer)
 
     def _join(self, trainer: Any) -> None:
@@ -162,7 +163,7 @@ class EvalCallback(TrainerCallback):
         if model is None or tokenizer is None:
             raise ConfigError("EvalCallback: the Trainer has no model or no processing_class (the tokenizer); "
                               "pass processing_class=tokenizer to the Trainer")
-        check_checkpoints_hold_the_model(model)  # a parameter unfrozen since
+        check_checkpoints_hold_the_model(model, self._unsaved)  # unfrozen or changed since
         key, weights = self.what_is_evaluated(model, tokenizer, data)
         result = self._results.get(key)
         if result is None:
@@ -197,7 +198,8 @@ class EvalCallback(TrainerCallback):
 def _declared(data: Any, direct: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """{evaluation name: its data options}, each checked to hold data options only."""
     if data is not None and not isinstance(data, Mapping):
-        raise ConfigError(f"EvalCallback: data must be a dict of evaluation name -> data options, got {type(data).__name__}")
+        raise ConfigError("EvalCallback: data must be a dict of evaluation name -> data options, got "
+                          f"{type(data).__name__}")
     declared = {"eval": direct} if direct else {}
     for name, options in (data or {}).items():
         if not isinstance(name, str) or not name:
@@ -207,8 +209,8 @@ def _declared(data: Any, direct: dict[str, Any]) -> dict[str, dict[str, Any]]:
             raise ConfigError(f"EvalCallback: data[{name!r}]: the data options given directly are "
                               f"{name!r}'s already; give them once")
         if not isinstance(options, Mapping) or not options:
-            raise ConfigError(f"EvalCallback: data[{name!r}]: expected evaluate's data options ({', '.join(DATA_OPTIONS[:3])}, "
-                              f"... or sources/references/ids), got {options!r}")
+            raise ConfigError(f"EvalCallback: data[{name!r}]: expected evaluate's data options "
+                              f"({', '.join(DATA_OPTIONS[:3])}, ... or sources/references/ids), got {options!r}")
         other = sorted(set(options) - set(DATA_OPTIONS))
         if other:
             raise ConfigError(f"EvalCallback: data[{name!r}]: {', '.join(other)} is not a data option (expected "
@@ -239,20 +241,38 @@ def examples_of(dataset: Any) -> dict[str, Any] | None:
     return {k: column(c) for k, c in COLUMNS.items() if c in columns}
 
 
-def check_checkpoints_hold_the_model(model: Any) -> None:
+def unsaved_of(model: Any) -> dict[str, Any]:
+    """The state-dict entries save_pretrained leaves out (exactly the model's
+    _keys_to_ignore_on_save), copied to the CPU: a checkpoint rebuilds them when it loads."""
+    ignored = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
+    if not ignored:
+        return {}
+    return {k: t.detach().to("cpu", copy=True) for k, t in model.state_dict().items() if k in ignored}
+
+
+def check_checkpoints_hold_the_model(model: Any, unsaved_at_start: dict[str, Any] | None = None) -> None:
     """Refuse a model whose checkpoints leave out a weight that training changes: a step's score
     would be of another model than its checkpoint's (transformers 5's Marian: sinusoidal position
-    tables that are trainable but in _keys_to_ignore_on_save, rebuilt when the checkpoint loads)."""
+    tables that are trainable but in _keys_to_ignore_on_save, rebuilt when the checkpoint loads).
+    Trainable, or changed since `unsaved_at_start` (by hand, or a buffer its forward updates)."""
+    import torch
+
     ignored = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
     if not ignored:
         return
-    # save_pretrained drops exactly these state-dict keys.
     trained = [n for n, p in model.named_parameters() if p.requires_grad and n in ignored]
     if trained:
         raise ConfigError(
             f"EvalCallback: {', '.join(trained)}: trainable, but no checkpoint holds it (the model's "
             "_keys_to_ignore_on_save), so a step's score would not be the score of its checkpoint; "
             "freeze it before training: model.get_parameter(name).requires_grad_(False)")
+    now = unsaved_of(model) if unsaved_at_start else {}
+    changed = [k for k, t in now.items() if k in unsaved_at_start and not torch.equal(t, unsaved_at_start[k])]
+    if changed:
+        raise ConfigError(
+            f"EvalCallback: {', '.join(changed)}: changed since the callback was made, but no checkpoint holds it "
+            "(the model's _keys_to_ignore_on_save), so a step's score would not be the score of its checkpoint; "
+            "expected it as loaded")
 
 
 def _data_stamp(options: dict[str, Any]) -> list[list[Any]] | None:

@@ -261,5 +261,6 @@ def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp
     # Through the Trainer's loop: a compute_metrics score of the same name is replaced, with one warning.
     with caplog.at_level(logging.WARNING, logger="seq2seq_eval"):
         outputs = [trainer.evaluation_loop(None, "Evaluation", metric_key_prefix=n) for n in ("eval", "eval", "x")]
-    assert [o.metrics for o in outputs] == [{"eval_loss": 1.0, "eval_bleu": 7.0}] * 2 + [{"x_loss": 1.0, "x_bleu": 50.0}]
+    assert [o.metrics for o in outputs] == \
+        [{"eval_loss": 1.0, "eval_bleu": 7.0}] * 2 + [{"x_loss": 1.0, "x_bleu": 50.0}]
     assert caplog.text.count("eval_bleu: the Trainer's compute_metrics gives it too") == 1

@@ -111,8 +111,8 @@ def test_every_score_is_its_own_data_on_its_checkpoint(tmp_path, caplog):
 def test_refused_in_one_line_before_training(tmp_path):
     """Marian's position tables, trainable but left out of every checkpoint (trained, a step's
     score would be of other weights than its checkpoint's: seen as 2 of 40 generations apart),
-    when the callback is made and when one is unfrozen later; arguments that could give a name
-    another name's data; a second callback on one Trainer."""
+    when the callback is made, and at an evaluation after one is unfrozen or changed; arguments
+    that could give a name another name's data; a second callback on one Trainer."""
     model, tokenizer = model_and_tokenizer(freeze=False)
     trainer = trainer_of(model, tokenizer, tmp_path, rows(tokenizer, "val", True, 2))
     with pytest.raises(ConfigError, match=r"model\.encoder\.embed_positions\.weight, "
@@ -134,8 +134,14 @@ def test_refused_in_one_line_before_training(tmp_path):
     callback = EvalCallback(trainer, **OPTIONS)
     with pytest.raises(ConfigError, match="this Trainer has one already"):
         EvalCallback(trainer)
-    model.get_parameter("model.decoder.embed_positions.weight").requires_grad_(True)  # unfrozen afterwards
+    table = model.get_parameter("model.decoder.embed_positions.weight")
+    table.requires_grad_(True)  # unfrozen afterwards
     with pytest.raises(ConfigError, match=r"model\.decoder\.embed_positions\.weight: trainable"):
+        trainer.evaluate()
+    table.requires_grad_(False)
+    with torch.no_grad():
+        table[3, 0] += 1e-3  # changed by hand, frozen
+    with pytest.raises(ConfigError, match=r"model\.decoder\.embed_positions\.weight: changed since the callback"):
         trainer.evaluate()
     assert callback.last is None
 
