@@ -45,9 +45,9 @@ def model_and_tokenizer(freeze: bool = True):
     return model, tokenizer
 
 
-def trainer_of(model, tokenizer, out: Path, eval_dataset, **kwargs) -> Seq2SeqTrainer:
+def trainer_of(model, tokenizer, out: Path, eval_dataset, bf16: bool = False, **kwargs) -> Seq2SeqTrainer:
     args = Seq2SeqTrainingArguments(
-        output_dir=str(out), use_cpu=True, max_steps=MAX_STEPS, per_device_train_batch_size=4,
+        output_dir=str(out), use_cpu=True, bf16=bf16, max_steps=MAX_STEPS, per_device_train_batch_size=4,
         per_device_eval_batch_size=8, learning_rate=3e-3, lr_scheduler_type="constant", eval_strategy="steps",
         eval_steps=2, save_steps=2, logging_steps=2, report_to=[], save_only_model=True, load_best_model_at_end=True,
         metric_for_best_model="eval_a_bleu", seed=7, dataloader_num_workers=0, disable_tqdm=True)
@@ -144,6 +144,27 @@ def test_refused_in_one_line_before_training(tmp_path):
     with pytest.raises(ConfigError, match=r"model\.decoder\.embed_positions\.weight: changed since the callback"):
         trainer.evaluate()
     assert callback.last is None
+
+
+def test_generation_runs_the_models_own_forward_under_mixed_precision(tmp_path):
+    """A Trainer with bf16=True (accelerate's mixed precision) runs the model's forward under
+    autocast; evaluate() generates with the model's own forward, in its dtype, as the command line
+    runs a checkpoint of it, and leaves the job's forward in place."""
+    model, tokenizer = model_and_tokenizer()
+    trainer = trainer_of(model, tokenizer, tmp_path, rows(tokenizer, "val", False, 2), bf16=True)
+    trainer.evaluate()  # the Trainer's loss: accelerate prepares the model
+    patched = model.forward
+    dtypes: list[torch.dtype] = []
+    handle = model.lm_head.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+    with torch.no_grad():
+        model(**tokenizer(["a b"], text_target=["c"], return_tensors="pt"))
+    assert dtypes == [torch.bfloat16]  # the job's forward
+    dtypes.clear()
+    seq2seq_eval.evaluate(model, tokenizer, data_dir=str(DATA), type_path="val", n_obs=2, bs=2, max_new_tokens=4,
+                          save_dir=str(tmp_path / "eval"))
+    handle.remove()
+    assert dtypes and set(dtypes) == {torch.float32}
+    assert model.forward == patched and model.forward.__func__ is not type(model).forward
 
 
 def test_datasets_carry_their_examples_or_not():
