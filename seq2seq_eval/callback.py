@@ -104,8 +104,9 @@ class EvalCallback(TrainerCallback):
         def evaluation_loop(*args: Any, **kwargs: Any) -> Any:
             output = loop(*args, **kwargs)
             bound = signature.bind(*args, **kwargs)
-            name = bound.arguments.get("metric_key_prefix", signature.parameters["metric_key_prefix"].default)
-            scores = self.scores(name, self._dataset_of(bound.arguments["dataloader"]))
+            given = signature.parameters.get("metric_key_prefix")
+            name = bound.arguments.get("metric_key_prefix", given.default if given is not None else "eval")
+            scores = self.scores(name, self._dataset_of(bound.arguments.get("dataloader")))
             replaced = sorted(k for k in scores if k in output.metrics and k not in self._warned)
             if replaced:  # the Trainer's compute_metrics named a score as the tool names its own
                 self._warned.update(replaced)
