@@ -268,7 +268,10 @@ def check_checkpoints_hold_the_model(model: Any, unsaved_at_start: dict[str, Any
             "_keys_to_ignore_on_save), so a step's score would not be the score of its checkpoint; "
             "freeze it before training: model.get_parameter(name).requires_grad_(False)")
     now = unsaved_of(model) if unsaved_at_start else {}
-    changed = [k for k, t in now.items() if k in unsaved_at_start and not torch.equal(t, unsaved_at_start[k])]
+    # In the model's dtype now: the Trainer casts the whole model for fp16/bf16_full_eval, as the
+    # command line's --fp16/--bf16 casts a loaded checkpoint, tables included.
+    changed = [k for k, t in now.items()
+               if k in unsaved_at_start and not torch.equal(t, unsaved_at_start[k].to(t.dtype))]
     if changed:
         raise ConfigError(
             f"EvalCallback: {', '.join(changed)}: changed since the callback was made, but no checkpoint holds it "

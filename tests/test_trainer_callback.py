@@ -45,9 +45,9 @@ def model_and_tokenizer(freeze: bool = True):
     return model, tokenizer
 
 
-def trainer_of(model, tokenizer, out: Path, eval_dataset, bf16: bool = False, **kwargs) -> Seq2SeqTrainer:
+def trainer_of(model, tokenizer, out: Path, eval_dataset, training: dict | None = None, **kwargs) -> Seq2SeqTrainer:
     args = Seq2SeqTrainingArguments(
-        output_dir=str(out), use_cpu=True, bf16=bf16, max_steps=MAX_STEPS, per_device_train_batch_size=4,
+        **(training or {}), output_dir=str(out), use_cpu=True, max_steps=MAX_STEPS, per_device_train_batch_size=4,
         per_device_eval_batch_size=8, learning_rate=3e-3, lr_scheduler_type="constant", eval_strategy="steps",
         eval_steps=2, save_steps=2, logging_steps=2, report_to=[], save_only_model=True, load_best_model_at_end=True,
         metric_for_best_model="eval_a_bleu", seed=7, dataloader_num_workers=0, disable_tqdm=True)
@@ -151,7 +151,7 @@ def test_generation_runs_the_models_own_forward_under_mixed_precision(tmp_path):
     autocast; evaluate() generates with the model's own forward, in its dtype, as the command line
     runs a checkpoint of it, and leaves the job's forward in place."""
     model, tokenizer = model_and_tokenizer()
-    trainer = trainer_of(model, tokenizer, tmp_path, rows(tokenizer, "val", False, 2), bf16=True)
+    trainer = trainer_of(model, tokenizer, tmp_path, rows(tokenizer, "val", False, 2), {"bf16": True})
     trainer.evaluate()  # the Trainer's loss: accelerate prepares the model
     patched = model.forward
     dtypes: list[torch.dtype] = []
@@ -165,6 +165,20 @@ def test_generation_runs_the_models_own_forward_under_mixed_precision(tmp_path):
     handle.remove()
     assert dtypes and set(dtypes) == {torch.float32}
     assert model.forward == patched and model.forward.__func__ is not type(model).forward
+
+
+def test_a_half_precision_evaluation_is_the_command_lines_in_that_precision(tmp_path):
+    """bf16_full_eval: outside training the Trainer casts its model to bfloat16 (in place) before
+    its evaluation; the score is then the command line's with --bf16 on the saved weights."""
+    model, tokenizer = model_and_tokenizer()
+    trainer = trainer_of(model, tokenizer, tmp_path, rows(tokenizer, "val", True, 4), {"bf16_full_eval": True})
+    EvalCallback(trainer, **OPTIONS)
+    trainer.save_model(str(tmp_path / "saved"))
+    got = trainer.evaluate()
+    assert model.dtype == torch.bfloat16
+    reference = seq2seq_eval.evaluate(str(tmp_path / "saved"), data_dir=str(DATA), type_path="val", bf16=True,
+                                      save_dir=str(tmp_path / "ref"), **{**OPTIONS, "n_obs": 4})
+    assert got["eval_bleu"] == reference.metrics["bleu"]
 
 
 def test_datasets_carry_their_examples_or_not():
