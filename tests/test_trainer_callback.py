@@ -23,11 +23,6 @@ MAX_STEPS = 8
 OPTIONS = dict(n_obs=N, bs=8, num_beams=2, max_new_tokens=16)
 
 
-def lines(split: str) -> tuple[list[str], list[str]]:
-    return ((DATA / f"{split}.source").read_text().splitlines()[:N],
-            (DATA / f"{split}.target").read_text().splitlines()[:N])
-
-
 def rows(tokenizer, split: str, text: bool, n: int = N) -> list[dict]:
     src = (DATA / f"{split}.source").read_text().splitlines()[:n]
     tgt = (DATA / f"{split}.target").read_text().splitlines()[:n]
