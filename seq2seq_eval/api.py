@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,7 +184,7 @@ def evaluate(
         failure: BaseException | None = None
         payload: Any = None
         try:
-            with untouched(model if in_memory else None):  # the RNG too, for a path
+            with untouched(model if in_memory else None), _own_forward(model if in_memory else None):
                 outcome = run(cfg, env, process_group=pg, model=model if in_memory else None, tokenizer=tokenizer)
             if env.is_main:
                 payload = _payload(cfg, outcome, return_examples)
@@ -207,6 +207,24 @@ def evaluate(
         return _share(pg, env, payload, failure)
     finally:
         pg.close()
+
+
+@contextlib.contextmanager
+def _own_forward(model: Any) -> Iterator[None]:
+    """The model's own forward while it generates. accelerate's mixed precision (a Trainer with
+    bf16=True or fp16=True) replaces a model's forward by one under autocast, keeping the original
+    as _original_forward: generation would compute in half precision, and differ from the command
+    line on a checkpoint of the same weights. The job's forward is put back afterwards."""
+    patched = vars(model).get("forward") if model is not None else None
+    own = getattr(model, "_original_forward", None)
+    if patched is None or own is None:
+        yield
+        return
+    model.forward = own
+    try:
+        yield
+    finally:
+        model.forward = patched
 
 
 def _check_model_args(cfg: EvalConfig, in_memory: bool, tokenizer: Any) -> None:

@@ -53,10 +53,13 @@ training_args = Seq2SeqTrainingArguments(
     ddp_find_unused_parameters=True, dataloader_num_workers=0, disable_tqdm=True,
 )
 trainer = Seq2SeqTrainer(
-    model=model, args=training_args, train_dataset=examples("train", 48), eval_dataset=examples("val", 4),
+    model=model, args=training_args, train_dataset=examples("train", 48), eval_dataset=examples("val", args.n_obs),
     data_collator=DataCollatorForSeq2Seq(tokenizer, model=model), processing_class=tokenizer,
 )
-trainer.add_callback(EvalCallback(trainer, data_dir=args.data, n_obs=args.n_obs, bs=4, sync_timeout=60))
+# "eval" is the Trainer's eval_dataset (val); "test" (evaluate(metric_key_prefix="test") below) is
+# declared as the same files: tests/test_trainer_callback.py gives names other data.
+val = {"data_dir": args.data, "type_path": "val"}
+trainer.add_callback(EvalCallback(trainer, data={"eval": val, "test": val}, n_obs=args.n_obs, bs=4, sync_timeout=60))
 trainer.train()
 
 after = {"best": trainer.state.best_model_checkpoint, "evaluate": trainer.evaluate(),

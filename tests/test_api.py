@@ -100,8 +100,8 @@ def test_a_failing_rank_makes_every_rank_raise(jobs):
 def test_trainer_callback_scores_belong_to_the_weights(tmp_path):
     """A Seq2SeqTrainer whose translations get worse at each step: load_best_model_at_end loads an
     earlier checkpoint, and trainer.evaluate() then gives the command line's scores on that
-    checkpoint (not the last evaluation's), under the prefix it was called with; weights loaded
-    by hand give their own checkpoint's scores."""
+    checkpoint (not the last evaluation's), under the prefix it was called with (each name's data
+    declared); weights loaded by hand give their own checkpoint's scores."""
     out = tmp_path / "trainer"
     assert_ok(launch(2, "api_trainer.py", ["--out", str(out), "--n_obs", "9"], tmp_path))
     history = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())["log_history"]
@@ -111,16 +111,17 @@ def test_trainer_callback_scores_belong_to_the_weights(tmp_path):
     best = Path(after["best"]).name
     assert best != "checkpoint-6" and logged[int(best.split("-")[1])] > logged[6], (best, logged)
     cli = tmp_path / "cli"
-    assert_ok(single(["--model_name", str(out / best), "--data_dir", str(DATA), "--n_obs", "9", "--bs", "4",
-                      "--save_dir", str(cli)], cwd=tmp_path))
-    assert after["evaluate"]["eval_bleu"] == metrics_of(cli)["bleu"] != logged[6]
-    assert after["evaluate_test"]["test_bleu"] == metrics_of(cli)["bleu"]
+    assert_ok(single(["--model_name", str(out / best), "--data_dir", str(DATA), "--type_path", "val", "--n_obs", "9",
+                      "--bs", "4", "--save_dir", str(cli / "val")], cwd=tmp_path))
+    val = metrics_of(cli / "val", "val_bleu.json")["bleu"]
+    assert after["evaluate"]["eval_bleu"] == val != logged[6]
+    assert after["evaluate_test"]["test_bleu"] == val  # "test" is declared as val's files
     assert not any(k.startswith("eval_") for k in after["evaluate_test"])  # test_loss beside test_bleu
     by_hand = after["by_hand"]
     assert by_hand["evaluate"]["eval_bleu"] == logged[int(by_hand["checkpoint"].split("-")[1])]
-    ours = out / "seq2seq_eval" / f"step_{best.split('-')[1]}"
-    assert (ours / "test_generations.txt").read_bytes() == (cli / "test_generations.txt").read_bytes()
-    assert metrics_of(ours)["n_gpus"] == 2
+    ours = out / "seq2seq_eval" / "eval" / f"step_{best.split('-')[1]}"
+    assert (ours / "val_generations.txt").read_bytes() == (cli / "val" / "val_generations.txt").read_bytes()
+    assert metrics_of(ours, "val_bleu.json")["n_gpus"] == 2
 
 
 # ------------------------------------------------------------------ score and compare over lists
@@ -185,10 +186,12 @@ def test_in_memory_data_errors(tmp_path):
         seq2seq_eval.evaluate(model, sources=["a"], references=["x"], data_dir=str(DATA), save_dir=str(tmp_path))
 
 
-def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp_path, monkeypatch):
+def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp_path, monkeypatch, caplog):
     """The callback's cache, in-process with evaluate() recorded: a result is reused for the same
-    weights (another step, another eval dataset's prefix), never for other weights, other data
-    file contents or other options; a second set of weights at one step gets its own folder."""
+    weights and data (another step, another name with the same data), never for other weights,
+    other data file contents, other in-memory examples or other options; a second set of weights
+    at one step gets its own folder."""
+    import logging
     import types
 
     import torch
@@ -204,28 +207,30 @@ def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp
         return EvalResult(metrics={"bleu": float(len(runs)), "n_obs": 2})
 
     monkeypatch.setattr(cb, "evaluate", recorded)
-    logged: list[dict] = []
     data = tmp_path / "d.jsonl"
     data.write_text('{"source": "a", "target": "b"}\n', encoding="utf-8")
     model, tokenizer = torch.nn.Linear(3, 2), AutoTokenizer.from_pretrained(str(EMBEDDED_MODEL))
-    callback = cb.EvalCallback(types.SimpleNamespace(log=logged.append), data_dir=str(data), bs=4)
-    args = types.SimpleNamespace(output_dir=str(tmp_path / "out"))
+    state = types.SimpleNamespace(global_step=0)
+    trainer = types.SimpleNamespace(  # what the callback reads of a Trainer
+        model=model, processing_class=tokenizer, state=state, args=types.SimpleNamespace(output_dir=str(tmp_path)),
+        evaluation_loop=lambda dataloader, description, metric_key_prefix="eval": types.SimpleNamespace(
+            metrics={f"{metric_key_prefix}_loss": 1.0, f"{metric_key_prefix}_bleu": 50.0}),
+        get_eval_dataloader=lambda eval_dataset=None: None, get_test_dataloader=lambda test_dataset: None)
+    callback = cb.EvalCallback(trainer, data={"eval_other": {"data_dir": str(data)}}, data_dir=str(data), bs=4)
 
-    def evaluation(step: int, prefix: str = "eval") -> dict:
-        metrics = {f"{prefix}_loss": 1.0, f"{prefix}_runtime": 0.5, "epoch": 1.0}
-        callback.on_evaluate(args, types.SimpleNamespace(global_step=step), None, metrics, model=model,
-                             processing_class=tokenizer)
-        return metrics
+    def evaluation(step: int, name: str = "eval", dataset=None) -> dict:
+        state.global_step = step
+        return callback.scores(name, dataset)
 
-    assert evaluation(2)["eval_bleu"] == 1.0 and runs == ["step_2"]
-    assert evaluation(2, "eval_other")["eval_other_bleu"] == 1.0 and runs == ["step_2"]  # a dict of eval datasets
+    assert evaluation(2) == {"eval_bleu": 1.0} and runs == ["step_2"]
+    assert evaluation(2, "eval_other") == {"eval_other_bleu": 1.0} and runs == ["step_2"]  # the same data
+    assert evaluation(2, "test") == {} and runs == ["step_2"]  # no data for "test": no score
     first = {k: v.clone() for k, v in model.state_dict().items()}
     with torch.no_grad():
         model.weight[0, 0] = torch.nextafter(model.weight[0, 0], torch.tensor(2.0))  # one bit of one weight
     assert evaluation(4)["eval_bleu"] == 2.0 and runs == ["step_2", "step_4"]
     model.load_state_dict(first)  # the step-2 weights again, at a later step (load_best_model_at_end)
-    test = evaluation(6, "test")
-    assert test["test_bleu"] == 1.0 and "eval_bleu" not in test and runs == ["step_2", "step_4"]
+    assert evaluation(6, "eval_other") == {"eval_other_bleu": 1.0} and len(runs) == 2
     with torch.no_grad():
         model.bias.add_(1.0)
     assert evaluation(6)["eval_bleu"] == 3.0
@@ -245,8 +250,17 @@ def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp
     assert evaluation(10)["eval_bleu"] == 8.0
     model.generation_config = GenerationConfig(num_beams=1)
     assert evaluation(12)["eval_bleu"] == 7.0 and len(runs) == 8
-    assert [list(d) for d in logged][:3] == [["eval_bleu"], ["eval_other_bleu"], ["eval_bleu"]]
-    mine = cb.EvalCallback(types.SimpleNamespace(log=logged.append), metric_key_prefix="mine", data_dir=str(data))
-    metrics = {"eval_runtime": 0.5}
-    mine.on_evaluate(args, types.SimpleNamespace(global_step=1), None, metrics, model=model, processing_class=tokenizer)
-    assert "mine_bleu" in metrics
+    rows = [{"source": "a", "target": "b"}]  # a dataset that carries its examples
+    assert evaluation(12, "test", rows) == {"test_bleu": 9.0}
+    assert evaluation(14, "test", [{"source": "a", "target": "b"}]) == {"test_bleu": 9.0}  # equal examples
+    assert evaluation(14, "test", [{"source": "a", "target": "x"}]) == {"test_bleu": 10.0}
+    assert evaluation(14, "eval", rows)["eval_bleu"] == 7.0  # declared data, now of that dataset
+    assert evaluation(14, "eval", rows)["eval_bleu"] == 7.0
+    assert evaluation(14, "eval", [{"source": "a", "target": "x"}]) == {"eval_bleu": 10.0}  # another: its own
+    assert evaluation(14, "eval", [{"input_ids": [1]}]) == {} and len(runs) == 10
+    # Through the Trainer's loop: a compute_metrics score of the same name is replaced, with one warning.
+    with caplog.at_level(logging.WARNING, logger="seq2seq_eval"):
+        outputs = [trainer.evaluation_loop(None, "Evaluation", metric_key_prefix=n) for n in ("eval", "eval", "x")]
+    assert [o.metrics for o in outputs] == \
+        [{"eval_loss": 1.0, "eval_bleu": 7.0}] * 2 + [{"x_loss": 1.0, "x_bleu": 50.0}]
+    assert caplog.text.count("eval_bleu: the Trainer's compute_metrics gives it too") == 1
