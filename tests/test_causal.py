@@ -147,6 +147,8 @@ def test_few_shot_examples_are_chosen_by_seed_and_the_same_for_every_prompt(tiny
     ({"stop_strings": ["☃", "€"]}, "--stop_strings: ['☃', '€']: transformers' StopStringCriteria cannot be built for "
                                    "these with the model's tokenizer (Stop string preprocessing was unable"),
     ({"stop_strings": ["x", ""]}, "--stop_strings: an empty stop string would stop every text at once"),
+    ({"stop_strings": []}, "--stop_strings: an empty list: generate() builds its stop-string criterion from it and "
+                           "fails"),
     ({"max_new_tokens": 300}, "--max_new_tokens 300: leaves no room for a prompt in the model's 256 positions"),
     ({"max_source_length": 250}, "--max_source_length 250: a prompt that long and --max_new_tokens 12 exceed the "
                                  "model's 256 positions; expected at most 244"),

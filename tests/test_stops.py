@@ -126,9 +126,14 @@ def test_a_text_that_shows_u_fffd_runs_on_to_the_bytes_of_u_fffd(bigram):
     assert "\ufffd" in shown and out.preds == [[shown[:shown.index("\ufffd")].strip()]]
 
 
-def test_ends_are_the_first_token_the_criterion_stops_on(bigram):
+@pytest.mark.parametrize("block", [8192, 2])
+def test_ends_are_the_first_token_the_criterion_stops_on(bigram, block, monkeypatch):
     """`Stops.ends` on hand-made sequences: a stop string completed across tokens, one that begins
-    before the generated tokens, and a generated text that merely shows it."""
+    before the generated tokens, and a generated text that merely shows it; alone and together,
+    the criterion asked in one block or in blocks of 2."""
+    from seq2seq_eval.engines import stops as module
+
+    monkeypatch.setattr(module, "WINDOWS_AT_ONCE", block)
     s = Setup(bigram)
     tok = s.tokenizer
     stops = Stops(tok, ["日", "x日"])
@@ -138,6 +143,7 @@ def test_ends_are_the_first_token_the_criterion_stops_on(bigram):
     assert stops.ends([x + cjk + emoji], [0]) == [4]
     assert stops.ends([emoji + cjk[:2]], [0]) == [None]  # two of its three bytes: the text shows U+FFFD, not 日
     assert stops.ends([cjk[:1] + emoji + cjk[1:]], [0]) == [None]  # its bytes, not in a row
+    assert stops.ends([emoji + emoji + x + cjk + cjk, x + cjk, emoji + cjk[:2], x], [8, 1, 0, 1]) == [4, 3, None, None]
     assert stops.cut("a日b日") == "a" and stops.cut("ab") == "ab"
 
 

@@ -35,6 +35,8 @@ import copy
 from collections.abc import Sequence
 from typing import Any
 
+WINDOWS_AT_ONCE = 8192  # prefixes `Stops.ends` asks the criterion about in one call
+
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
     """A continuation's text as predictions are decoded (before the outer spaces are stripped)."""
@@ -86,16 +88,19 @@ class Stops:
                 short.setdefault(end, ([], []))[0].append(i)
                 short[end][1].append(seq[:end])
             if len(seq) >= first_full:
-                t = torch.tensor(list(seq), dtype=torch.long)
-                windows.append(t.unfold(0, self.reach, 1)[first_full - self.reach:])
+                t = torch.tensor(list(seq[first_full - self.reach:]), dtype=torch.long)
+                windows.append(t.unfold(0, self.reach, 1))
                 owners.extend((i, end) for end in range(first_full, len(seq) + 1))
         hits: list[tuple[int, int]] = []
         for rows, prefixes in short.values():
             stopped = self._host(torch.tensor([list(p) for p in prefixes], dtype=torch.long), None)
             hits.extend((i, len(prefixes[0])) for i, s in zip(rows, stopped.tolist()) if s)
         if windows:
-            stopped = self._host(torch.cat(windows), None)
-            hits.extend(owners[k] for k in stopped.nonzero()[:, 0].tolist())
+            every = torch.cat(windows)
+            # In blocks: the criterion's tables for each window grow with the strings' lengths.
+            for at in range(0, every.shape[0], WINDOWS_AT_ONCE):
+                stopped = self._host(every[at:at + WINDOWS_AT_ONCE], None)
+                hits.extend(owners[at + k] for k in stopped.nonzero()[:, 0].tolist())
         for i, end in hits:
             n = end - begins[i]
             if found[i] is None or n < found[i]:  # type: ignore[operator]

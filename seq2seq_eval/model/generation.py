@@ -231,14 +231,17 @@ def stop_list(value: Any) -> list[str]:
 
 
 def check_stop_strings(gc: Any, tokenizer: Any, user: dict[str, Any], model_set: Any) -> None:
-    """Stop strings generate() would not run with, refused before any work: an empty one (it
-    would stop every text at once), and strings transformers' StopStringCriteria cannot be built
-    for with this tokenizer (generate() raises then, at its first call). Built here from the
-    tokenizer as generate() builds it; the engines build it again from its cache."""
-    listed = stop_list(gc.stop_strings)
-    if not listed:
+    """Stop strings generate() would not run with, refused before any work: an empty list, an
+    empty string (it would stop every text at once), and strings transformers' StopStringCriteria
+    cannot be built for with this tokenizer (generate() raises then, at its first call). Built
+    here from the tokenizer as generate() builds it; the engines build it again from its cache."""
+    if gc.stop_strings is None:
         return
+    listed = stop_list(gc.stop_strings)
     shown = where("stop_strings", user, model_set)
+    if not listed:
+        raise ConfigError(f"{shown}: an empty list: generate() builds its stop-string criterion from it and fails "
+                          "(no string to stop at); expected at least one stop string, or no stop_strings at all")
     if "" in listed:
         raise ConfigError(f"{shown}: an empty stop string would stop every text at once; expected non-empty strings")
     from transformers.generation.stopping_criteria import StopStringCriteria
