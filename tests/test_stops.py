@@ -21,7 +21,7 @@ from test_causal import Setup, _engine, _model
 from tiny_causal import build_byte_bigram, byte_tokens
 
 from seq2seq_eval.engines.stops import Stops
-from seq2seq_eval.errors import ConfigError
+from seq2seq_eval.errors import ConfigError, ModelError
 from seq2seq_eval.model.kind import CAUSAL
 
 torch = pytest.importorskip("torch")
@@ -145,6 +145,26 @@ def test_ends_are_the_first_token_the_criterion_stops_on(bigram, block, monkeypa
     assert stops.ends([cjk[:1] + emoji + cjk[1:]], [0]) == [None]  # its bytes, not in a row
     assert stops.ends([emoji + emoji + x + cjk + cjk, x + cjk, emoji + cjk[:2], x], [8, 1, 0, 1]) == [4, 3, None, None]
     assert stops.cut("a日b日") == "a" and stops.cut("ab") == "ab"
+
+
+def test_the_padding_is_kept_out_of_the_match_and_an_unknown_layout_refused(bigram):
+    """The criterion handed to generate(), asked directly, on two prompts that read the same once
+    padded: one end token padded by one, and two end tokens. Continued by 'z', only the second
+    ends with the stop string, in every row of its own (one, or several as in beam search); rows
+    generate() would not hand over (not each prompt's together) are an error, not a guess."""
+    s = Setup(bigram)
+    tok = s.tokenizer
+    stops = Stops(tok, ["<|im_end|><|im_end|>z"])
+    end, z = tok.convert_tokens_to_ids(["<|im_end|>", "z"])
+    padded = torch.tensor([[end, end], [end, end]])
+    criteria = stops.generate_criteria(padded, [1, 0])
+    assert criteria(torch.tensor([[end, end, z]] * 2), None).tolist() == [False, True]
+    assert criteria(torch.tensor([[end, end, z]] * 6), None).tolist() == [False] * 3 + [True] * 3
+    assert criteria(torch.tensor([[end, end, z, z]] * 2), None).tolist() == [False, False]
+    for rows in ([[end, end, z]] * 3, [[end, z, end, end, z]] * 2):
+        with pytest.raises(ModelError, match="^generate\\(\\) asked the stop-string criterion about [23] rows for 2 "
+                                             "prompts, not each prompt's rows together"):
+            criteria(torch.tensor(rows), None)
 
 
 def test_ctranslate2_greedy_stops_where_generate_stops(bigram):

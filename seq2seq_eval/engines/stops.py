@@ -14,8 +14,9 @@ on with the others, so the criterion also decides which hypotheses survive.
 The one thing the engines add: a decoder-only model's batch is padded on the left, and the padding
 is no part of the sequence generate() sees for that prompt alone. A row the criterion stops while
 its padding lies within the criterion's reach (its longest stop string, in characters or bytes, as
-tokens) is asked again on its sequence without the padding; dropping tokens from the front of a
-sequence can only take matches away, never add one, so rows it does not stop need no second look.
+tokens) is asked again on its sequence without the padding (which prompt a row continues is read
+from its place among the rows generate() asks about); dropping tokens from the front of a sequence
+can only take matches away, never add one, so rows it does not stop need no second look.
 
 After generation each returned sequence is cut at the first token on which the criterion stops it
 (`Stops.ends`, asked of every prefix of the prompt and continuation), and the prediction is that
@@ -34,6 +35,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from typing import Any
+
+from ..errors import ModelError
 
 WINDOWS_AT_ONCE = 8192  # prefixes `Stops.ends` asks the criterion about in one call
 
@@ -122,14 +125,19 @@ class Stops:
                 outside = input_ids.shape[1] - reach  # positions before it are beyond the criterion's reach
                 if most <= outside or not bool(hits.any()):
                     return hits
+                # generate() asks about each prompt's rows together and in the batch's order (one
+                # each in greedy search, num_return_sequences when sampling, the candidates of a
+                # beam-search step): the row's prompt comes from its place. Not from its tokens: a
+                # prompt that starts with the padding token reads the same as a shorter one padded.
+                per, rest = divmod(input_ids.shape[0], len(pads))
                 rows = hits.nonzero()[:, 0]
-                # Which prompt each stopped row continues: its first `width` tokens are that prompt,
-                # padded (generate() expands, reorders and drops rows, never changes them).
-                same = (input_ids[rows, None, :width] == padded[None]).all(dim=-1)
-                if not bool(same.any(dim=-1).all()):
-                    raise RuntimeError("generate() handed the stopping criterion a row that continues none of "
-                                       "the batch's prompts")
-                for row, example in zip(rows.tolist(), same.int().argmax(dim=-1).tolist()):
+                examples = rows // max(per, 1)
+                if rest or per == 0 or not bool((input_ids[rows, :width] == padded[examples]).all()):
+                    raise ModelError(f"generate() asked the stop-string criterion about {input_ids.shape[0]} rows for "
+                                     f"{len(pads)} prompts, not each prompt's rows together in the batch's order, so "
+                                     "their left padding cannot be kept out of the match; expected a transformers "
+                                     "whose generate() keeps them so")
+                for row, example in zip(rows.tolist(), examples.tolist()):
                     if pads[example] > outside:
                         hits[row] = criterion(input_ids[row:row + 1, pads[example]:], scores)[0]
                 return hits
