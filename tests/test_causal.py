@@ -147,8 +147,11 @@ def test_few_shot_examples_are_chosen_by_seed_and_the_same_for_every_prompt(tiny
     ({"min_length": 5}, "--min_length: min_length=5: a decoder-only model's min_length counts the prompt's tokens"),
     ({"encoder_repetition_penalty": 1.2}, "--encoder_repetition_penalty: encoder_repetition_penalty=1.2: a decoder-only "
                                           "model has no encoder"),
-    ({"stop_strings": "</s>"}, "--stop_strings: '</s>' holds the special token '</s>'"),
+    ({"stop_strings": ["☃", "€"]}, "--stop_strings: ['☃', '€']: transformers' StopStringCriteria cannot be built for "
+                                   "these with the model's tokenizer (Stop string preprocessing was unable"),
     ({"stop_strings": ["x", ""]}, "--stop_strings: an empty stop string would stop every text at once"),
+    ({"stop_strings": []}, "--stop_strings: an empty list: generate() builds its stop-string criterion from it and "
+                           "fails"),
     ({"max_new_tokens": 300}, "--max_new_tokens 300: leaves no room for a prompt in the model's 256 positions"),
     ({"max_source_length": 250}, "--max_source_length 250: a prompt that long and --max_new_tokens 12 exceed the "
                                  "model's 256 positions; expected at most 244"),
@@ -505,7 +508,10 @@ def before_stop(text: str, listed: list[str]) -> str:
     return text if at < 0 else text[:at]
 
 
-def test_stop_strings_cut_greedy_output_before_the_first_occurrence_even_across_tokens(tiny):
+def test_greedy_stop_strings_stop_where_generates_criterion_stops_even_across_tokens(tiny):
+    """On a SentencePiece-like tokenizer (word marks, no bytes): the candidates of generate() given
+    the same stop strings, one prompt at a time, each text cut before its first stop string; a
+    stop string within one token, one spanning two (in a list), and one never generated."""
     free = Setup(tiny["llama"], max_new_tokens=30)
     prompts = free.ids()
     base = _engine(free).generate(prompts, 0)
@@ -513,24 +519,23 @@ def test_stop_strings_cut_greedy_output_before_the_first_occurrence_even_across_
     # A stop string that spans two tokens: the end of one word and the start of the next.
     two = next(f"{w[0][-1]} {w[1][0]}" for w in words if len(w) > 1)
     one = next(w[2] for w in words if len(w) > 2)
-    for stop_strings in (one, two, [two, "zz"], "never in any text"):
+    for stop_strings in (one, [two, "zz"], "never in any text"):
         s = Setup(tiny["llama"], max_new_tokens=30, stop_strings=stop_strings)
         out = _engine(s).generate(prompts, 0)
         listed = [stop_strings] if isinstance(stop_strings, str) else stop_strings
-        assert out.preds == [[before_stop(p[0], listed).strip()] for p in base.preds], stop_strings
-        hit = [i for i, p in enumerate(base.preds) if stops.first_stop(p[0], listed) >= 0]
-        assert bool(hit) == (stop_strings != "never in any text")
-        for i in hit:  # it stopped at the token that completed the stop string
-            assert out.n_tokens[i] < base.n_tokens[i]
+        texts, _ = _one_at_a_time(s, prompts, stop_strings=stop_strings, tokenizer=s.tokenizer)
+        assert out.preds == [[before_stop(t, listed).strip() for t in c] for c in texts], stop_strings
+        stopped = [i for i, (n, m) in enumerate(zip(out.n_tokens, base.n_tokens)) if n < m]
+        assert bool(stopped) == (stop_strings != "never in any text")
     rows = [s.tokenizer.convert_ids_to_tokens(t) for t in s.tokenizer([p[0] for p in base.preds],
                                                                         add_special_tokens=False)["input_ids"]]
     assert not any(two in t.replace("▁", " ") for r in rows for t in r)  # no single token holds it
 
 
 def test_inside_beam_search_each_hypothesis_stops_at_its_own_first_stop_string(tiny):
-    """generate()'s beam search with transformers' own StopStringCriteria (one prompt at a time,
-    where no stop string can start in the prompt) stops each hypothesis where the engine's
-    criterion does: the same candidates, cut before the stop string, with the same scores."""
+    """generate()'s beam search with transformers' own StopStringCriteria (one prompt at a time)
+    stops each hypothesis where the engine's does: the same candidates, cut before the stop
+    string, with the same scores."""
     beams = {"max_new_tokens": 24, "num_beams": 4, "num_return_sequences": 4}
     free = Setup(tiny["llama"], **beams)
     candidates = _engine(free).generate(free.ids(), 0).preds

@@ -240,3 +240,32 @@ def test_a_transformers_whose_beam_steps_want_other_arguments_keeps_generates_lo
 
     model.__class__ = type("Newer", (base,), {"_get_top_k_continuations": wants_more})
     assert not shrink.usable(model, gc, torch.device("cpu"))
+
+
+def test_shrinking_stops_hypotheses_at_stop_strings_where_generate_does(embedded, drops):
+    """generate(stop_strings=..., tokenizer=...) on the same batch: the same candidates, cut before
+    the stop string, and scores, while finished examples leave the batch."""
+    from seq2seq_eval.engines.hf import HFEngine
+    from seq2seq_eval.model import settings as model_settings
+
+    model, tokenizer, model_config, base, sources = embedded
+    cfg = EvalConfig(model_name=str(EMBEDDED_MODEL), task="translation", num_return_sequences=3,
+                     generate_kwargs=(("stop_strings", ","),))
+    gc = model_settings.generation_config_for(model_config, copy.deepcopy(base), tokenizer, cfg)
+    engine = HFEngine(model, tokenizer, gc, torch.device("cpu"))
+    assert engine.shrink
+    batch = sources["translation"][:12]  # 48 rows at 4 beams
+    ours = engine.generate(batch, 0)
+    assert drops
+    plain = copy.deepcopy(gc)
+    plain.return_dict_in_generate, plain.output_scores = True, True
+    ids = torch.full((len(batch), max(map(len, batch))), tokenizer.pad_token_id, dtype=torch.long)
+    for row, source in enumerate(batch):
+        ids[row, :len(source)] = torch.tensor(source)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long(),
+                             generation_config=plain, tokenizer=tokenizer)
+    texts = tokenizer.batch_decode(out.sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    assert sum("," in t for t in texts) >= 3  # some hypotheses stopped at it
+    assert ours.preds == [[t.split(",")[0].strip() for t in texts[i * 3:(i + 1) * 3]] for i in range(len(batch))]
+    assert [x for c in ours.scores for x in c] == pytest.approx(out.sequences_scores.tolist(), rel=1e-5)

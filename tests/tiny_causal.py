@@ -88,3 +88,64 @@ def build_tiny_qwen2(out_dir: Path, corpus: list[str], seed: int = 0, positions:
     model.generation_config.max_new_tokens = 12
     model.generation_config.max_length = None
     return _save(model, fast, out_dir)
+
+
+def byte_tokens(text: str) -> list[str]:
+    """`text` as a byte-level vocabulary's one-byte tokens (one token per UTF-8 byte)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    table = bytes_to_unicode()
+    return [table[b] for b in text.encode("utf-8")]
+
+
+def build_byte_bigram(out_dir: Path, corpus: list[str], chains: list[list[str]], seed: int = 0) -> Path:
+    """A Qwen2-style model (byte-level BPE tokenizer, as `build_tiny_qwen2`) whose next token depends
+    on the last token only, with successors chosen by the test: a random bigram table (seeded) in
+    which each token of `chains` (vocabulary tokens, in order) is followed by the next one by a
+    wide margin. The hidden size is the vocabulary's; embeddings are one-hot, attention and MLP
+    outputs zero, so the last hidden state is the current token's (normalised) and the head reads
+    its row of the table. What greedy search generates is then known, and beam search's other
+    beams take the table's random runners-up: multi-byte characters split into byte tokens, a
+    stop string's bytes, the special tokens, where a test wants them."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=specials[1:2], model_max_length=128)
+    ends = [fast.convert_tokens_to_ids("<|im_end|>"), fast.convert_tokens_to_ids("<|endoftext|>")]
+    vocab = len(fast)
+    hidden = vocab + vocab % 2
+    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=8, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                         bos_token_id=None, eos_token_id=ends[1], pad_token_id=ends[1], tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(vocab, vocab, generator=g) * 2.0  # table[a, b]: the logit of b after a
+    following: dict[int, int] = {}
+    for chain in chains:
+        ids = fast.convert_tokens_to_ids(chain)
+        for a, b in zip(ids, ids[1:]):
+            if following.setdefault(a, b) != b:
+                raise ValueError(f"token {fast.convert_ids_to_tokens(a)!r} is given two successors")
+            table[a, b] = table[a].max() + 6.0
+    with torch.no_grad():
+        model.model.embed_tokens.weight.zero_()
+        model.model.embed_tokens.weight[:, :vocab] = torch.eye(vocab)
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        # The final norm scales a one-hot state to sqrt(hidden).
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, :vocab] = table.T / hidden ** 0.5
+    model.generation_config.eos_token_id = ends
+    model.generation_config.pad_token_id = ends[1]
+    model.generation_config.max_new_tokens = 12
+    model.generation_config.max_length = None
+    return _save(model, fast, out_dir)

@@ -6,7 +6,8 @@ pseudolabels, resume and out-of-memory splitting (`oom.run_batch` calls `Engine.
 engine is therefore free in how it generates, but not in what it returns: texts decoded the way
 the HF engine decodes them (special tokens skipped, outer spaces stripped), best candidate first;
 for a decoder-only model, the continuation only (the tokens after the prompt), and with stop
-strings each text cut before its first one (engines/stops.py), its scores the continuation's
+strings each hypothesis ended where generate()'s own criterion ends it and its text cut before
+the first stop string it shows (engines/stops.py), its scores the continuation's
 (docs/causal.md#scores).
 """
 

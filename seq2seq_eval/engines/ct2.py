@@ -79,7 +79,8 @@ class Mapping:
     sampling: bool
     n_return: int = 1
     forced_in_beams: bool = False  # the search stops a token early, and the run forces the end (_force_end)
-    stops: tuple[str, ...] = ()  # stop strings: each text is cut before its first (with one beam: ct2_rules)
+    stops: tuple[str, ...] = ()  # stop strings: each hypothesis stops at them as in generate() (one beam: ct2_rules)
+    decoder_start: int | None = None  # what generate() puts before an encoder-decoder's first generated token
 
 
 def translate_options(gc: Any, tokenizer: Any) -> Mapping:
@@ -125,8 +126,9 @@ def translate_options(gc: Any, tokenizer: Any) -> Mapping:
         limit = options["max_decoding_length"]
         options.update(max_decoding_length=limit - 1, num_hypotheses=options["beam_size"],
                        min_decoding_length=min(options["min_decoding_length"], limit - 1))
+    start = getattr(gc, "decoder_start_token_id", None)
     return Mapping(options, prefix, forced_eos[0] if forced_eos else None, tuple(eos), bool(gc.do_sample), n,
-                   forced_in_beams, tuple(stop_list(gc.stop_strings)))
+                   forced_in_beams, tuple(stop_list(gc.stop_strings)), None if start is None else int(start))
 
 
 def _force_end(candidates: list[tuple[list[int], float]], m: Mapping, length_penalty: float
@@ -329,34 +331,47 @@ class CT2Engine:
         finally:
             if model is not self.model:
                 del model  # its threads and weights go now, not at the next batch
-        return self.outputs(found)
+        return self.outputs(found, batch_ids)
 
-    def outputs(self, found: Found) -> BatchOutput:
+    def stop_prefix(self, ids: Sequence[int]) -> list[int]:
+        """What the stop-string criterion reads before an input's generated tokens in generate():
+        an encoder-decoder's decoder start token (the Generator's: the prompt)."""
+        return [] if self.mapping.decoder_start is None else [self.mapping.decoder_start]
+
+    def _stops(self) -> stops.Stops | None:
+        """The stop strings' criterion, built once for the mapping's strings."""
+        strings = self.mapping.stops
+        if not strings:
+            return None
+        built = getattr(self, "_built_stops", None)
+        if built is None or built.strings != strings:
+            built = self._built_stops = stops.Stops(self.tokenizer, strings)
+        return built
+
+    def outputs(self, found: Found, batch_ids: Sequence[Sequence[int]]) -> BatchOutput:
         """Texts, scores and token counts from CTranslate2's hypotheses: the forced end token
-        where generate() forces it, each text cut before its first stop string (with one beam:
-        ct2_rules), decoded as the HF engine decodes. Sampled candidates have no score, as on the
-        HF engine: a score is beam search's."""
+        where generate() forces it, each hypothesis ended at the token on which generate()'s
+        stop-string criterion stops it (with one beam: ct2_rules) and its text cut before the
+        first stop string it shows, decoded as the HF engine decodes. Sampled candidates have no
+        score, as on the HF engine: a score is beam search's."""
         m = self.mapping
         limit = m.options["max_decoding_length"]
-        preds, scores, n_tokens = [], [], []
-        for candidates in found:
-            if m.forced_in_beams:
-                candidates = _force_end(candidates, m, float(m.options["length_penalty"]))
-            texts, counts = [], 0
-            for ids, _ in candidates:
-                if not m.forced_in_beams and m.forced_eos is not None and len(ids) >= limit:
-                    # Greedy or sampled: generate() makes the token at the length limit the forced
-                    # end, whatever it would have been (an end token too, when forced_eos is another).
-                    ids = ids[:-1] + [m.forced_eos]
-                text = stops.decode(self.tokenizer, ids)
-                if m.stops:
-                    # generate() stops at the token that completed the stop string; with one beam
-                    # the tokens before it are the same whatever follows.
-                    text, n = stops.stopped(self.tokenizer, ids, text, m.stops)
-                    ids = ids if n is None else ids[:n]
-                counts += len(ids)
-                texts.append(text.strip())
-            preds.append(texts)
-            scores.append([score for _, score in candidates])
-            n_tokens.append(counts)
+        ranked = [_force_end(c, m, float(m.options["length_penalty"])) if m.forced_in_beams else c for c in found]
+        hypotheses = [[ids[:-1] + [m.forced_eos]  # type: ignore[list-item]
+                       # Greedy or sampled: generate() makes the token at the length limit the forced
+                       # end, whatever it would have been (an end token too, when forced_eos is another).
+                       if not m.forced_in_beams and m.forced_eos is not None and len(ids) >= limit else list(ids)
+                       for ids, _ in candidates] for candidates in ranked]
+        stop = self._stops()
+        if stop is not None:
+            # generate() stops at the token on which its criterion stops; with one beam the tokens
+            # before it are the same whatever follows. One call for the whole batch.
+            prefixes = [self.stop_prefix(source) for source in batch_ids]
+            flat = [(p, ids) for p, hyps in zip(prefixes, hypotheses) for ids in hyps]
+            ends = iter(stop.ends([p + ids for p, ids in flat], [len(p) for p, _ in flat]))
+            hypotheses = [[ids if n is None else ids[:n] for ids, n in zip(hyps, ends)] for hyps in hypotheses]
+        preds = [[(stop.cut(text) if stop is not None else text).strip()
+                  for text in (stops.decode(self.tokenizer, ids) for ids in hyps)] for hyps in hypotheses]
+        scores = [[score for _, score in candidates] for candidates in ranked]
+        n_tokens = [sum(len(ids) for ids in hyps) for hyps in hypotheses]
         return BatchOutput(preds, scores if m.n_return > 1 and not m.sampling else None, n_tokens)

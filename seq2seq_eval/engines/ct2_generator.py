@@ -104,6 +104,9 @@ class GeneratorEngine(CT2Engine):
             raise ModelError(f"{path}: the converted model's vocabulary is not the tokenizer's ({problem}); expected "
                              "the tokenizer the model was converted with")
 
+    def stop_prefix(self, ids: Sequence[int]) -> list[int]:
+        return list(ids)
+
     def search(self, model: Any, batch_ids: Sequence[Sequence[int]]) -> Found:
         options = generate_options(self.mapping)
         lengths = [len(ids) for ids in batch_ids]

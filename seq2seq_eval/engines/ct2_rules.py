@@ -14,8 +14,9 @@ decides otherwise, the combination is refused (`refuse_if`), not approximated:
 - its beam search stops once num_beams hypotheses are finished: early_stopping=True;
 - it penalises repeated tokens in the logits, generate()'s beam search in log-probabilities;
 - it cannot stop a hypothesis inside beam search at a stop string. With one beam (greedy search,
-  sampling) a continuation does not depend on the tokens after it, so the text generated in full
-  and cut before its first stop string is the text generate() stops there (engines/stops.py).
+  sampling) a continuation does not depend on the tokens after it, so the continuation generated
+  in full and cut at the first token generate()'s stop-string criterion stops on is the one
+  generate() stops there (engines/stops.py).
 """
 
 from __future__ import annotations
@@ -149,8 +150,10 @@ CT2_RULES: dict[str, Rule] = {
                                "`False` (generate()'s default) and `'never'` refused", _early_stopping),
     "decoder_start_token_id": honoured("the converted model's own start token; another value refused", _own_start),
     "pad_token_id": honoured("CTranslate2 pads batches itself; no effect on the texts"),
-    "stop_strings": honoured("with one beam (greedy search, sampling): the text generated to the end token or the "
-                             "length limit, cut before its first stop string, which is where generate() stops it; "
+    "stop_strings": honoured("with one beam (greedy search, sampling): the continuation generated to the end token "
+                             "or the length limit, cut at the first token generate()'s stop-string criterion stops "
+                             "on, which is where generate() stops it, and its text before the first stop string it "
+                             "shows; "
                              "with beam search refused", _stops_one_beam),
     "bos_token_id": honoured("not used by an encoder-decoder's generation (the decoder starts from "
                              "decoder_start_token_id), by either engine"),

@@ -97,9 +97,11 @@ class HFEngine:
         self.gc = copy.deepcopy(generation_config)
         self.gc.return_dict_in_generate = True
         self.gc.output_scores = int(generation_config.num_return_sequences or 1) > 1
-        # Stop strings are the engine's own criterion (engines/stops.py): generate() would build
-        # its StopStringCriteria from the field, which matches across the prompt's end.
-        self.stops = stop_list(generation_config.stop_strings)
+        # Stop strings: generate()'s own criterion, built once here and handed to each call with
+        # the batch's left padding kept out of it (engines/stops.py); left in the field, generate()
+        # would build it again at every call and read the padding as part of each prompt.
+        strings = stop_list(generation_config.stop_strings)
+        self.stops = stops.Stops(tokenizer, strings) if strings else None
         self.gc.stop_strings = None
         self.causal = causal
         # generate() fills settings left unset (None) in the config it is given from the model's
@@ -146,13 +148,15 @@ class HFEngine:
         extra = {} if cache is None else {self._cache_kwarg: cache}
         if cache is not None and self.shrink:
             extra["custom_generate"] = shrink.shrinking_beam_search
-        if self.stops:
-            extra["stopping_criteria"] = stops.criterion(self.tokenizer, self.stops, start)
+        input_ids = input_ids.to(self.device, non_blocking=True)
+        if self.stops is not None:
+            pads = [width - len(ids) for ids in batch_ids] if self.causal else [0] * len(batch_ids)
+            extra["stopping_criteria"] = self.stops.generate_criteria(input_ids, pads)
         try:
             with torch.inference_mode(), self._once.on(logging.getLogger("transformers")), \
                     attention_backends(self.device):
                 out = self.model.generate(
-                    input_ids=input_ids.to(self.device, non_blocking=True),
+                    input_ids=input_ids,
                     attention_mask=attention.to(self.device, non_blocking=True),
                     generation_config=self.gc,
                     **extra,
@@ -168,13 +172,22 @@ class HFEngine:
         # batch, or among beams) with padding, which an end token that is not a special token
         # (--eos_token_id) would not hide from the decoded text.
         rows = [row[:end] for row, end in zip(sequences.tolist(), row_ends(sequences, self.gc.eos_token_id, start))]
-        if self.causal or self.stops:
-            texts, counts = self._continuations([row[start:] for row in rows], counts)
+        k = self.n_return
+        if self.stops is not None:
+            # Each row ends at the token the criterion stopped it on: generate() fills the rest with
+            # padding, which may be the end token (counted) or a token that is not special (shown).
+            # The criterion is asked of the sequence generate() would see for the prompt alone.
+            seqs = [(list(batch_ids[i // k]) if self.causal else row[:start]) + row[start:] for i, row in enumerate(rows)]
+            begins = [len(batch_ids[i // k]) if self.causal else start for i in range(len(rows))]
+            for i, n in enumerate(self.stops.ends(seqs, begins)):
+                if n is not None:
+                    rows[i], counts[i] = rows[i][: start + n], n
+        if self.causal or self.stops is not None:
+            texts = self._continuations([row[start:] for row in rows])
         else:
             texts = [t.strip() for t in self.tokenizer.batch_decode(
                 rows, skip_special_tokens=True, clean_up_tokenization_spaces=False
             )]
-        k = self.n_return
         preds = [texts[i * k : (i + 1) * k] for i in range(len(batch_ids))]
         n_tokens = [sum(counts[i * k : (i + 1) * k]) for i in range(len(batch_ids))]
         scores = None
@@ -185,18 +198,12 @@ class HFEngine:
                 scores = [flat[i * k : (i + 1) * k] for i in range(len(batch_ids))]
         return BatchOutput(preds, scores, n_tokens)
 
-    def _continuations(self, rows: list[list[int]], counts: list[int]) -> tuple[list[str], list[int]]:
-        """Each continuation's prediction (cut by token position from its prompt, and before its
-        first stop string) and its token count (up to the token that completed the stop string)."""
+    def _continuations(self, rows: list[list[int]]) -> list[str]:
+        """Each continuation's prediction: cut by token position from its prompt, and before the
+        first stop string its text shows."""
         texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        if not self.stops:
-            return [t.strip() for t in texts], counts
-        preds = []
-        for i, (row, text) in enumerate(zip(rows, texts)):
-            text, n = stops.stopped(self.tokenizer, row[: counts[i]], text, self.stops)
-            counts[i] = counts[i] if n is None else n
-            preds.append(text.strip())
-        return preds, counts
+        cut = self.stops.cut if self.stops is not None else (lambda t: t)
+        return [cut(t).strip() for t in texts]
 
 
 def left_pad_id(gc: Any, pad_id: int) -> int:

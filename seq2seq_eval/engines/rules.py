@@ -174,9 +174,9 @@ HF_RULES: dict[str, Rule] = {
     "low_memory": honoured(_PASSED + "; refused with beam search", _hf_low_memory),
     **{key: refused(_OUTPUT) for key in (
         "output_attentions", "output_hidden_states", "output_scores", "output_logits", "return_dict_in_generate")},
-    "stop_strings": honoured("each hypothesis stops at its own first stop string in the text it generated (greedy, "
-                             "sampling and inside beam search), and its prediction is cut before it "
-                             "([causal models](causal.md#stop-strings))"),
+    "stop_strings": honoured("each hypothesis stops where generate()'s own stop-string criterion stops it (greedy, "
+                             "sampling and inside beam search), the left padding kept out of it, and its prediction "
+                             "is cut before the first stop string it shows ([causal models](causal.md#stop-strings))"),
     "guidance_scale": refused("classifier-free guidance needs an unconditional copy of each batch, which "
                               "generate() does not make for an encoder-decoder model (it fails in the first batch); a "
                               "decoder-only model's unconditional pass is not checked against batching"),

@@ -238,15 +238,23 @@ def stop_list(value: Any) -> list[str]:
 
 
 def check_stop_strings(gc: Any, tokenizer: Any, user: dict[str, Any], model_set: Any) -> None:
-    """Stop strings that could never stop a text are refused: an empty one (it would stop at once),
-    and one holding a special token, which predictions are decoded without."""
-    special = [t for t in getattr(tokenizer, "all_special_tokens", []) if t]
-    for text in stop_list(gc.stop_strings):
-        shown = where("stop_strings", user, model_set)
-        if not text:
-            raise ConfigError(f"{shown}: an empty stop string would stop every text at once; expected non-empty "
-                              "strings")
-        held = [t for t in special if t in text]
-        if held:
-            raise ConfigError(f"{shown}: {text!r} holds the special token {held[0]!r}, which predictions are decoded "
-                              "without, so no text would stop there; give its id to --eos_token_id instead")
+    """Stop strings generate() would not run with, refused before any work: an empty list, an
+    empty string (it would stop every text at once), and strings transformers' StopStringCriteria
+    cannot be built for with this tokenizer (generate() raises then, at its first call). Built
+    here from the tokenizer as generate() builds it; the engines build it again from its cache."""
+    if gc.stop_strings is None:
+        return
+    listed = stop_list(gc.stop_strings)
+    shown = where("stop_strings", user, model_set)
+    if not listed:
+        raise ConfigError(f"{shown}: an empty list: generate() builds its stop-string criterion from it and fails "
+                          "(no string to stop at); expected at least one stop string, or no stop_strings at all")
+    if "" in listed:
+        raise ConfigError(f"{shown}: an empty stop string would stop every text at once; expected non-empty strings")
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    try:
+        StopStringCriteria(tokenizer=tokenizer, stop_strings=listed)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{shown}: {listed!r}: transformers' StopStringCriteria cannot be built for these with the "
+                          f"model's tokenizer ({first_line(e)}); expected strings its vocabulary can spell") from e
