@@ -164,6 +164,7 @@ def _try_once(flag: str, folder: Path, names: list[str]) -> None:
     full = Path(os.path.abspath(folder.expanduser()))
     made: list[Path] = []
     doing = f"write in {full}"
+    naming = False
     try:
         for parent in [*reversed(full.parents), full]:
             if parent.is_dir():
@@ -182,7 +183,7 @@ def _try_once(flag: str, folder: Path, names: list[str]) -> None:
         os.mkdir(probe)
         try:
             for name in names:
-                doing = f"create {name} in {full}"
+                doing, naming = f"create {name} in {full}", True
                 os.close(os.open(probe / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
                 os.unlink(probe / name)
         finally:
@@ -192,8 +193,9 @@ def _try_once(flag: str, folder: Path, names: list[str]) -> None:
         raise  # a parent removed by another process trying it too: tried again
     except OSError as e:
         why = "a read-only file system" if e.errno == errno.EROFS else (e.strerror or str(e))
-        raise OutputError(f"{flag} {folder}: cannot {doing} ({why}); expected a folder the run can write, "
-                          "and names it accepts") from e
+        expected = ("a name the folder takes (a shorter --type_path or file name, other characters)" if naming
+                    else "a folder the run can write")
+        raise OutputError(f"{flag} {folder}: cannot {doing} ({why}); expected {expected}") from e
     finally:
         for path in reversed(made):
             with contextlib.suppress(OSError):
