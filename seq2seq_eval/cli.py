@@ -138,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             hf_logging.disable_progress_bar()
 
         outcome = run(cfg, env, also_writes=legacy.writes() if legacy else (),
-                      also_folders=legacy.folders() if legacy else ())
+                      also_folders=legacy.folders() if legacy else (), also=legacy.stage(cfg) if legacy else None)
         if legacy is not None and env.is_main and not cfg.dry_run:
             outcome = legacy.finish(cfg, outcome)
     except EvalError as e:

@@ -51,6 +51,8 @@ class Interrupted(EvalError):
     """The process received SIGINT/SIGTERM; finished batches are kept in the journal."""
 
     exit_code = 130
+    published = False
+    """Set when the signal came during the publish, which completed first (outputs/publish.py)."""
 
 
 class OutOfMemory(EvalError):

@@ -13,7 +13,6 @@ there too.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import os
@@ -27,8 +26,8 @@ from .scoring.registry import option_names
 from .config import CONFIG_FIELDS, EvalConfig
 from .errors import ConfigError
 from .atomic import COPY_BYTES
-from .outputs.locations import Role
-from .outputs.publish import Staging
+from .outputs.locations import Role, planned_outputs
+from .outputs.publish import NAMED_WAY_OUT, Staging
 
 SUBCOMMANDS = ("score", "compare")
 """First words that name a subcommand; any other first word that is not an option is MODEL."""
@@ -71,53 +70,76 @@ class LegacyOutputs:
             named.append(("--score_path", self.score_path.parent))
         return tuple(named)
 
+    def stage(self, cfg: EvalConfig) -> Any:
+        """What write_outputs calls on rank 0 once the run's outputs are staged and its summary
+        known: SAVE_PATH (a copy of the staged generations) and SCORE_PATH staged in their
+        folders, published with --save_dir's outputs as one transaction (outputs/publish.py),
+        written over only where their folder's record says the tool wrote them. Without
+        --save_dir the run's own outputs are not published at all: their hidden folder only
+        loses what an earlier run left there."""
+        roles = {Path(os.path.abspath(r.path)): r.what for r in self.writes()}
+
+        def also(summary: dict[str, Any], staging: Staging) -> list[Staging]:
+            generations = staging.new / f"{cfg.output_prefix}_generations.txt"
+            files: dict[Path, Any] = {Path(os.path.abspath(self.save_path)): generations}
+            if self.score_path is not None:
+                scores = legacy_scores(summary, cfg.gen_kwargs if self.dump_args else {}, self.info)
+                # Key order as run_eval.py writes them: scores, n_obs, runtime, seconds_per_sample, ...
+                files[Path(os.path.abspath(self.score_path))] = (json.dumps(scores, ensure_ascii=False) + "\n").encode("utf-8")
+            together: dict[Path, Staging] = {}
+            try:
+                for path, content in files.items():
+                    folder = path.parent
+                    if folder not in together:
+                        together[folder] = staging if folder == staging.folder else Staging(folder, None, "named")
+                    _stage_named(together[folder], path.name, content)
+            except BaseException:
+                for other in together.values():
+                    if other is not staging:
+                        other.discard()
+                raise
+            if not self.keep_save_dir:
+                # The hidden folder publishes nothing; an earlier run's outputs there go.
+                staging.unstage()
+                staging.plan(remove=[p.name for p in planned_outputs(cfg)], drop_folder=True)
+            for other in together.values():
+                if other is not staging:
+                    other.plan(roles=roles, way_out=NAMED_WAY_OUT)
+                else:
+                    other.options["roles"] = {**(other.options["roles"] or {}), **roles}
+            return [*(s for s in together.values() if s is not staging), staging]
+
+        return also
+
     def finish(self, cfg: EvalConfig, outcome: Any) -> Any:
-        """On rank 0 after a completed run: publish SAVE_PATH (and SCORE_PATH) from the run's
-        outputs, one transaction per folder (outputs/publish.py), written over only where their
-        folder's record says the tool wrote them."""
-        save_dir = Path(cfg.save_dir)
-        generations = save_dir / f"{cfg.output_prefix}_generations.txt"
-        files: dict[Path, Any] = {self.save_path: generations}
+        """On rank 0 after a completed run (SAVE_PATH and SCORE_PATH published with it): what it
+        wrote, and SCORE_PATH's scores under the table."""
         table = outcome.table
         if self.score_path is not None:
             scores = legacy_scores(outcome.metrics, cfg.gen_kwargs if self.dump_args else {}, self.info)
-            # Key order as run_eval.py writes them: scores, n_obs, runtime, seconds_per_sample, ...
-            files[self.score_path] = (json.dumps(scores, ensure_ascii=False) + "\n").encode("utf-8")
             table = f"{table}\n{json.dumps(scores, ensure_ascii=False)}"
-        roles = {r.path: r.what for r in self.writes()}
-        for folder in dict.fromkeys(Path(os.path.abspath(p)).parent for p in files):
-            _publish_named(folder, {Path(os.path.abspath(p)).name: v for p, v in files.items()
-                                    if Path(os.path.abspath(p)).parent == folder},
-                           {Path(os.path.abspath(p)): w for p, w in roles.items()})
-        written = list(files)
+        written = [p for p in (self.save_path, self.score_path) if p is not None]
         if self.keep_save_dir:
             written = list(outcome.written) + written
-        else:
-            # The run's own outputs only (as the record knows them), in one transaction; the
-            # folder is removed if nothing else is left in it.
-            Staging(save_dir, cfg.output_prefix, "output").publish(remove=[p.name for p in outcome.written])
-            with contextlib.suppress(OSError):
-                os.rmdir(save_dir)
         return replace(outcome, written=written, table=table)
 
 
-def _publish_named(folder: Path, files: dict[str, Any], roles: dict[Path, str]) -> None:
-    """SAVE_PATH (a copy of the generations, streamed) and SCORE_PATH (bytes) of one folder."""
-    staging = Staging(folder, None, "named")
+def _stage_named(staging: Staging, name: str, content: Any) -> None:
+    """SAVE_PATH (a copy of the staged generations, streamed) or SCORE_PATH (bytes), owned as a
+    file named on the command line."""
+    owner = (None, "named")
+    if isinstance(content, bytes):
+        staging.add(name, content, owner)
+        return
+    f = staging.file(name, owner)
     try:
-        for name, content in files.items():
-            if isinstance(content, bytes):
-                staging.add(name, content)
-                continue
-            f = staging.file(name)
-            with open(content, "rb") as src:
-                while block := src.read(COPY_BYTES):
-                    f.write(block)
-            f.close()
+        with open(content, "rb") as src:
+            while block := src.read(COPY_BYTES):
+                f.write(block)
     except BaseException:
-        staging.discard()
+        f.abandon()
         raise
-    staging.publish(roles=roles, way_out="move it away or name another file")
+    f.close()
 
 
 def legacy_scores(summary: dict[str, Any], dumped: dict[str, Any], info: str | None) -> dict[str, Any]:

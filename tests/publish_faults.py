@@ -3,7 +3,9 @@ and removal that touches FOLDER (one of its paths lies directly in FOLDER) watch
 for the tests of what a publish leaves behind (tests/test_publish.py). No hook in the tool:
 os.rename, os.replace, os.unlink and fcntl.flock are wrapped in this process only.
 
-MODE `kill:K`: the process SIGKILLs itself just before the K-th such change (K >= 1).
+MODE `kill:K`: the process SIGKILLs itself just before the K-th such change (K >= 1); `term:K`
+sends itself SIGTERM there instead. `kill:K:tree` and `term:K:tree` count the changes in FOLDER's
+folders too (a command that writes several folders inside it).
 MODE `race:SECONDS:BARRIER`: at the first such change, or the first flock on FOLDER, whichever
 comes first, the process creates BARRIER.<pid> and waits (up to 60 s) until another process has
 made one too; from then on each change touching FOLDER, or a folder inside it, waits SECONDS
@@ -47,10 +49,11 @@ def _watch(name: str):
     def wrapped(*args, **kwargs):
         paths = args[:2] if name != "unlink" else args[:1]
         parents = [_parent(p) for p in paths]
-        if FOLDER in parents:
+        tree = MODE[-1] == "tree"
+        if FOLDER in parents or tree and FOLDER in [os.path.dirname(p) for p in parents]:
             _state["changes"] += 1
-            if MODE[0] == "kill" and _state["changes"] == int(MODE[1]):
-                os.kill(os.getpid(), signal.SIGKILL)
+            if MODE[0] in ("kill", "term") and _state["changes"] == int(MODE[1]):
+                os.kill(os.getpid(), signal.SIGKILL if MODE[0] == "kill" else signal.SIGTERM)
         if MODE[0] == "race" and any(p == FOLDER or p.startswith(FOLDER + os.sep) for p in parents):
             _meet()
             time.sleep(float(MODE[1]))

@@ -27,7 +27,7 @@ from conftest import REPO, make_corpus, single, write_legacy
 
 from seq2seq_eval.config import EvalConfig
 from seq2seq_eval.errors import OutputError
-from seq2seq_eval.outputs import digest, publish
+from seq2seq_eval.outputs import digest, intent, publish
 from seq2seq_eval.outputs.locations import check_apart
 from seq2seq_eval.outputs.publish import Staging
 from seq2seq_eval.outputs.record import INTENT, RECORD, STAGING, OutputRecord
@@ -395,27 +395,29 @@ def test_a_file_put_where_the_publish_moved_the_tools_own_aside_is_kept_and_the_
     assert OutputRecord(folder).owns(folder / "test_generations.txt")
 
 
-@pytest.mark.parametrize("step, outcome", [("_apply", "completed from its staged files"), ("_remove_staged", "completed")])
+@pytest.mark.parametrize("step, outcome", [("apply", "completed from its staged files"), ("remove_staged", "completed")])
 def test_a_publish_that_fails_after_its_intent_says_truly_what_became_of_it(tmp_path, monkeypatch, step, outcome):
-    """An I/O error inside the publish once its intent is written: in a move into place (_apply;
+    """An I/O error inside the publish once its intent is written: in a move into place (apply;
     recovery then completes it from the staged files), or after the intent was cleared (the
-    staging folder's removal, the last step: the publish was whole already). One OutputError
+    staging folder's removal, remove_staged, the last step: the publish was whole already). One OutputError
     saying which, and one run's complete set in the folder."""
     folder = tmp_path / "out"
     publish_set(folder, b"earlier\n")
-    real = getattr(publish, step)
+    # The publisher calls apply through publish, and the staging folder's removal through intent.finish.
+    module = publish if step == "apply" else intent
+    real = getattr(module, step)
     calls = []
 
     def failing(*args, **kwargs):
         if not calls:  # the publish's own call; recovery's calls go through
             calls.append(1)
-            if step == "_apply":
+            if step == "apply":
                 raise OSError(errno.EIO, "Input/output error")
             real(*args, **kwargs)
             raise OSError(errno.EIO, "Input/output error")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(publish, step, failing)
+    monkeypatch.setattr(module, step, failing)
     staging = Staging(folder, "test", "output")
     staging.add("test_generations.txt", b"later\n")
     with pytest.raises(OutputError) as e:

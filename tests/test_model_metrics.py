@@ -254,7 +254,7 @@ def test_rank_0_cleaning_up_between_a_rank_s_open_and_flock_of_its_lock_is_done_
     gone, and nothing is written into the folder."""
     import os
 
-    from seq2seq_eval.run import tmpdir
+    from seq2seq_eval.run import presence, tmpdir
 
     (tmp_path / tmpdir.LOCK).write_bytes(b"")
     real_open = os.open
@@ -266,7 +266,7 @@ def test_rank_0_cleaning_up_between_a_rank_s_open_and_flock_of_its_lock_is_done_
         return fd
 
     monkeypatch.setattr(os, "open", open_then_cleaned_up)
-    assert tmpdir.main_rank_state(tmp_path) == "done"
+    assert presence.main_rank_state(tmp_path) == "done"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -190,9 +190,12 @@ def test_a_publish_killed_at_each_step_leaves_one_complete_set(tmp_path, no_fsyn
             assert now == b, (k, sorted(now))
         else:
             seen_partial = True
+        # The intent is there from the first step to the last but one (the staging folder's
+        # marker goes after it).
+        assert (folder / INTENT).exists() == (1 < k < n), k
         completed = recover(folder)
         assert visible(folder) == (a if k == 1 else b), k
-        assert bool(completed) == (k > 1)
+        assert bool(completed) == (1 < k < n)
         assert leftovers(folder) == [], (k, leftovers(folder))
         record = OutputRecord(folder)
         assert all(record.tool_entry(folder / name).prefix == "test" for name in visible(folder)), k
@@ -385,13 +388,13 @@ def _same_outputs(save: Path, reference: Path) -> None:
     assert not Path(f"{save}_tmp").exists()
 
 
-@pytest.mark.parametrize("kill_at, rerun", [(3, []), (7, ["--resume"])])
+@pytest.mark.parametrize("kill_at, rerun", [(2, []), (6, ["--resume"])])
 def test_a_run_killed_in_its_publish_is_completed_by_the_next(e2e, tmp_path, kill_at, rerun):
     """A scored run is SIGKILLed at a rename of its publish over a pseudolabel run's set in the
-    same folder: at its 3rd change of the folder (the 1st is the probe file of its start, the 2nd
-    the intent: the earlier set's run info is about to be moved aside) or its 7th (every file of
-    the earlier set moved aside, the new ones all still staged; test_a_publish_killed_at_each_step
-    tries every step). The next command, a plain
+    same folder: at its 2nd change of the folder (the 1st is the intent: the earlier set's run
+    info is about to be moved aside; the checks before work probe the folder in a probe folder of
+    their own) or its 6th (every file of the earlier set moved aside, the new ones all still
+    staged; test_a_publish_killed_at_each_step tries every step). The next command, a plain
     rerun or --resume, completes the publish, then runs and publishes over it: the outputs are
     the reference's byte for byte, the earlier set's files are gone, no temporary file is left."""
     root, args, reference = e2e
@@ -436,7 +439,7 @@ def test_two_runs_publishing_into_one_folder_at_once_leave_one_complete_set(e2e,
 def test_the_dry_run_reports_a_publish_cut_short_and_leaves_it(e2e, tmp_path):
     root, args, reference = e2e
     save = tmp_path / "out"
-    killed = single([str(save), "kill:3", *args, "--save_dir", str(save)], cwd=tmp_path, script=HERE / "publish_faults.py")
+    killed = single([str(save), "kill:2", *args, "--save_dir", str(save)], cwd=tmp_path, script=HERE / "publish_faults.py")
     assert killed.returncode == -signal.SIGKILL
     before = {p.name for p in save.rglob("*")}
     dry = single([*args, "--save_dir", str(save), "--dry_run"], cwd=tmp_path)

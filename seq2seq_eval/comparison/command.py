@@ -162,7 +162,7 @@ def _check_report_path(args: argparse.Namespace) -> None:
     if args.sources:
         reads.append(Role(Path(args.sources), f"--sources {args.sources}"))
     report = Path(os.path.abspath(args.report))
-    check_paths([Role(report, "--report")], reads, [("--report", report.parent)])
+    check_paths([Role(report, "--report")], reads, [("--report", report.parent, [report.name])])
     # Written over only when the record of its folder says compare wrote it, unchanged since
     # (an earlier report the user has annotated is theirs).
     check_named([Role(report, "--report")])

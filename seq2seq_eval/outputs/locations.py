@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -132,35 +133,69 @@ def check_paths(writes: Sequence[Role], reads: Sequence[Role], folders: Iterable
         earlier = written_at.setdefault(real, w)
         if earlier is not w:
             raise OutputError(f"{w.path}: both {earlier.what} and {w.what}; expected a separate file for each")
-    for flag, folder in folders:
-        try_folder(flag, folder)
+    for flag, folder, *names in folders:
+        try_folder(flag, folder, names[0] if names else ())
 
 
-def try_folder(flag: str, folder: Path) -> None:
-    """Make sure `folder` is, or can become, a folder this process writes into: create what is
-    missing and a probe file, then remove them again. Trying is the only check that holds as
-    root, on read-only mounts and on pseudo file systems (/sys accepts nothing, whatever the
-    permission bits say)."""
+PROBE_TRIES = 100
+"""How often a folder is tried again when another process removed a parent it had just created:
+several commands trying one new folder at once each create and remove it (a folder another one
+created is never removed by this one, but it may go between two steps of this one)."""
+
+
+def try_folder(flag: str, folder: Path, names: Iterable[str] = ()) -> None:
+    """Make sure `folder` is, or can become, a folder this process writes into, and that it takes
+    each of `names` (the files the command will create there: their length, characters and the
+    permissions are the folder's filesystem's to judge): create what is missing, then a probe
+    folder of this process's own (its pid and a random token) and each name inside it, then
+    remove them again. Trying is the only check that holds as root, on read-only mounts and on
+    pseudo file systems (/sys accepts nothing, whatever the permission bits say)."""
+    for attempt in range(PROBE_TRIES):
+        try:
+            _try_once(flag, folder, list(names))
+            return
+        except FileNotFoundError:
+            if attempt == PROBE_TRIES - 1:
+                raise OutputError(f"{flag} {folder}: cannot write there (it kept disappearing while it was tried); "
+                                  "expected a folder the run can write") from None
+
+
+def _try_once(flag: str, folder: Path, names: list[str]) -> None:
     full = Path(os.path.abspath(folder.expanduser()))
     made: list[Path] = []
     doing = f"write in {full}"
+    naming = False
     try:
         for parent in [*reversed(full.parents), full]:
             if parent.is_dir():
                 continue
-            if parent.exists() or parent.is_symlink():
-                where = "is a file" if parent == full else f"{parent} is a file"
-                raise OutputError(f"{flag} {folder}: {where}; expected a folder (created if missing)")
             doing = f"create {parent}"
-            os.mkdir(parent)
+            try:
+                os.mkdir(parent)
+            except FileExistsError:
+                if parent.is_dir():
+                    continue  # another process made it meanwhile: it is not this one's to remove
+                where = "is a file" if parent == full else f"{parent} is a file"
+                raise OutputError(f"{flag} {folder}: {where}; expected a folder (created if missing)") from None
             made.append(parent)
         doing = f"write in {full}"
-        probe = full / f".seq2seq_eval_probe.{os.getpid()}"
-        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        os.unlink(probe)
+        probe = full / f".seq2seq_eval_probe.{os.getpid()}.{secrets.token_hex(4)}"
+        os.mkdir(probe)
+        try:
+            for name in names:
+                doing, naming = f"create {name} in {full}", True
+                os.close(os.open(probe / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                os.unlink(probe / name)
+        finally:
+            with contextlib.suppress(OSError):
+                os.rmdir(probe)
+    except FileNotFoundError:
+        raise  # a parent removed by another process trying it too: tried again
     except OSError as e:
         why = "a read-only file system" if e.errno == errno.EROFS else (e.strerror or str(e))
-        raise OutputError(f"{flag} {folder}: cannot {doing} ({why}); expected a folder the run can write") from e
+        expected = ("a name the folder takes (a shorter --type_path or file name, other characters)" if naming
+                    else "a folder the run can write")
+        raise OutputError(f"{flag} {folder}: cannot {doing} ({why}); expected {expected}") from e
     finally:
         for path in reversed(made):
             with contextlib.suppress(OSError):
@@ -169,6 +204,23 @@ def try_folder(flag: str, folder: Path) -> None:
 
 def output_folders(cfg: EvalConfig, extra: Sequence[tuple[str, Path]] = ()) -> list[tuple[str, Path]]:
     return [("--save_dir", Path(cfg.save_dir)), ("--tmp_dir", Path(cfg.tmp_dir)), *extra]
+
+
+def try_folders(cfg: EvalConfig, extra_writes: Sequence[Role] = (), extra_folders: Sequence[tuple[str, Path]] = ()) -> None:
+    """Every folder the run writes tried once (however it is written: SAVE_PATH, SCORE_PATH and
+    --save_dir may share one), with every name the run creates there: its outputs, the record,
+    the intent and the staging folder."""
+    names: dict[str, list[str]] = {os.path.realpath(cfg.save_dir): [p.name for p in planned_outputs(cfg)]}
+    for r in extra_writes:
+        names.setdefault(os.path.realpath(Path(r.path).parent), []).append(Path(r.path).name)
+    seen = set()
+    for flag, folder in output_folders(cfg, extra_folders):
+        real = os.path.realpath(folder)
+        if real in seen:
+            continue
+        seen.add(real)
+        made = names.get(real, [])
+        try_folder(flag, folder, [*dict.fromkeys(made), *((RECORD, INTENT, STAGING) if made else ())])
 
 
 def check_apart(cfg: EvalConfig) -> None:

@@ -1,30 +1,34 @@
-"""Publishing files into a folder as one unit: a run's whole output set, or one file.
+"""Publishing files into folders as one unit: a command's whole output set, in every folder it
+writes, or one file.
 
 Every command that leaves files in a folder goes through here: a run (its outputs in --save_dir,
 the shared tail's assembled files too), evaluate() (its copy of the examples), the legacy form
-(SAVE_PATH, SCORE_PATH) and `compare --report`. The files are first written whole into a staging
-folder inside the target folder, {folder}/.seq2seq_eval_staging/<run id>/new/ (so that every move
-into place is a rename within one filesystem), each hashed as it is written (outputs/digest.py).
-Then, holding an flock on the folder for the whole sequence, `Staging.publish`:
+(--save_dir, SAVE_PATH and SCORE_PATH: one transaction over their folders) and `compare
+--report`. The files are first written whole into a staging folder inside each target folder,
+{folder}/.seq2seq_eval_staging/<run id>/new/ (so that every move into place is a rename within one
+filesystem), each hashed as it is written (outputs/digest.py); the staging folder carries the
+run's random token (intent.STAGE_MARKER). Then, holding the flock of every folder of the
+transaction for the whole sequence (taken in one order), `publish_together`:
 
-1. completes or undoes what a publisher that died there left (recover);
+1. completes or undoes what a publisher that died there left (intent.recovered);
 2. checks again that every file it replaces is the tool's and of its own prefix (record.py), and
    takes the stale results of its prefix from the record (exact names, never a pattern);
-3. writes the intent, {folder}/.seq2seq_eval_publish.json: the run, each file's name, size and
-   digest, the files it removes, the completion file (a run's metric or run-info file, whose
-   presence means that a run completed);
-4. moves aside (into .../<run id>/old/) the completion files first (the one its own replaces,
-   and those among the files it removes), then each other file it removes or replaces, renaming
-   each new file into place, its own completion file last;
-5. writes the record, .seq2seq_eval_outputs.json, with each new file's digest and stamp;
-6. deletes what it moved aside, clears the intent and removes its staging folder.
+3. writes each folder's intent, {folder}/.seq2seq_eval_publish.json: the run and its token, each
+   file's name, size and digest, the files it removes, the completion file (a run's metric or
+   run-info file, whose presence means that a run completed) and, with several folders, the
+   transaction: its token, its folders and its coordinator, whose intent is written last (the
+   commit point);
+4. in each folder moves aside (into .../<run id>/old/) the completion files first, then each
+   other file it removes or replaces, renaming each new file into place, its completion file last;
+5. in each folder, the coordinator last: writes the record, .seq2seq_eval_outputs.json, deletes
+   what it moved aside, clears the intent and removes its staging folder.
 
-So no reader finds a completion file beside a mix of two runs' files: from the first move to
-the last there is none. A publisher killed anywhere in 3-6 leaves the intent; the next command
-on that folder, under the same lock and before anything else, rolls it forward when every new
-file is still there (staged, or in place with the bytes the intent names), else rolls it back
-(the files moved aside go back). Two publishers into one folder run one after the other. A
-staging folder whose owner is gone (its flock is free) and that no intent names is removed.
+SIGINT and SIGTERM wait from step 3 to the end of step 5 (when the command handles them), so a
+signal there ends the command with the outputs published, and says so. A publisher killed
+anywhere in 3-5 leaves intents; the next command on any of those folders, under the locks of
+them all and before anything else, completes every folder (past the commit point, with every
+new file still there: staged, or in place with the bytes the intent names) or undoes every one
+(the files moved aside go back). Two publishers into one folder run one after the other.
 """
 
 from __future__ import annotations
@@ -35,26 +39,35 @@ import fcntl
 import logging
 import os
 import secrets
-import stat
-from collections.abc import Callable, Iterable, Mapping
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import COPY_BYTES, dumps, fsync_dir, write_atomic, write_error
-from ..errors import OutputError, first_line
-from .digest import ContentHash, file_digest
-from .record import INTENT, STAGING, Entry, OutputRecord, locked, read_intent
+from ..atomic import COPY_BYTES, dumps, write_atomic, write_error
+from ..errors import Interrupted, OutputError, first_line
+from .digest import ContentHash
+from .intent import apply, check_owned, completable, finish, mark, recovered, remove_staged
+from .record import INTENT, STAGING, OutputRecord, read_intent
 
 logger = logging.getLogger("seq2seq_eval")
 
 WAY_OUT = "move it away or pick another --save_dir"
 
 
+NAMED_WAY_OUT = "move it away or name another file"
+
+Owner = tuple[str | None, str]
+"""The record's owner of a file (record.Entry): a run's prefix (None for a file named on the
+command line) and its kind."""
+
+
 class StagedFile:
     """One file being written into a staging folder, hashed as it is written."""
 
-    def __init__(self, staging: Staging, name: str) -> None:
-        self.staging, self.name = staging, name
+    def __init__(self, staging: Staging, name: str, owner: Owner | None = None) -> None:
+        self.staging, self.name, self.owner = staging, name, owner
         self.target = staging.folder / name
         self._hash = ContentHash()
         try:
@@ -78,6 +91,8 @@ class StagedFile:
         except OSError as e:
             raise write_error(self.target, e) from e
         self.staging.staged[self.name] = (self._hash.size, self._hash.hexdigest())
+        if self.owner is not None:
+            self.staging.owners[self.name] = self.owner
 
     def abandon(self) -> None:
         with contextlib.suppress(OSError):
@@ -85,40 +100,49 @@ class StagedFile:
 
 
 class Staging:
-    """A publish in the making: files written whole into {folder}/.seq2seq_eval_staging/<id>/new/
-    by this process, which holds an flock on <id>/ until it publishes or discards them.
-    `prefix`, `kind`: the record's owner of the files (record.Entry). `tmp_dir`: a run's temp
-    dir, removed by a recovery that completes this publish should the run die before it does."""
+    """A folder's part of a publish in the making: files written whole into
+    {folder}/.seq2seq_eval_staging/<id>/new/ by this process, which holds an flock on <id>/ until
+    it publishes or discards them; <id>/ carries a random token (intent.STAGE_MARKER) that the
+    intent names. `prefix`, `kind`: the record's owner of the files (record.Entry), unless a file
+    names its own. `tmp_dir`, `tmp_token`: a run's temp dir and the token its marker carries in
+    this run, removed by a recovery that completes this publish should the run die before it
+    does (only while the marker still carries that token)."""
 
-    def __init__(self, folder: Path, prefix: str | None, kind: str, tmp_dir: Path | None = None) -> None:
+    def __init__(self, folder: Path, prefix: str | None, kind: str, tmp_dir: Path | None = None,
+                 tmp_token: str | None = None) -> None:
         self.folder = Path(os.path.abspath(folder))
         self.prefix, self.kind = prefix, kind
         self.tmp_dir = Path(os.path.abspath(tmp_dir)) if tmp_dir is not None else None
+        self.tmp_token = tmp_token
         self.id = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self.token = secrets.token_hex(16)
         self.root = self.folder / STAGING / self.id
         self.new, self.old, self.tmp = self.root / "new", self.root / "old", self.root / "tmp"
         self.staged: dict[str, tuple[int, str]] = {}
+        self.owners: dict[str, Owner] = {}
+        self.options: dict[str, Any] = {}
         self._fd: int | None = None
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             # Made under the folder's lock, and locked before the lock goes: a recovery never
             # takes a staging folder being made for one whose owner is gone.
-            with locked(self.folder):
-                _recover(self.folder)
+            with recovered([self.folder]):
                 _own_folder(self.folder / STAGING)
-                for d in (self.root, self.new, self.old, self.tmp):
-                    os.mkdir(d)
+                os.mkdir(self.root)
                 self._fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
                 fcntl.flock(self._fd, fcntl.LOCK_EX)
+                mark(self.root, self.token)
+                for d in (self.new, self.old, self.tmp):
+                    os.mkdir(d)
         except OSError as e:
             raise OutputError(f"{self.folder}: cannot write there ({e.strerror or e}); expected a folder the "
                               "command can write") from e
 
-    def file(self, name: str) -> StagedFile:
-        return StagedFile(self, name)
+    def file(self, name: str, owner: Owner | None = None) -> StagedFile:
+        return StagedFile(self, name, owner)
 
-    def add(self, name: str, data: bytes) -> None:
-        f = self.file(name)
+    def add(self, name: str, data: bytes, owner: Owner | None = None) -> None:
+        f = self.file(name, owner)
         f.write(data)
         f.close()
 
@@ -146,64 +170,153 @@ class Staging:
             raise OutputError(f"{source}: changed while it was copied into {self.folder}; expected the "
                               "assembled outputs left alone until the run ends")
 
-    def publish(self, completion: tuple[str, Callable[[list[str]], bytes]] | None = None, stale: bool = False,
-                remove: Iterable[str] = (), inputs: Iterable[str] = (), roles: Mapping[Path, str] | None = None,
-                way_out: str = WAY_OUT) -> list[str]:
-        """Put every staged file in place as one unit (the steps in the module's docstring). The
+    def plan(self, completion: tuple[str, Callable[[list[str]], bytes]] | None = None, stale: bool = False,
+             remove: Iterable[str] = (), inputs: Iterable[str] = (), roles: Mapping[Path, str] | None = None,
+             way_out: str = WAY_OUT, drop_folder: bool = False) -> Staging:
+        """What this folder's publish does besides putting the staged files in place. The
         completion file, if any, is made under the lock from the names removed and goes last;
         `remove`: names removed if they are still the tool's; `stale`: also the results of this
-        prefix this publish does not write, but none of `inputs` (real paths). Returns the
-        names removed."""
-        intent_written = False
-        try:
-            with locked(self.folder):
-                _recover(self.folder)
-                record = OutputRecord(self.folder)
-                names = [*self.staged] + ([completion[0]] if completion else [])
-                record.check_writable([self.folder / n for n in names], self.prefix, roles, way_out)
-                removed = [p.name for p in record.stale(self.prefix, names, inputs)] if stale else []
-                removed += [n for n in remove if n not in removed and n not in names and record.owns(self.folder / n)]
-                # Completion files first (record.stale orders its own so): moved out of place first.
-                removed.sort(key=lambda n: not record.files[n].completion)
-                if completion is not None:
-                    self.add(completion[0], completion[1](sorted(removed)))
-                intent = {"format": 1, "run": self.id, "prefix": self.prefix, "kind": self.kind,
-                          "files": [{"name": n, "size": s, "sha256": d} for n, (s, d) in self.staged.items()],
-                          "remove": removed, "completion": completion[0] if completion else None,
-                          "tmp_dir": str(self.tmp_dir) if self.tmp_dir else None}
-                write_atomic(self.folder / INTENT, dumps(intent), self.tmp)
-                intent_written = True
-                _apply(self.folder, intent)
-                _finish(self.folder, intent, record)
-        except BaseException as e:
-            if not intent_written:
-                self.discard()
-                raise
-            # The intent says what to do: done here, else by the next command in the folder. With
-            # no intent of this run's left, its own _finish had cleared it: the publish was whole.
-            mine = (read_intent(self.folder) or {}).get("run") == self.id
-            try:
-                completed = recover(self.folder)
-                outcome = ("completed from its staged files" if completed else "undone") if mine else "completed"
-            except Exception:
-                outcome = "left for the next command in this folder to complete or undo"
-            if isinstance(e, OSError):  # a move or a write failed: one line, as any refusal
-                raise OutputError(f"{self.folder}: putting the outputs in place failed ({first_line(e)}); the "
-                                  f"publish was {outcome}") from e
-            raise
-        finally:
-            self._release()
-        return removed
+        prefix this publish does not write, but none of `inputs` (real paths); `drop_folder`: the
+        folder is removed at the end if nothing is left in it (the legacy form's hidden --save_dir)."""
+        self.options = dict(completion=completion, stale=stale, remove=list(remove), inputs=list(inputs),
+                            roles=roles, way_out=way_out, drop_folder=drop_folder)
+        return self
+
+    def publish(self, *args: Any, **options: Any) -> list[str]:
+        """This folder alone (the arguments of plan). Returns the names removed."""
+        return publish_together([self.plan(*args, **options)])[0]
+
+    def unstage(self) -> None:
+        """Drop every file staged so far (this folder then publishes only its removals)."""
+        for name in [*self.staged]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.new / name)
+        self.staged.clear()
+        self.owners.clear()
 
     def discard(self) -> None:
         """Remove what was staged: a command that fails leaves nothing in the folder."""
-        _remove_staged(self.root)
+        remove_staged(self.root)
         self._release()
 
     def _release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def _intent(self, record: OutputRecord, txn: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+        """Under the locks: the checks again, the completion file made, the intent."""
+        o = self.options or self.plan().options
+        completion = o["completion"]
+        names = [*self.staged] + ([completion[0]] if completion else [])
+        for prefix in dict.fromkeys([self.owners.get(n, (self.prefix, self.kind))[0] for n in names]):
+            mine = [self.folder / n for n in names if self.owners.get(n, (self.prefix, self.kind))[0] == prefix]
+            record.check_writable(mine, prefix, o["roles"], o["way_out"] if prefix == self.prefix else NAMED_WAY_OUT)
+        removed = [p.name for p in record.stale(self.prefix, names, o["inputs"])] if o["stale"] else []
+        removed += [n for n in o["remove"] if n not in removed and n not in names and record.owns(self.folder / n)]
+        # Completion files first (record.stale orders its own so): moved out of place first.
+        removed.sort(key=lambda n: not record.files[n].completion)
+        if completion is not None:
+            self.add(completion[0], completion[1](sorted(removed)))
+        files = []
+        for n, (size, digest) in self.staged.items():
+            prefix, kind = self.owners.get(n, (self.prefix, self.kind))
+            files.append({"name": n, "size": size, "sha256": digest, "prefix": prefix, "kind": kind})
+        intent = {"format": 2, "run": self.id, "token": self.token, "prefix": self.prefix, "kind": self.kind,
+                  "files": files, "remove": removed, "completion": completion[0] if completion else None,
+                  "tmp_dir": str(self.tmp_dir) if self.tmp_dir else None, "tmp_token": self.tmp_token}
+        if txn is not None:
+            intent["txn"] = txn
+        return intent, removed
+
+
+def publish_together(stagings: Sequence[Staging]) -> list[list[str]]:
+    """Put every staging's files in place, in every folder, as one transaction (the steps in the
+    module's docstring); one staging per folder, the last one the coordinator. Returns the
+    names removed in each folder."""
+    folders = [s.folder for s in stagings]
+    if len({os.path.realpath(f) for f in folders}) != len(folders):
+        raise ValueError(f"one staging per folder, got {folders}")
+    txn = None
+    if len(stagings) > 1:
+        txn = {"token": secrets.token_hex(16), "folders": [str(f) for f in folders], "coordinator": str(folders[-1])}
+    written: list[Staging] = []
+    done = False
+    try:
+        with recovered(folders):
+            records = [OutputRecord(s.folder) for s in stagings]
+            planned = [s._intent(r, txn) for s, r in zip(stagings, records)]
+            with _signals_held():
+                # The coordinator's intent last: once it is written, the transaction completes.
+                for s, (intent, _) in zip(stagings, planned):
+                    write_atomic(s.folder / INTENT, dumps(intent), s.tmp)
+                    written.append(s)
+                for s, (intent, _) in zip(stagings, planned):
+                    apply(s.folder, intent)
+                for s, r, (intent, _) in zip(stagings, records, planned):
+                    finish(s.folder, intent, r)
+                for s in stagings:
+                    if s.options.get("drop_folder"):
+                        with contextlib.suppress(OSError):
+                            os.rmdir(s.folder)
+                done = True
+    except BaseException as e:
+        if done:
+            # A signal held during the publish, handled now: the outputs are all in place.
+            where = ", ".join(str(f) for f in folders)
+            err = Interrupted(f"{first_line(e)} after the outputs were published into {where}")
+            err.published = True
+            raise err from e
+        if not written:
+            for s in stagings:
+                s.discard()
+            raise
+        # The intents say what to do: done here, else by the next command in these folders. With
+        # no intent of this run's left, its own finish had cleared them all: the publish was whole.
+        try:
+            left = [s for s in stagings if (read_intent(s.folder) or {}).get("run") == s.id]
+            with recovered(folders) as completed:
+                pass
+            mine = {i["run"] for i in completed} & {s.id for s in left}
+            outcome = "completed" if not left else "completed from its staged files" if mine else "undone"
+        except Exception:
+            outcome = "left for the next command in this folder to complete or undo"
+        if isinstance(e, OSError):  # a move or a write failed: one line, as any refusal
+            where = ", ".join(str(f) for f in folders)
+            raise OutputError(f"{where}: putting the outputs in place failed ({first_line(e)}); the "
+                              f"publish was {outcome}") from e
+        raise
+    finally:
+        for s in stagings:
+            s._release()
+    return [removed for _, removed in planned]
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held from the first intent to the last folder done, where the command
+    turns them into an exception (the run's handler, Python's KeyboardInterrupt): raised between
+    two renames, it would leave the folders for the next command to complete, and the command
+    could not say whether its outputs were published. Held, it is raised once they are. Where the
+    signal's default action applies (it ends the process) it is not held: that is a kill, which
+    the next command recovers from. Only the main thread sets handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            old[sig] = handler
+            signal.signal(sig, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if came:
+        old[came[0]](came[0], None)
 
 
 def publish_bytes(folder: Path, files: Mapping[str, bytes], prefix: str | None, kind: str,
@@ -226,168 +339,26 @@ def pending(folder: Path) -> tuple[dict[str, Any], bool] | None:
     intent = read_intent(folder) if folder.is_dir() else None
     if intent is None:
         return None
-    return intent, _complete(folder, intent, OutputRecord(folder))
+    check_owned(folder, intent)
+    txn = intent.get("txn")
+    if txn is not None:
+        coordinator = Path(txn["coordinator"])
+        other = read_intent(coordinator) if coordinator.is_dir() else None
+        if other is None or (other.get("txn") or {}).get("token") != txn["token"]:
+            return intent, False
+    return intent, completable(folder, intent, OutputRecord(folder))
 
 
 def recover(folder: Path) -> list[dict[str, Any]]:
-    """Under the folder's lock: complete, or undo, a publish cut short there, and remove what
-    publishers that are gone left staged. Returns the intents completed (their `tmp_dir`: a
-    temp dir the dead run had still to remove)."""
+    """Under the locks of `folder` and of every folder a publish cut short there involves:
+    complete, or undo, that publish, and remove what publishers that are gone left staged.
+    Returns the intents completed (their `tmp_dir`: a temp dir the dead run had still to
+    remove)."""
     folder = Path(os.path.abspath(folder))
     if not folder.is_dir() or (read_intent(folder) is None and not (folder / STAGING).is_dir()):
         return []
-    with locked(folder):
-        return _recover(folder)
-
-
-def _recover(folder: Path) -> list[dict[str, Any]]:
-    done = []
-    intent = read_intent(folder)
-    if intent is not None:
-        record = OutputRecord(folder)
-        if _complete(folder, intent, record):
-            logger.warning("%s: completing the publish of run %s, cut short", folder, intent["run"])
-            _apply(folder, intent, record)
-            _finish(folder, intent, record)
-            done.append(intent)
-        else:
-            logger.warning("%s: undoing the publish of run %s, cut short with staged files missing", folder, intent["run"])
-            _roll_back(folder, intent)
-    _remove_abandoned(folder)
-    return done
-
-
-def _dirs(folder: Path, intent: Mapping[str, Any]) -> tuple[Path, Path, Path]:
-    """A publish's staging folder: its root, the new files, the files moved aside (its temporary
-    files, such as the record's while it is written, go to root/tmp)."""
-    root = folder / STAGING / intent["run"]
-    return root, root / "new", root / "old"
-
-
-def _holds(path: Path, f: Mapping[str, Any]) -> bool:
-    """Whether `path` is a regular file with the size and digest the intent names."""
-    try:
-        st = os.lstat(path)
-        return stat.S_ISREG(st.st_mode) and st.st_size == f["size"] and file_digest(path) == f["sha256"]
-    except OSError:
-        return False
-
-
-def _complete(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -> bool:
-    """Whether a publish cut short can be completed: every new file staged whole or in place,
-    and nothing but the tool's own file where a staged one goes."""
-    _, new, old = _dirs(folder, intent)
-    for f in intent["files"]:
-        staged, target = new / f["name"], folder / f["name"]
-        if os.path.lexists(staged):
-            if os.lstat(staged).st_size != f["size"]:
-                return False
-            if os.path.lexists(target) and (os.path.lexists(old / f["name"]) or not record.owns(target)):
-                return False
-        elif not _holds(target, f):
-            return False
-    return True
-
-
-def _apply(folder: Path, intent: Mapping[str, Any], record: OutputRecord | None = None) -> None:
-    """The moves of step 4, each done unless done already (so that a recovery repeats them):
-    the completion file's predecessor aside first, the files removed aside, each new file in
-    place, the completion file last. `record`: in a recovery, files removed only while they
-    are still the tool's."""
-    _, new, old = _dirs(folder, intent)
-    last = intent.get("completion")
-
-    def aside(name: str) -> None:
-        target = folder / name
-        if os.path.lexists(target) and not os.path.lexists(old / name):
-            os.rename(target, old / name)
-
-    if last is not None and os.path.lexists(new / last):
-        aside(last)
-    for name in intent["remove"]:
-        if record is None or record.owns(folder / name):
-            aside(name)
-    names = [f["name"] for f in intent["files"]]
-    for name in [n for n in names if n != last] + [n for n in names if n == last]:
-        if os.path.lexists(new / name):
-            if os.path.lexists(folder / name) and os.path.lexists(old / name):
-                raise OutputError(f"{folder / name}: appeared after the publish moved the tool's file aside; "
-                                  "expected nothing there until the new file is renamed into place")
-            aside(name)
-            os.rename(new / name, folder / name)
-    fsync_dir(folder)
-
-
-def _finish(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -> None:
-    """Steps 5 and 6: the record, then what was moved aside deleted, the intent cleared."""
-    written = {f["name"]: Entry(intent.get("prefix"), intent.get("kind", "output"), f["size"], f["sha256"],
-                                completion=f["name"] == intent.get("completion")) for f in intent["files"]}
-    root, _, old = _dirs(folder, intent)
-    os.makedirs(root / "tmp", exist_ok=True)
-    record.commit(written, intent["remove"], root / "tmp")
-    for path in sorted(old.iterdir()) if old.is_dir() else ():
-        os.unlink(path)
-    os.unlink(folder / INTENT)
-    fsync_dir(folder)
-    _remove_staged(root)
-
-
-def _roll_back(folder: Path, intent: Mapping[str, Any]) -> None:
-    """Undo a publish that cannot be completed: each new file in place removed, each file moved
-    aside put back. A file moved aside whose place someone has taken since stays in the staging
-    folder (said in a warning), never over theirs."""
-    root, new, old = _dirs(folder, intent)
-    for f in reversed(intent["files"]):
-        name = f["name"]
-        target = folder / name
-        if not os.path.lexists(new / name) and _holds(target, f):
-            os.unlink(target)
-    for name in [*(f["name"] for f in intent["files"]), *intent["remove"]]:
-        if os.path.lexists(old / name):
-            if os.path.lexists(folder / name):
-                logger.warning("%s: taken since a publish moved the tool's file aside; that file is kept as %s",
-                               folder / name, old / name)
-                continue
-            os.rename(old / name, folder / name)
-    os.unlink(folder / INTENT)
-    fsync_dir(folder)
-    _remove_staged(root)
-
-
-def _remove_staged(root: Path) -> None:
-    """A staging folder's new and temporary files, then its folders if empty (a file moved
-    aside stays, and so does anything that is not a regular file: the tool made none)."""
-    for sub in (root / "new", root / "tmp"):
-        for path in sorted(sub.iterdir()) if sub.is_dir() and not sub.is_symlink() else ():
-            with contextlib.suppress(OSError):
-                if stat.S_ISREG(os.lstat(path).st_mode):
-                    os.unlink(path)
-    for d in (root / "new", root / "tmp", root / "old", root, root.parent):
-        with contextlib.suppress(OSError):
-            os.rmdir(d)
-
-
-def _remove_abandoned(folder: Path) -> None:
-    """Staging folders whose owner is gone (their flock is free) and that no intent names."""
-    staging = folder / STAGING
-    if not staging.is_dir() or staging.is_symlink():
-        return
-    for root in sorted(staging.iterdir()):
-        try:
-            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            continue  # not a folder the tool made: left alone
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue  # its owner is writing it
-        try:
-            _remove_staged(root)
-        finally:
-            os.close(fd)
-    with contextlib.suppress(OSError):
-        os.rmdir(staging)
+    with recovered([folder]) as completed:
+        return completed
 
 
 def _own_folder(path: Path) -> None:

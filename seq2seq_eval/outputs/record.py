@@ -106,6 +106,17 @@ def read_intent(folder: Path) -> dict[str, Any] | None:
         names = [f.get("name") for f in data["files"]] + list(data.get("remove") or []) + [data.get("run")]
         if not all(_plain(n) for n in names):
             raise ValueError("a name that is not a plain file name")
+        # The run's token, which its staging folder carries too (outputs/intent.py): without it
+        # the intent is not known to be the tool's, whatever its name.
+        if not isinstance(data.get("token"), str) or not data["token"]:
+            raise ValueError("no run token")
+        txn = data.get("txn")
+        if txn is not None and not (isinstance(txn, dict) and isinstance(txn.get("token"), str)
+                                    and isinstance(txn.get("folders"), list)
+                                    and all(isinstance(f, str) and os.path.isabs(f) for f in txn["folders"])
+                                    and txn.get("coordinator") in txn["folders"]
+                                    and os.path.abspath(folder) in txn["folders"]):
+            raise ValueError("a transaction that does not name this folder among absolute ones")
     except (OSError, ValueError) as e:
         raise OutputError(f"{path}: unreadable record of an interrupted publish ({e}); expected the file "
                           "seq2seq_eval writes while it moves outputs into place: remove it, check the folder "
@@ -125,7 +136,8 @@ class OutputRecord:
         self.pending: dict[str, Entry] = {}
         if intent is not None:
             for f in intent["files"]:
-                self.pending[f["name"]] = Entry(intent.get("prefix"), intent.get("kind", "output"), f["size"], f["sha256"])
+                self.pending[f["name"]] = Entry(f.get("prefix", intent.get("prefix")),
+                                                f.get("kind", intent.get("kind", "output")), f["size"], f["sha256"])
         self._verified: dict[str, tuple[int, ...]] = {}  # names found the tool's by their bytes: new stamps
 
     def _read(self) -> dict[str, Entry]:

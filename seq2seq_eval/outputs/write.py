@@ -20,7 +20,7 @@ from .jsonl import encode, encode_line
 from ..scoring.totals import MetricTotals
 from .locations import _one_line, planned_outputs, run_inputs, run_outputs
 from .parts import Parts, add_scores, complete, concatenated, legacy_ends, scores_of
-from .publish import Staging
+from .publish import Staging, publish_together
 from .record import OutputRecord
 from .shuffle import ROWS_PER_CHUNK, prefetched
 
@@ -88,6 +88,8 @@ def write_outputs(
     rows: Any,
     summarize: Callable[[MetricTotals | None], dict[str, Any]],
     tail_since: float | None = None,
+    tmp_token: str | None = None,
+    also: Callable[[dict[str, Any], Staging], list[Staging]] | None = None,
 ) -> tuple[list[Path], dict[str, Any], MetricTotals | None]:
     """Write every output in one pass over the examples in data order into a staging folder
     inside --save_dir, then publish them as one unit (outputs/publish.py), so a failure or a kill
@@ -99,7 +101,11 @@ def write_outputs(
     for this run); or `rows` is the ranks' slices of the outputs (Parts: the files the ranks wrote in place,
     parts.write_slice), which are completed and moved into the staging folder. With `tail_since` (a
     perf_counter time), the seconds from then to just before the publish are recorded as
-    time_breakdown.tail."""
+    time_breakdown.tail. `tmp_token`: the token the temp dir's marker carries in this run (a
+    recovery removes it only while it does). `also(summary, staging)`: the files the command
+    writes besides (the legacy form's SAVE_PATH and SCORE_PATH), added to this staging or staged
+    in their own folders; returns every staging to publish, --save_dir's last if it is among them:
+    one transaction over all those folders."""
     save_dir = Path(cfg.save_dir)
     n_refs = store.max_references if cfg.debug else 1
     planned = planned_outputs(cfg, n_refs)
@@ -121,7 +127,7 @@ def write_outputs(
     assembled = complete(rows) if shared else {}
     # A recovery that completes this publish for a run killed in it also removes its temp dir,
     # as the run would have next (unless --debug keeps it).
-    staging = Staging(save_dir, prefix, "output", None if cfg.debug else Path(cfg.tmp_dir))
+    staging = Staging(save_dir, prefix, "output", None if cfg.debug else Path(cfg.tmp_dir), tmp_token)
     files: dict[str, Any] = {}
     refs_files: list[Any] = []
     totals = MetricTotals(cfg.metric_names) if cfg.scored else None
@@ -180,7 +186,15 @@ def write_outputs(
 
     inputs = {os.path.realpath(r.path) for r in run_inputs(cfg)}
     roles = {r.path: r.what for r in run_outputs(cfg, n_refs)}
-    removed = staging.publish((planned[-1].name, metric_file), stale=True, inputs=inputs, roles=roles)
+    staging.plan((planned[-1].name, metric_file), stale=True, inputs=inputs, roles=roles)
+    together = [staging]
+    if also is not None:
+        try:
+            together = also(summary, staging)
+        except BaseException:
+            staging.discard()
+            raise
+    removed = publish_together(together)[together.index(staging)] if staging in together else []
     for name in removed:
         logger.info("removed %s: an earlier run's result, not written by this run", save_dir / name)
     return planned, summary, totals

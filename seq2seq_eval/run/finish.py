@@ -28,7 +28,8 @@ from .prepare import Prepared
 from .presence import wait_for_ranks_to_leave
 from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
 from .sharedtail import missing_parts, spill_file, wait_for_parts, write_my_part
-from .tmpdir import cleanup_tmp_dir, mark_done
+from .presence import mark_done
+from .tmpdir import cleanup_tmp_dir, tmp_token
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -114,6 +115,9 @@ def missing_summary(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path
     left = {r: int(sizes[deal[r]][open_[deal[r]]].sum()) for r in missing_ranks}
     per_rank = ", ".join(f"rank {r}: {n}" for r, n in left.items())
     unfinished = int(sizes[open_].sum())
+    if not missing_ranks and not unfinished:
+        return (f"every rank had finished; nothing was published: {cfg.save_dir} holds what it held before, and "
+                f"every batch is kept in {tmp_dir}; resume with: {resume_command(env)}")
     return (
         f"rank(s) {', '.join(map(str, missing_ranks)) or 'none'} did not finish ({per_rank} examples left); "
         f"{unfinished} of {len(prep.store)} examples still to generate ({len(done)} of {len(prep.batches)} "
@@ -128,8 +132,12 @@ def missing_tail_summary(env: DistEnv, tmp_dir: Path, missing: list[int] | None 
 
 
 def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stats: dict[str, Any], t_start: float,
-            earlier: Any, model_scores: dict[str, Any] | None = None, abort: Any = None) -> Outcome:
-    """`model_scores`: run.model_scores' values of the model metrics (COMET), when --metrics names one."""
+            earlier: Any, model_scores: dict[str, Any] | None = None, abort: Any = None,
+            progress: dict[str, Any] | None = None, also: Any = None) -> Outcome:
+    """`model_scores`: run.model_scores' values of the model metrics (COMET), when --metrics names
+    one. `progress["published"]` is set once the outputs are published (an interruption after
+    that is reported as such). `also`: what the command writes besides, in the same transaction
+    (outputs.write.write_outputs)."""
     t_wait = time.perf_counter()
     paths = wait_for_rank_files(
         tmp_dir, env.world_size, cfg.sync_timeout,
@@ -228,7 +236,10 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
         rows = gathered(outputs, order, columns_taken(roles(cfg), cfg.scored), spill_file(tmp_dir, "all", 0))
         if model_scores:
             rows = with_model_scores(rows, model_scores)
-    written, summary, totals = write_outputs(cfg, prep.store, rows, summarize, tail_since=t_merge)
+    written, summary, totals = write_outputs(cfg, prep.store, rows, summarize, tail_since=t_merge,
+                                             tmp_token=tmp_token(tmp_dir), also=also)
+    if progress is not None:
+        progress["published"] = True
     # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
     table = outputs = None
     mark_done(tmp_dir)  # the other ranks may go now (runner._wait_for_main)

@@ -26,7 +26,7 @@ from .plan import Batch, assign_batches, plan_digest
 from .prepare import Prepared
 from .rankfiles import read_rank_output, wait_for_rank_files
 from .steal import Claims
-from .tmpdir import main_is_done
+from .presence import main_is_done
 
 logger = logging.getLogger("seq2seq_eval")
 

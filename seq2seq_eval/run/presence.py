@@ -11,10 +11,13 @@ kernel drops a dead process's flock, however it died), so a lost rank holds nobo
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import time
 from pathlib import Path
+
+from .tmpdir import DONE, LOCK, STOPPED
 
 POLL_S = 0.05
 """How often rank 0 tries the locks of ranks still at work: they leave as soon as they see
@@ -63,3 +66,46 @@ def wait_for_ranks_to_leave(tmp_dir: Path, world_size: int, timeout_s: float) ->
         if not waiting or time.monotonic() >= deadline:
             return waiting
         time.sleep(POLL_S)
+
+
+_HELD: list[int] = []  # the lock of a rank 0 that is gone, kept by the survivor that reports it
+
+
+def main_rank_state(tmp_dir: Path) -> str:
+    """What a rank other than 0 knows of rank 0 from the temp dir: "running" (it holds the run
+    lock), "done" (it wrote the outputs), "stopped" (it, or a survivor, reports the end of the
+    run) or "gone" (it died without a word: this process then holds its lock and marks the run
+    stopped, so that exactly one survivor reports it)."""
+    if (tmp_dir / DONE).exists():
+        return "done"
+    try:
+        fd = os.open(tmp_dir / LOCK, os.O_RDWR)  # never O_CREAT: a temp dir cleaned up stays gone
+    except FileNotFoundError:
+        return "done"  # removed by rank 0 after the outputs were written
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return "running"
+    if os.fstat(fd).st_nlink == 0:
+        # The lock file was removed under this process between its open and its flock: rank 0
+        # cleaned up and released the lock, its run done (cleanup removes rank0.done too).
+        os.close(fd)
+        return "done"
+    if (tmp_dir / DONE).exists() or (tmp_dir / STOPPED).exists():
+        os.close(fd)
+        return "done" if (tmp_dir / DONE).exists() else "stopped"
+    _HELD.append(fd)  # until this process exits
+    with contextlib.suppress(OSError):
+        (tmp_dir / STOPPED).write_bytes(b"")
+    return "gone"
+
+
+def main_is_done(tmp_dir: Path) -> bool:
+    """Rank 0 has written the outputs (reliable only for a rank holding its presence, presence.py)."""
+    return (tmp_dir / DONE).exists()
+
+
+def mark_done(tmp_dir: Path) -> None:
+    """Rank 0 has written the outputs (before cleanup, which removes this file with the rest)."""
+    (tmp_dir / DONE).write_bytes(b"")

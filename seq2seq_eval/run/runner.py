@@ -14,8 +14,9 @@ from typing import Any
 from .. import engines
 from ..config import EvalConfig
 from ..errors import EvalError, Interrupted, RunFailed, RunStateError
-from ..outputs.locations import Role, check_output_locations, output_folders, run_inputs, try_folder
-from ..outputs.publish import pending, recover
+from ..outputs.locations import Role, check_output_locations, run_inputs, try_folders
+from ..outputs.intent import recovered
+from ..outputs.publish import pending
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .model_scores import check_model_metrics, score_model_metrics
@@ -30,12 +31,14 @@ from .tmpdir import (
     claim_tmp_dir,
     cleanup_tmp_dir,
     finished_journals,
-    main_rank_state,
     prepare_tmp_dir,
     recorded_budget,
     refuse_earlier_run,
+    new_token,
     remove_finished_tmp_dir,
+    tmp_token,
 )
+from .presence import main_rank_state, mark_done, wait_for_ranks_to_leave
 
 MAIN_POLL_S = 0.5
 """How often a rank that has finished generating looks whether rank 0 is still there."""
@@ -65,12 +68,13 @@ class _Signals:
 
 def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGroup | None = None,
         model: Any = None, tokenizer: Any = None, also_writes: tuple[Role, ...] = (),
-        also_folders: tuple[tuple[str, Path], ...] = ()) -> Outcome:
+        also_folders: tuple[tuple[str, Path], ...] = (), also: Any = None) -> Outcome:
     """One rank's run. The command line passes the config alone; api.evaluate also passes the
     job's group (`process_group`, kept open: the caller closes it) and may pass a model and its
     tokenizer already in memory, which run where they are, as they are. `also_writes` and
     `also_folders`: files (and their folders) the caller writes from the outputs afterwards
-    (the legacy form's SAVE_PATH), checked with the run's own before any work."""
+    (the legacy form's SAVE_PATH), checked with the run's own before any work; `also` stages
+    them, published with the run's outputs as one transaction (outputs.write.write_outputs)."""
     env = env or dist_env()
     t_start = time.perf_counter()
     check_output_locations(cfg, also_writes)
@@ -79,13 +83,17 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
         # A dry run is one process that never joins a group: it validates and prints the plan,
         # converting and tokenizing into a throwaway folder (the run's temp dir stays untouched),
         # and makes every check the run makes before its first batch.
-        for flag, folder in output_folders(cfg, also_folders):
-            try_folder(flag, folder)
+        # Under torchrun every rank runs the dry run: rank 0 alone tries the folders (trying
+        # creates and removes them: several ranks at once would trip over each other).
+        if env.is_main:
+            try_folders(cfg, also_writes, also_folders)
         # The run first completes a publish cut short in --save_dir, and with it removes the
         # temp dir of the run that died in it (unless it resumes from it): not checked then.
-        removed_first = _report_pending(Path(cfg.save_dir)) == os.path.realpath(tmp_dir) and not cfg.resume
-        for _, folder in also_folders:
-            _report_pending(folder)
+        removed_first = False
+        for folder in _distinct([Path(cfg.save_dir), *(f for _, f in also_folders)]):
+            removes = _report_pending(folder, say=env.is_main)
+            removed_first = removed_first or (removes is not None and removes[1] is not None and not cfg.resume
+                                                and removes == (os.path.realpath(tmp_dir), tmp_token(tmp_dir)))
         if not removed_first:
             claim_tmp_dir(tmp_dir, run_inputs(cfg), create=False)
         device, _ = resolve_device(cfg, env)
@@ -110,9 +118,10 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
     lock: RunLock | None = None
     prep: Prepared | None = None
     presence: Presence | None = None
+    progress: dict[str, Any] = {}
     try:
         with _Signals():
-            lock = _claim_tmp_dir(cfg, env, pg, tmp_dir, also_folders)
+            lock = _claim_tmp_dir(cfg, env, pg, tmp_dir, also_writes, also_folders)
             # Resuming (or restarted by torchrun), the earlier run's budget, read once by rank 0
             # (which holds the lock) and sent to all: every rank plans the same batches.
             resuming = cfg.resume or env.restart_count > 0
@@ -150,8 +159,10 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
                     _wait_for_main(cfg, env, prep, tmp_dir)
                 return Outcome()
             return finish(cfg, env, prep, tmp_dir, stats, t_start, earlier[0] if earlier else None, model_scores,
-                          abort=pg.peer_check)
+                          abort=pg.peer_check, progress=progress, also=also)
     except BaseException as e:
+        if env.is_main and lock is not None and isinstance(e, Interrupted) and (e.published or progress):
+            raise Interrupted(_after_publish(cfg, env, tmp_dir, e)) from e
         if env.is_main and lock is not None:
             # Before the lock goes: a rank that finds the lock free and this file absent knows
             # rank 0 died; with it, rank 0 reports for itself.
@@ -177,6 +188,20 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             lock.release()
         if process_group is None:
             pg.close()
+
+
+def _after_publish(cfg: EvalConfig, env: DistEnv, tmp_dir: Path, e: Interrupted) -> str:
+    """A signal handled once the outputs were published: the run is complete. What it had left
+    to do is done (the other ranks told, the temp dir removed once they have left it, as
+    finish() would), and the message says so: no resume is needed."""
+    said = str(e) if e.published else f"{e} after the outputs were published into {cfg.save_dir}"
+    mark_done(tmp_dir)
+    if cfg.debug:
+        return f"{said}; the run is complete (--debug keeps {tmp_dir})"
+    if wait_for_ranks_to_leave(tmp_dir, env.world_size, cfg.sync_timeout):
+        return f"{said}; the run is complete, but ranks still use {tmp_dir}: left in place (remove it before the next run there)"
+    cleanup_tmp_dir(tmp_dir)
+    return f"{said}; the run is complete ({tmp_dir} removed)"
 
 
 def _write_marker(path: Path) -> None:
@@ -224,7 +249,7 @@ def _agree(env: DistEnv, pg: ProcessGroup, check: Any) -> None:
         raise RunStateError(verdict)
 
 
-def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Path,
+def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Path, also_writes: tuple[Role, ...],
                    also_folders: tuple[tuple[str, Path], ...]) -> RunLock | None:
     """Rank 0 tries the output folders, then creates and locks the temp dir before anything is
     written there (the examples cache comes next), and refuses an earlier run's files unless
@@ -232,16 +257,18 @@ def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Pat
     holder: list[RunLock] = []
 
     def claim() -> None:
-        for flag, folder in output_folders(cfg, also_folders):
-            try_folder(flag, folder)
-        # Before anything else touches --save_dir: a publish a killed run left half done there
-        # is completed (or undone), and so is what that run had left to do, its temp dir's
-        # removal; unless this run resumes from that temp dir (--resume, or a torchrun restart):
-        # its journals then give every batch again, and only the tail runs.
+        try_folders(cfg, also_writes, also_folders)
+        # Before anything else touches the output folders: a publish a killed run left half done
+        # there is completed (or undone), and so is what that run had left to do, its temp dir's
+        # removal (while that folder is still that run's: its token); unless this run resumes
+        # from that temp dir (--resume, or a torchrun restart): its journals then give every
+        # batch again, and only the tail runs.
         resuming = cfg.resume or env.restart_count > 0
-        for intent in recover(Path(cfg.save_dir)):
+        with recovered([Path(cfg.save_dir), *(f for _, f in also_folders if f.is_dir())]) as completed:
+            pass
+        for intent in completed:
             if intent.get("tmp_dir") and not (resuming and _same(intent["tmp_dir"], tmp_dir)):
-                remove_finished_tmp_dir(Path(intent["tmp_dir"]))
+                remove_finished_tmp_dir(Path(intent["tmp_dir"]), intent.get("tmp_token"))
         try:
             claim_tmp_dir(tmp_dir, run_inputs(cfg))
         except OSError as e:
@@ -251,6 +278,7 @@ def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Pat
         try:
             # A worker group restarted by torchrun (--max_restarts) resumes by itself.
             refuse_earlier_run(tmp_dir, cfg.resume or env.restart_count > 0)
+            new_token(tmp_dir)  # from now on the temp dir is this run's, whoever made it
         except EvalError:
             lock.release()
             raise
@@ -264,18 +292,26 @@ def _same(a: str | Path, b: str | Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def _report_pending(folder: Path) -> str | None:
+def _distinct(folders: list[Path]) -> list[Path]:
+    """Each folder once, however it is written (SAVE_PATH, SCORE_PATH and --save_dir may share one)."""
+    return list({os.path.realpath(f): f for f in reversed(folders)}.values())[::-1]
+
+
+def _report_pending(folder: Path, say: bool = True) -> tuple[str, str | None] | None:
     """The dry run writes nothing: a publish cut short in an output folder is said, and left to
     the command that runs next, which completes (or undoes) it before anything else. Returns the
-    real path of the temp dir that completing it removes, if any."""
+    real path of the temp dir that completing it removes, and the token it must carry, if any."""
     found = pending(folder)
     if found is None:
         return None
     intent, completes = found
-    logger.warning("%s: holds a publish cut short (run %s, %d file(s)); the run %s it before anything else",
-                   folder, intent.get("run"), len(intent["files"]),
-                   "completes" if completes else "undoes (some of its files are gone)")
-    return os.path.realpath(intent["tmp_dir"]) if completes and intent.get("tmp_dir") else None
+    if say:  # rank 0 (every rank of a torchrun dry run gets here)
+        logger.warning("%s: holds a publish cut short (run %s, %d file(s)); the run %s it before anything else",
+                       folder, intent.get("run"), len(intent["files"]),
+                       "completes" if completes else "undoes (it did not reach its commit point, or some of its files are gone)")
+    if not completes or not intent.get("tmp_dir"):
+        return None
+    return os.path.realpath(intent["tmp_dir"]), intent.get("tmp_token")
 
 
 def _check_manifest(cfg: EvalConfig, env: DistEnv, tmp_dir: Path, manifest: dict[str, Any]) -> None:

@@ -29,8 +29,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,7 @@ OWN = re.compile(
 )
 """Every file the tool makes in its temp dir, by path relative to it: what cleanup removes."""
 _OWN_FOLDERS = ("cache", CLAIMS)
+logger = logging.getLogger("seq2seq_eval")
 _WRITING = re.compile(r"\.(.+)\.\d+\.tmp")  # atomic.write_atomic's and the caches' names while writing
 
 
@@ -160,17 +163,46 @@ def _through_link(tmp_dir: Path, rel: str) -> bool:
     return False
 
 
-def remove_finished_tmp_dir(tmp_dir: Path) -> None:
+def tmp_token(tmp_dir: Path) -> str | None:
+    """The token of the run that last claimed the temp dir (its marker's), or None."""
+    try:
+        token = json.loads((tmp_dir / MARKER).read_text(encoding="utf-8")).get("token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return token if isinstance(token, str) and token else None
+
+
+def new_token(tmp_dir: Path) -> str:
+    """Rank 0, holding the run lock: the marker carries a fresh token, this run's. A publish
+    names it, and a recovery that completes that publish removes the temp dir only while the
+    marker still carries it: once another run (a --resume too) has claimed the folder, it is
+    that run's, whatever its path."""
+    token = secrets.token_hex(16)
+    try:
+        made = json.loads((tmp_dir / MARKER).read_text(encoding="utf-8")).get("made") or []
+    except (OSError, ValueError, AttributeError):
+        made = []
+    write_json_atomic(tmp_dir / MARKER, {"tool": "seq2seq_eval", "made": made, "token": token})
+    return token
+
+
+def remove_finished_tmp_dir(tmp_dir: Path, token: str | None) -> None:
     """The temp dir of a run whose outputs were published (a recovery completed the publish the
-    run was killed in): removed as that run would have, unless another run holds it now."""
-    if not _marked(tmp_dir):
-        return
+    run was killed in): removed as that run would have, only while its marker carries that
+    run's `token` and no other run holds it; else left alone, said in one line."""
+    if tmp_token(tmp_dir) is None:
+        return  # gone, or not the tool's: nothing of that run's is left there
     lock = RunLock(tmp_dir)
     try:
         lock.acquire()
     except RunStateError:
-        return  # in use: that run decides
+        logger.warning("%s: kept: another run is using it (the run whose publish was completed had left it)", tmp_dir)
+        return
     try:
+        if token is None or tmp_token(tmp_dir) != token:
+            logger.warning("%s: kept: it now belongs to another run (its marker %s carries another run's token "
+                           "than the one whose publish was completed)", tmp_dir, MARKER)
+            return
         cleanup_tmp_dir(tmp_dir)
     finally:
         lock.release()
@@ -218,49 +250,6 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-_HELD: list[int] = []  # the lock of a rank 0 that is gone, kept by the survivor that reports it
-
-
-def main_rank_state(tmp_dir: Path) -> str:
-    """What a rank other than 0 knows of rank 0 from the temp dir: "running" (it holds the run
-    lock), "done" (it wrote the outputs), "stopped" (it, or a survivor, reports the end of the
-    run) or "gone" (it died without a word: this process then holds its lock and marks the run
-    stopped, so that exactly one survivor reports it)."""
-    if (tmp_dir / DONE).exists():
-        return "done"
-    try:
-        fd = os.open(tmp_dir / LOCK, os.O_RDWR)  # never O_CREAT: a temp dir cleaned up stays gone
-    except FileNotFoundError:
-        return "done"  # removed by rank 0 after the outputs were written
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return "running"
-    if os.fstat(fd).st_nlink == 0:
-        # The lock file was removed under this process between its open and its flock: rank 0
-        # cleaned up and released the lock, its run done (cleanup removes rank0.done too).
-        os.close(fd)
-        return "done"
-    if (tmp_dir / DONE).exists() or (tmp_dir / STOPPED).exists():
-        os.close(fd)
-        return "done" if (tmp_dir / DONE).exists() else "stopped"
-    _HELD.append(fd)  # until this process exits
-    with contextlib.suppress(OSError):
-        (tmp_dir / STOPPED).write_bytes(b"")
-    return "gone"
-
-
-def main_is_done(tmp_dir: Path) -> bool:
-    """Rank 0 has written the outputs (reliable only for a rank holding its presence, presence.py)."""
-    return (tmp_dir / DONE).exists()
-
-
-def mark_done(tmp_dir: Path) -> None:
-    """Rank 0 has written the outputs (before cleanup, which removes this file with the rest)."""
-    (tmp_dir / DONE).write_bytes(b"")
 
 
 def finished_journals(tmp_dir: Path) -> list[Path]:

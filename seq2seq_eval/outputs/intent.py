@@ -1,0 +1,325 @@
+"""The on-disk steps of a publish (outputs/publish.py), and how a publish cut short is completed
+or undone: one transaction over every folder a command writes.
+
+Each folder of a transaction holds, while it is under way, its staging folder
+{folder}/.seq2seq_eval_staging/<run>/ (new/: the files to put in place, old/: the files moved
+aside, tmp/: temporaries) and its intent {folder}/.seq2seq_eval_publish.json. Ownership is by
+token, never by name: the staging folder holds STAGE_MARKER with the run's random token, and the
+intent names that token; a folder with the tool's names and no such token (a user's
+`.seq2seq_eval_staging/notes/`, an intent written by hand) is left alone, with one line saying
+why. The intent also names the transaction (its own token and every folder in it) and its
+coordinator, the folder whose intent is written last: that write is the commit point. So a
+recovery, holding every folder's lock, completes every folder of a transaction whose
+coordinator holds its intent, and undoes every folder of one whose coordinator does not (it was
+killed before the commit point). The coordinator's intent is cleared last, after every other
+folder is done, so it is there whenever another folder still holds its intent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..atomic import fsync_dir
+from ..errors import OutputError
+from .digest import file_digest
+from .record import INTENT, STAGING, Entry, OutputRecord, locked, read_intent
+
+logger = logging.getLogger("seq2seq_eval")
+
+STAGE_MARKER = ".seq2seq_eval_stage"
+"""In each staging folder the tool makes, an empty file `STAGE_MARKER.<token>`, the run's random
+token (made in one step, so a kill never leaves half of one). Without it, not the tool's."""
+_TOKEN = re.compile(r"[0-9a-f]{32}")
+_SAID: set[str] = set()
+"""Folders this process said it leaves alone: a command recovers a folder several times (as it
+stages, as it publishes), and says so once."""
+
+
+def stage_token(root: Path) -> str | None:
+    """The token of the staging folder `root` if the tool made it (it holds exactly one marker,
+    a regular file, named with a token), else None."""
+    try:
+        if not stat.S_ISDIR(os.lstat(root).st_mode):
+            return None
+        found = [n for n in os.listdir(root) if n.startswith(STAGE_MARKER + ".")]
+        if len(found) != 1 or not stat.S_ISREG(os.lstat(root / found[0]).st_mode):
+            return None
+    except OSError:
+        return None
+    token = found[0][len(STAGE_MARKER) + 1:]
+    return token if _TOKEN.fullmatch(token) else None
+
+
+def mark(root: Path, token: str) -> None:
+    """Make `root` (just created, empty) the staging folder of the run with `token`."""
+    os.close(os.open(root / f"{STAGE_MARKER}.{token}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+
+
+def dirs(folder: Path, intent: Mapping[str, Any]) -> tuple[Path, Path, Path]:
+    """A publish's staging folder: its root, the new files, the files moved aside."""
+    root = folder / STAGING / intent["run"]
+    return root, root / "new", root / "old"
+
+
+def check_owned(folder: Path, intent: Mapping[str, Any]) -> None:
+    """Refuse to act on an intent whose staging folder does not carry the intent's token: an
+    intent written by hand, one whose staging folder was removed or replaced, or another run's
+    under that name. The tool clears an intent before it removes its staging folder, so its own
+    intents always have theirs."""
+    root = dirs(folder, intent)[0]
+    if stage_token(root) != intent["token"]:
+        raise OutputError(f"{folder / INTENT}: names run {intent['run']}, but {root} is missing or does not carry "
+                          f"that run's token ({STAGE_MARKER}.<token>), so neither is known to be seq2seq_eval's; "
+                          "nothing is moved: check the folder by hand and remove them, or pick another folder")
+
+
+def _holds(path: Path, f: Mapping[str, Any]) -> bool:
+    """Whether `path` is a regular file with the size and digest the intent names."""
+    try:
+        st = os.lstat(path)
+        return stat.S_ISREG(st.st_mode) and st.st_size == f["size"] and file_digest(path) == f["sha256"]
+    except OSError:
+        return False
+
+
+def completable(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -> bool:
+    """Whether a folder's part of a publish cut short can be completed: every new file staged
+    whole or in place, and nothing but the tool's own file where a staged one goes."""
+    _, new, old = dirs(folder, intent)
+    for f in intent["files"]:
+        staged, target = new / f["name"], folder / f["name"]
+        if os.path.lexists(staged):
+            if os.lstat(staged).st_size != f["size"]:
+                return False
+            if os.path.lexists(target) and (os.path.lexists(old / f["name"]) or not record.owns(target)):
+                return False
+        elif not _holds(target, f):
+            return False
+    return True
+
+
+def apply(folder: Path, intent: Mapping[str, Any], record: OutputRecord | None = None) -> None:
+    """The moves, each done unless done already (so that a recovery repeats them): the
+    completion file's predecessor aside first, the files removed aside, each new file in place,
+    the completion file last. `record`: in a recovery, files removed only while they are still
+    the tool's."""
+    _, new, old = dirs(folder, intent)
+    last = intent.get("completion")
+
+    def aside(name: str) -> None:
+        target = folder / name
+        if os.path.lexists(target) and not os.path.lexists(old / name):
+            os.rename(target, old / name)
+
+    if last is not None and os.path.lexists(new / last):
+        aside(last)
+    for name in intent["remove"]:
+        if record is None or record.owns(folder / name):
+            aside(name)
+    names = [f["name"] for f in intent["files"]]
+    for name in [n for n in names if n != last] + [n for n in names if n == last]:
+        if os.path.lexists(new / name):
+            if os.path.lexists(folder / name) and os.path.lexists(old / name):
+                raise OutputError(f"{folder / name}: appeared after the publish moved the tool's file aside; "
+                                  "expected nothing there until the new file is renamed into place")
+            aside(name)
+            os.rename(new / name, folder / name)
+    fsync_dir(folder)
+
+
+def finish(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -> None:
+    """The record, then what was moved aside deleted, the intent cleared, the staging folder
+    removed."""
+    written = {f["name"]: Entry(f.get("prefix", intent.get("prefix")), f.get("kind", intent.get("kind", "output")),
+                                f["size"], f["sha256"], completion=f["name"] == intent.get("completion"))
+               for f in intent["files"]}
+    root, _, old = dirs(folder, intent)
+    os.makedirs(root / "tmp", exist_ok=True)
+    record.commit(written, intent["remove"], root / "tmp")
+    for path in sorted(old.iterdir()) if old.is_dir() else ():
+        os.unlink(path)
+    os.unlink(folder / INTENT)
+    fsync_dir(folder)
+    remove_staged(root)
+
+
+def roll_back(folder: Path, intent: Mapping[str, Any]) -> None:
+    """Undo a publish that cannot be completed: each new file in place removed, each file moved
+    aside put back. A file moved aside whose place someone has taken since stays in the staging
+    folder (said in a warning), never over theirs."""
+    root, new, old = dirs(folder, intent)
+    for f in reversed(intent["files"]):
+        name = f["name"]
+        target = folder / name
+        if not os.path.lexists(new / name) and _holds(target, f):
+            os.unlink(target)
+    for name in [*(f["name"] for f in intent["files"]), *intent["remove"]]:
+        if os.path.lexists(old / name):
+            if os.path.lexists(folder / name):
+                logger.warning("%s: taken since a publish moved the tool's file aside; that file is kept as %s",
+                               folder / name, old / name)
+                continue
+            os.rename(old / name, folder / name)
+    os.unlink(folder / INTENT)
+    fsync_dir(folder)
+    remove_staged(root)
+
+
+def remove_staged(root: Path) -> None:
+    """A staging folder's new and temporary files, its marker, then its folders if empty (a file
+    moved aside stays, and so does anything that is not a regular file: the tool made none).
+    Only a folder that carries the tool's token (stage_token): the caller checked whose."""
+    token = stage_token(root)
+    if token is None:
+        return
+    for sub in (root / "new", root / "tmp"):
+        for path in sorted(sub.iterdir()) if sub.is_dir() and not sub.is_symlink() else ():
+            with contextlib.suppress(OSError):
+                if stat.S_ISREG(os.lstat(path).st_mode):
+                    os.unlink(path)
+    for d in (root / "new", root / "tmp", root / "old"):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+    # The marker goes only once nothing but it is left: a folder still holding files stays marked.
+    with contextlib.suppress(OSError):
+        if len(os.listdir(root)) == 1:
+            os.unlink(root / f"{STAGE_MARKER}.{token}")
+    for d in (root, root.parent):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
+def remove_abandoned(folder: Path) -> None:
+    """Staging folders whose owner is gone (their flock is free), that carry the tool's token and
+    that no intent names. Any other folder there is left alone, said in one line."""
+    import fcntl
+
+    staging = folder / STAGING
+    if not staging.is_dir() or staging.is_symlink():
+        return
+    intent = read_intent(folder)
+    for root in sorted(staging.iterdir()):
+        if intent is not None and root.name == intent["run"]:
+            continue
+        if stage_token(root) is None:
+            with contextlib.suppress(OSError):
+                os.rmdir(root)  # an empty folder loses nothing (a run killed as it made it)
+                continue
+            if str(root) in _SAID:
+                continue
+            _SAID.add(str(root))
+            logger.warning("%s: left alone: not a staging folder seq2seq_eval made (no %s.<token> in it)", root, STAGE_MARKER)
+            continue
+        try:
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # its owner is writing it
+        try:
+            remove_staged(root)
+        finally:
+            os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(staging)
+
+
+# ---------------------------------------------------------------- transactions over folders
+
+
+def members(folder: Path, intent: Mapping[str, Any]) -> list[Path]:
+    """Every folder of the transaction `intent` belongs to (the folder alone for a publish of one)."""
+    txn = intent.get("txn")
+    return [Path(p) for p in txn["folders"]] if txn else [folder]
+
+
+def _peek(folder: Path) -> list[Path]:
+    """The folders a publish cut short in `folder` involves, read without its lock (the caller
+    locks them all, then reads again)."""
+    try:
+        intent = read_intent(folder) if folder.is_dir() else None
+    except OutputError:
+        return [folder]
+    return members(folder, intent) if intent else [folder]
+
+
+@contextlib.contextmanager
+def locked_all(folders: Iterable[Path]) -> Iterator[None]:
+    """The flocks of several folders, always taken in one order (sorted real paths), so that two
+    commands locking overlapping sets never wait for each other in a circle."""
+    with contextlib.ExitStack() as stack:
+        for folder in sorted({os.path.realpath(f) for f in folders}):
+            if os.path.isdir(folder):
+                stack.enter_context(locked(Path(folder)))
+        yield
+
+
+@contextlib.contextmanager
+def recovered(folders: Iterable[Path]) -> Iterator[list[dict[str, Any]]]:
+    """Every folder in `folders`, and every folder a publish cut short there involves, locked;
+    those publishes completed or undone, whole (recover_locked); yields the intents completed."""
+    wanted = {Path(os.path.abspath(f)) for f in folders}
+    while True:
+        involved = set(wanted)
+        for f in wanted:
+            involved.update(_peek(f))
+        with locked_all(involved):
+            # Read again under the locks: a publish may have begun or ended meanwhile.
+            now = set(wanted)
+            for f in wanted:
+                now.update(_peek(f))
+            if {os.path.realpath(f) for f in now} <= {os.path.realpath(f) for f in involved}:
+                yield recover_locked(involved)
+                return
+
+
+def recover_locked(folders: Iterable[Path]) -> list[dict[str, Any]]:
+    """With every folder's lock held: each transaction cut short there completed (its
+    coordinator holds its intent: past the commit point) or undone, every folder of it, the
+    coordinator last; then staging folders whose owner is gone removed. Returns the intents
+    completed."""
+    done: list[dict[str, Any]] = []
+    folders = sorted({Path(os.path.abspath(f)) for f in folders})
+    for folder in folders:
+        intent = read_intent(folder) if folder.is_dir() else None
+        if intent is None:
+            continue
+        check_owned(folder, intent)
+        group = members(folder, intent)
+        if not {os.path.realpath(f) for f in group} <= {os.path.realpath(f) for f in folders}:
+            continue  # a transaction over folders not locked here: the next command on one of them
+        coordinator = Path(intent["txn"]["coordinator"]) if intent.get("txn") else folder
+        parts = [(folder, intent)] if not intent.get("txn") else []
+        for f in group if intent.get("txn") else ():
+            other = read_intent(f) if f.is_dir() else None
+            if other is not None and (other.get("txn") or {}).get("token") == intent["txn"]["token"]:
+                check_owned(f, other)
+                parts.append((f, other))
+        committed = any(f == coordinator for f, _ in parts)
+        # The coordinator last: its intent, the commit point, stays until every other folder is done.
+        for f, i in sorted(parts, key=lambda p: p[0] == coordinator):
+            record = OutputRecord(f)
+            if committed and completable(f, i, record):
+                logger.warning("%s: completing the publish of run %s, cut short", f, i["run"])
+                apply(f, i, record)
+                finish(f, i, record)
+                done.append(i)
+            else:
+                why = "with staged files missing" if committed else "before every folder of it was ready"
+                logger.warning("%s: undoing the publish of run %s, cut short %s", f, i["run"], why)
+                roll_back(f, i)
+    for folder in folders:
+        if folder.is_dir():
+            remove_abandoned(folder)
+    return done

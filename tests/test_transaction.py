@@ -1,0 +1,461 @@
+"""One command, one transaction over every folder it writes (outputs/publish.py, outputs/intent.py);
+what the tool removes or adopts is known by a token, never by a name; the checks before work try
+every name in its folder, once per folder, free of races. The publishes run in forked children
+(no model): killed (SIGKILL) or signalled (SIGTERM, with the run's handler) before each change of
+the folders in turn, found by counting them, not listed by hand."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from seq2seq_eval.config import EvalConfig
+from seq2seq_eval.errors import Interrupted, OutputError
+from seq2seq_eval.outputs.intent import STAGE_MARKER
+from seq2seq_eval.outputs.locations import try_folder, try_folders
+from seq2seq_eval.outputs.publish import Staging, publish_together, recover
+from seq2seq_eval.outputs.record import INTENT, RECORD, STAGING, OutputRecord
+from seq2seq_eval.run import tmpdir
+from seq2seq_eval.run.runner import _Signals
+
+
+@pytest.fixture(autouse=True)
+def no_fsync(monkeypatch):
+    """What a killed process leaves is in the page cache whether or not it was flushed."""
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+def visible(folder: Path) -> dict[str, bytes]:
+    """The files a reader sees in the folder (not the tool's bookkeeping), by name."""
+    if not folder.is_dir():
+        return {}
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name not in (RECORD, INTENT)}
+
+
+def everything(root: Path) -> dict[str, bytes]:
+    """Every file under `root`, by path: the user's files are compared byte for byte."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name in (INTENT, STAGING)) if folder.is_dir() else []
+
+
+# The kinds of command, as the folders they publish into: a run's outputs (a completion file
+# last, stale results removed), the legacy form (--save_dir's outputs, SAVE_PATH and SCORE_PATH:
+# three folders, or two of them shared), a named file alone (compare --report).
+def run_set(tag: str) -> dict[str, bytes]:
+    return {"test_generations.txt": f"{tag}1\n{tag}2\n".encode(), "test_examples.jsonl": f'{{"t": "{tag}"}}\n'.encode()}
+
+
+def stage_run(folder: Path, tag: str) -> Staging:
+    staging = Staging(folder, "test", "output")
+    for name, data in run_set(tag).items():
+        staging.add(name, data)
+    return staging.plan(("test_bleu.json", lambda removed: json.dumps({"run": tag, "removed": removed}).encode()),
+                        stale=True)
+
+
+def stage_named(folder: Path, files: dict[str, bytes]) -> Staging:
+    staging = Staging(folder, None, "named")
+    for name, data in files.items():
+        staging.add(name, data)
+    return staging.plan(way_out="name another file")
+
+
+def legacy(save: Path, out: Path, score: Path, tag: str) -> list[Staging]:
+    """The legacy form's transaction: SAVE_PATH in `out`, SCORE_PATH in `score`, --save_dir `save`
+    (folders may coincide: then one staging holds the files of each)."""
+    named = {out: {"preds.txt": f"{tag} preds\n".encode()}}
+    named.setdefault(score, {})["metrics.json"] = f'{{"bleu": "{tag}"}}\n'.encode()
+    stagings = []
+    run = stage_run(save, tag)
+    for folder, files in named.items():
+        if folder == save:
+            for name, data in files.items():
+                run.add(name, data, (None, "named"))
+        else:
+            stagings.append(stage_named(folder, files))
+    return [*stagings, run]
+
+
+def tool_view(folders: list[Path]) -> list[dict[str, bytes]]:
+    return [visible(f) for f in folders]
+
+
+def _watch(root: Path, at: int | None, action: Callable[[], None]) -> list[int]:
+    """In a forked child: every rename and removal under `root` counted; `action` runs just
+    before the at-th."""
+    count = [0]
+    for name in ("rename", "replace", "unlink"):
+        real = getattr(os, name)
+
+        def wrapped(*args, _real=real, _name=name, **kwargs):
+            paths = args[:1] if _name == "unlink" else args[:2]
+            if any(os.path.abspath(p).startswith(f"{root}{os.sep}") for p in paths):
+                count[0] += 1
+                if count[0] == at:
+                    action()
+            return _real(*args, **kwargs)
+
+        setattr(os, name, wrapped)
+    return count
+
+
+def in_child(work: Callable[[], object], root: Path, at: int | None = None, sig: int = signal.SIGKILL) -> tuple[int, dict]:
+    """`work` in a forked child, `sig` sent to itself before its at-th change under `root`, with
+    the run's SIGINT/SIGTERM handler in place. Returns its wait status and what it reported:
+    its change count, or the Interrupted it raised."""
+    report = root.parent / f"{root.name}.report"
+    pid = os.fork()
+    if pid:
+        status = os.waitpid(pid, 0)[1]
+        data = json.loads(report.read_text()) if report.exists() else {}
+        report.unlink(missing_ok=True)
+        return status, data
+    code = 1
+    try:
+        count = _watch(root, at, lambda: os.kill(os.getpid(), sig))
+        try:
+            with _Signals():
+                work()
+            report.write_text(json.dumps({"changes": count[0]}))
+        except Interrupted as e:
+            report.write_text(json.dumps({"interrupted": str(e), "published": e.published}))
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def pseudolabels(folder: Path, tag: str) -> Staging:
+    """A pseudolabel run's set (its run-info file is its completion file)."""
+    staging = Staging(folder, "test", "output")
+    staging.add("test_generations.txt", f"{tag}\n".encode())
+    staging.add("pseudolabel_results.json", f'["{tag}"]\n'.encode())
+    return staging.plan(("test_run_info.json", lambda removed: json.dumps({"run": tag}).encode()), stale=True)
+
+
+# Every kind of command, as the folders it writes and what it stages there for a run tagged `tag`
+# (the run and --save_dir's outputs with a model metric publish as a run does; `score` writes
+# nothing). A kind's folders are named relative to the case's root.
+KINDS: dict[str, tuple[tuple[str, ...], Callable[[list[Path], str], list[Staging]]]] = {
+    "legacy form, three folders": (("save", "out", "score"), lambda f, tag: legacy(f[0], f[1], f[2], tag)),
+    "legacy form, SAVE_PATH beside SCORE_PATH": (("save", "out"), lambda f, tag: legacy(f[0], f[1], f[1], tag)),
+    "run, then pseudolabels": (("save",), lambda f, tag: [stage_run(f[0], tag) if tag != "two" else pseudolabels(f[0], tag)]),
+    "compare --report": (("r",), lambda f, tag: [stage_named(f[0], {"report.html": f"<p>{tag}</p>\n".encode()})]),
+}
+# Each kind with each signal, but for two whose steps another case takes in the same order: the
+# single-folder run with SIGKILL (tests/test_publish.py's loop) and the legacy form's two folders
+# with SIGKILL (those of three folders). The legacy form in one folder is one folder's publish.
+CASES = [(sig, kind) for kind in KINDS for sig in (signal.SIGKILL, signal.SIGTERM)
+         if (kind, sig) not in (("run, then pseudolabels", signal.SIGKILL),
+                                ("legacy form, SAVE_PATH beside SCORE_PATH", signal.SIGKILL))]
+
+
+@pytest.mark.parametrize("sig, kind", CASES, ids=[f"{k}-{signal.Signals(s).name}" for s, k in CASES])
+def test_a_command_stopped_at_each_step_leaves_one_run_in_every_folder(tmp_path, kind, sig):
+    """Run 1's set is in place; run 2's publish is stopped before each of its changes in turn (the
+    count of its changes, not a list). At every point every folder holds run 1's files or run
+    2's, never one folder of each, once the next command (a recovery of any one of the folders)
+    is done; with SIGTERM the command says whether it published, and it did exactly when the
+    folders hold run 2's set."""
+    names, command = KINDS[kind]
+    whole = []  # each run's set, as a publish that runs to its end leaves it
+    for tag in ("one", "two"):
+        publish_together(command([tmp_path / "probe" / n for n in names], tag))
+        whole.append(tool_view([tmp_path / "probe" / n for n in names]))
+    for k in range(1, 200):
+        root = tmp_path / f"{k}"
+        folders = [root / n for n in names]
+        publish_together(command(folders, "one"))
+        one = tool_view(folders)
+        status, said = in_child(lambda: publish_together(command(folders, "two")), root, k, sig)
+        if sig == signal.SIGKILL and not os.WIFSIGNALED(status) or "changes" in said:
+            assert k > 1 and "changes" in said, (k, status, said)  # every step was tried
+            return
+        # The next command touches one folder only (here the last one); it completes or undoes all.
+        recover(folders[k % len(folders)])
+        now = tool_view(folders)
+        assert one == whole[0] and now in whole, (k, now)
+        two = now == whole[1]
+        if sig == signal.SIGTERM:
+            assert said["published"] == two, (k, said)
+            assert ("after the outputs were published" in said["interrupted"]) == two
+        for f in folders:
+            recover(f)  # what a dead publisher left staged goes with the next command on its folder
+            assert tool_view(folders) == now, k
+        for f in folders:
+            assert leftovers(f) == [], (k, f, leftovers(f))
+            record = OutputRecord(f)
+            assert all(record.owns(f / n) for n in visible(f)), k
+    raise AssertionError("the publish never ended")
+
+
+def test_two_commands_interleaved_keep_every_user_file_and_each_transaction_whole(tmp_path):
+    """Property, over seeded random cases: a legacy command (three folders) and another command
+    (a run into one of them, or a report beside a user's files) race, each stopped at a random
+    step or not at all; then the next command recovers. Every user file keeps its bytes, and each
+    folder holds exactly one command's set, the legacy command's in all its folders or in none."""
+    rng = random.Random(5)
+    for case in range(8):
+        root = tmp_path / f"{case}"
+        save, out, score = root / "save", root / "out", root / "score"
+        for f in (save, out, score):
+            f.mkdir(parents=True)
+            (f / "notes.txt").write_bytes(os.urandom(64))
+            (f / STAGING).mkdir()
+            (f / STAGING / "mine").mkdir()
+            (f / STAGING / "mine" / "new").mkdir()
+            (f / STAGING / "mine" / "new" / "draft.txt").write_bytes(b"the user's own\n")
+        user = everything(root)
+        publish_together(legacy(save, out, score, "base"))
+        other_kind = rng.choice(["run", "report"])
+        other_folder = rng.choice([save, out, score])
+
+        def other() -> None:
+            if other_kind == "run":
+                publish_together([stage_run(other_folder, "other")])
+            else:
+                publish_together([stage_named(other_folder, {"report.html": b"<p>other</p>\n"})])
+
+        pids = []
+        for work, at in ((lambda: publish_together(legacy(save, out, score, "new")), rng.choice([None, *range(1, 25)])),
+                         (other, rng.choice([None, *range(1, 12)]))):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    _watch(root, at, lambda: os.kill(os.getpid(), signal.SIGKILL))
+                    work()
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        for f in (save, out, score):
+            recover(f)
+        after = everything(root)
+        assert {p: after.get(p) for p in user} == user, case
+        # SAVE_PATH and SCORE_PATH: the legacy command's new set in both, or in neither.
+        tags = {b"new" in (f / name).read_bytes() for f, name in ((out, "preds.txt"), (score, "metrics.json"))}
+        assert len(tags) == 1, case
+        for f in (save, out, score):
+            assert not (f / INTENT).exists()
+            record = OutputRecord(f)
+            assert all(record.owns(f / n) for n in record.files), case
+            if (f / "test_bleu.json").exists():  # a run's set is whole: its generations are its own
+                tag = json.loads((f / "test_bleu.json").read_text())["run"]
+                assert (f / "test_generations.txt").read_bytes() == run_set(tag)["test_generations.txt"], case
+                if f == save and tag != "other":
+                    assert tags == {tag == "new"}, case  # --save_dir's outputs go with SAVE_PATH
+
+
+# ---------------------------------------------------------------- ownership by token
+
+
+def test_a_users_folder_named_like_a_staging_folder_is_left_alone(tmp_path, caplog):
+    """`S/.seq2seq_eval_staging/notes/` with files in new/ and tmp/: every command on S leaves
+    it, saying why in one line; the tool's own abandoned staging folder beside it is removed."""
+    folder = tmp_path / "S"
+    notes = folder / STAGING / "notes"
+    for sub in ("new", "tmp", "old"):
+        (notes / sub).mkdir(parents=True)
+        (notes / sub / "draft.txt").write_bytes(f"{sub}\n".encode())
+    # A marker file of the tool's name without a token, and one with a token but not a regular file.
+    (notes / STAGE_MARKER).write_bytes(b"")
+    fake = folder / STAGING / "fake"
+    (fake / "new").mkdir(parents=True)
+    (fake / "new" / "a.txt").write_bytes(b"a\n")
+    (fake / f"{STAGE_MARKER}.{'0' * 32}").mkdir()
+    before = everything(folder)
+    status, _ = in_child(lambda: Staging(folder, "test", "output").add("x.txt", b"x\n"), tmp_path, 10**6)
+    with caplog.at_level(logging.WARNING, logger="seq2seq_eval"):
+        publish_together([stage_run(folder, "a")])
+    after = everything(folder)
+    assert {p: after.get(p) for p in before} == before
+    assert sorted(p.name for p in (folder / STAGING).iterdir()) == ["fake", "notes"]  # the abandoned one went
+    said = [r.getMessage() for r in caplog.records if "left alone" in r.getMessage()]
+    assert len(said) == 2 and all("not a staging folder seq2seq_eval made" in s for s in said)
+
+
+def test_an_intent_whose_staging_folder_does_not_carry_its_token_is_left_alone(tmp_path):
+    """An intent written by hand (no token), one naming a staging folder that carries another
+    token, or one whose staging folder is not there: refused in one line, nothing in the folder
+    moves."""
+    folder = tmp_path / "S"
+    publish_together([stage_run(folder, "a")])
+    (folder / STAGING / "x" / "new").mkdir(parents=True)
+    (folder / STAGING / "x" / "new" / "test_generations.txt").write_bytes(b"mine\n")
+    (folder / STAGING / "x" / f"{STAGE_MARKER}.{'1' * 32}").write_bytes(b"")
+    for intent, match in (({"run": "x", "files": [], "remove": ["test_generations.txt"]}, "no run token"),
+                          ({"run": "x", "token": "2" * 32, "files": [{"name": "test_generations.txt", "size": 5,
+                                                                      "sha256": "0"}], "remove": []},
+                           "does not carry that run's token"),
+                          ({"run": "y", "token": "3" * 32, "files": [], "remove": ["test_generations.txt"]},
+                           "y is missing or does not carry")):
+        (folder / INTENT).write_text(json.dumps(intent))
+        before = everything(folder)
+        with pytest.raises(OutputError, match=match):
+            recover(folder)
+        with pytest.raises(OutputError, match=match):
+            publish_together([stage_run(tmp_path / "elsewhere", "b"), stage_run(folder, "b")])
+        assert everything(folder) == before
+        assert not (tmp_path / "elsewhere" / "test_bleu.json").exists()
+
+
+@pytest.mark.parametrize("claimed_since", [False, True])
+def test_recovery_removes_a_temp_dir_only_while_it_carries_the_dead_runs_token(tmp_path, claimed_since):
+    """Run A dies in its publish; its temp dir T is removed by hand and made again by run C (its
+    own token), which is interrupted with journals there. Completing A's publish later leaves T
+    and C's journals alone, saying why; T still A's (no run since) goes as A would have removed it."""
+    folder, t = tmp_path / "S", tmp_path / "T"
+    tmpdir.claim_tmp_dir(t)
+    token_a = tmpdir.new_token(t)
+
+    def run_a() -> None:
+        staging = Staging(folder, "test", "output", t, token_a)
+        staging.add("test_generations.txt", b"a\n")
+        staging.publish()
+
+    status, _ = in_child(run_a, tmp_path, at=2)  # past the intent: the next command completes it
+    assert os.WIFSIGNALED(status) and (folder / INTENT).exists()
+    if claimed_since:
+        for p in t.iterdir():
+            p.unlink()
+        t.rmdir()
+        tmpdir.claim_tmp_dir(t)
+        tmpdir.new_token(t)
+        (t / "journal_rank_0.jsonl").write_text('{"batch": 0}\n')
+    completed = recover(folder)
+    assert [i["tmp_token"] for i in completed] == [token_a]
+    tmpdir.remove_finished_tmp_dir(Path(completed[0]["tmp_dir"]), completed[0]["tmp_token"])
+    assert t.exists() == claimed_since
+    if claimed_since:
+        assert (t / "journal_rank_0.jsonl").read_text() == '{"batch": 0}\n'
+
+
+# ---------------------------------------------------------------- the checks before work
+
+
+def test_every_final_name_is_tried_in_its_folder(tmp_path):
+    """A --type_path whose outputs' names the filesystem refuses fails the check before work
+    (the dry run and the run make it), in one line naming the file; a folder given twice
+    (SAVE_PATH beside SCORE_PATH) is tried once."""
+    cfg = EvalConfig(save_dir=str(tmp_path / "out"), type_path="t" * 240)
+    with pytest.raises(OutputError, match=r"--save_dir .*: cannot create t{240}_generations\.txt in .*File name too long"):
+        try_folders(cfg)
+    assert not (tmp_path / "out").exists()
+    ok = EvalConfig(save_dir=str(tmp_path / "out"))
+    from seq2seq_eval.outputs.locations import Role
+
+    with pytest.raises(OutputError, match=r"cannot create m{251}\.json in "):
+        try_folders(ok, (Role(tmp_path / "p.txt", "SAVE_PATH"), Role(tmp_path / f"{'m' * 251}.json", "--score_path")),
+                    (("SAVE_PATH", tmp_path), ("--score_path", tmp_path / "x" / "..")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_many_processes_trying_one_new_folder_at_once_all_pass(tmp_path):
+    """Sixteen processes try one folder that is not there yet (and its parent), at the same time,
+    over and over: none fails, and no probe is left (a folder another process still used when
+    its maker was done may stay, empty)."""
+    for attempt in range(4):
+        target = tmp_path / f"new{attempt}" / "save"
+        pids = []
+        for _ in range(16):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    try_folder("--save_dir", target, ["test_generations.txt"])
+                    code = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        assert [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids] == [0] * 16
+        assert not [p for p in target.parent.rglob("*") if not p.is_dir()]
+        assert not list(target.glob(".seq2seq_eval_probe*"))
+
+
+# ---------------------------------------------------------------- through the command line
+
+
+@pytest.fixture(scope="module")
+def e2e(tiny_model, tmp_path_factory):
+    from conftest import make_corpus
+
+    root = tmp_path_factory.mktemp("txn_e2e")
+    src, tgt = make_corpus(6, seed=47)
+    (root / "in.txt").write_text("\n".join(src) + "\n")
+    (root / "ref.txt").write_text("\n".join(tgt) + "\n")
+    return root, str(tiny_model)
+
+
+def test_the_legacy_form_publishes_its_three_folders_as_one_transaction(e2e, tmp_path):
+    """`MODEL in.txt out/preds.txt --reference_path ref.txt --score_path sc/metrics.json
+    --save_dir S`, killed once SAVE_PATH is in place and before SCORE_PATH is: any next command on
+    one of the folders completes all three, and SCORE_PATH's scores are those of --save_dir's."""
+    from conftest import single
+
+    root, model = e2e
+    args = [model, str(root / "in.txt"), "w/out/preds.txt", "--reference_path", str(root / "ref.txt"),
+            "--score_path", "w/sc/metrics.json", "--save_dir", "w/S", "--tmp_dir", "t", "--bs", "4", "--task", "translation"]
+    # Changes in w's folders: the three intents (SCORE_PATH's, SAVE_PATH's, --save_dir's last:
+    # the commit point), then SAVE_PATH's folder's move into place (the 4th), then SCORE_PATH's.
+    killed = single([str(tmp_path / "w"), "kill:5:tree", *args], cwd=tmp_path, script=Path(__file__).parent / "publish_faults.py")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    w = tmp_path / "w"
+    intents = [json.loads((w / f / INTENT).read_text()) for f in ("S", "out", "sc")]
+    assert len({i["txn"]["token"] for i in intents}) == 1 and (w / "out" / "preds.txt").exists()
+    assert not (w / "sc" / "metrics.json").exists() and not (w / "S" / "test_bleu.json").exists()
+    recover(w / "sc")
+    assert not any((w / f / INTENT).exists() for f in ("S", "out", "sc"))
+    scores = json.loads((w / "sc" / "metrics.json").read_text())
+    assert scores["bleu"] == json.loads((w / "S" / "test_bleu.json").read_text())["bleu"]
+    assert (w / "out" / "preds.txt").read_bytes() == (w / "S" / "test_generations.txt").read_bytes()
+
+
+def test_a_sigterm_in_the_publish_ends_the_run_published_and_says_so(e2e, tmp_path):
+    """SIGTERM between two renames of the publish: the run completes it, exits 130 saying the
+    outputs were published (no resume to run), and removes its temp dir as a finished run does."""
+    from conftest import single
+
+    root, model = e2e
+    save = tmp_path / "out"
+    args = [model, str(root / "in.txt"), str(save / "preds.txt"), "--reference_path", str(root / "ref.txt"),
+            "--score_path", str(save / "metrics.json"), "--bs", "4", "--task", "translation"]
+    term = single([str(save), "term:3", *args], cwd=tmp_path, script=Path(__file__).parent / "publish_faults.py")
+    assert term.returncode == 130, term.stderr[-2000:]
+    line = [s for s in term.stderr.splitlines() if s.startswith("seq2seq_eval: error:")]
+    assert len(line) == 1 and "after the outputs were published" in line[0] and "the run is complete" in line[0], line
+    assert "resume" not in line[0] and "did not finish" not in line[0]
+    assert sorted(p.name for p in save.iterdir()) == [RECORD, "metrics.json", "preds.txt"]
+    assert len((save / "preds.txt").read_text().splitlines()) == 6
+
+
+def test_the_dry_run_says_once_per_folder_and_tries_every_name(e2e, tmp_path):
+    """SAVE_PATH, SCORE_PATH and --save_dir in one folder holding a publish cut short: the dry run
+    says so once. A --type_path whose output names the filesystem refuses fails the dry run."""
+    from conftest import single
+
+    root, model = e2e
+    s = tmp_path / "S"
+    status, _ = in_child(lambda: publish_together([stage_run(s, "a")]), tmp_path, at=2)
+    assert os.WIFSIGNALED(status) and (s / INTENT).exists()
+    args = [model, str(root / "in.txt"), str(s / "preds.txt"), "--reference_path", str(root / "ref.txt"),
+            "--score_path", str(s / "metrics.json"), "--save_dir", str(s), "--bs", "4", "--task", "translation"]
+    dry = single([*args, "--dry_run"], cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert dry.stderr.count("holds a publish cut short") == 1, dry.stderr
+    long = single([*args, "--type_path", "t" * 240, "--dry_run"], cwd=tmp_path)
+    assert long.returncode == 2 and "File name too long" in long.stderr and "Traceback" not in long.stderr, long.stderr
