@@ -271,11 +271,22 @@ _DATA_OPTIONS = ("data_dir", "dataset", "input_path", "reference_path")  # in-me
 def _clear_failed_run(tmp_dir: Path) -> None:
     """A model object's evaluation is never resumed (the weights it ran on are gone), so an
     earlier one that failed in the same tmp_dir (a training loop's previous epoch) would only
-    block this one: its files are removed, unless another run holds the folder's lock."""
+    block this one: its files are removed, unless another run holds the folder's lock. Only a
+    model object's run is removed, known by its manifest: a command line's interrupted run there
+    can still be resumed, and its journals are not this call's to remove."""
+    from .run.prepare import IN_MEMORY_NAME
     from .run.tmpdir import MANIFEST, RunLock, cleanup_tmp_dir
 
     if not (tmp_dir / MANIFEST).exists():
         return
+    try:
+        name = json.loads((tmp_dir / MANIFEST).read_text(encoding="utf-8"))["model"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        name = None
+    if not (isinstance(name, str) and name.startswith(IN_MEMORY_NAME)):
+        raise EvalError(f"--tmp_dir {tmp_dir}: holds an earlier run of {name or 'an unknown model'} that is not a "
+                        "model object's and may still be resumed; evaluate() leaves it alone: pass another "
+                        "tmp_dir, or finish or remove that run first")
     lock = RunLock(tmp_dir)
     try:
         lock.acquire()

@@ -186,6 +186,27 @@ def test_in_memory_data_errors(tmp_path):
         seq2seq_eval.evaluate(model, sources=["a"], references=["x"], data_dir=str(DATA), save_dir=str(tmp_path))
 
 
+def test_a_model_objects_evaluation_leaves_a_command_lines_run_alone(tmp_path):
+    """evaluate() with a model object removes a failed earlier evaluation of a model object from
+    its tmp_dir, but not a command line's run kept there (it can still be resumed): that is
+    refused in one line, and every file of it is left as it was."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from seq2seq_eval.errors import EvalError
+
+    save, tmp = tmp_path / "out", tmp_path / "out_tmp"
+    assert_ok(single(["--model_name", str(EMBEDDED_MODEL), "--data_dir", str(DATA), "--n_obs", "3", "--debug",
+                      "--save_dir", str(save)], cwd=tmp_path))  # --debug keeps the temp dir and its manifest
+    before = {f: f.read_bytes() for f in tmp.rglob("*") if f.is_file()}
+    assert tmp / "manifest.json" in before
+    model = AutoModelForSeq2SeqLM.from_pretrained(EMBEDDED_MODEL)
+    tok = AutoTokenizer.from_pretrained(EMBEDDED_MODEL)
+    with pytest.raises(EvalError, match=r"out_tmp: holds an earlier run of .* that is not a model object's"):
+        seq2seq_eval.evaluate(model, tokenizer=tok, data_dir=str(DATA), n_obs=3, save_dir=str(tmp_path / "api"),
+                              tmp_dir=str(tmp))
+    assert {f: f.read_bytes() for f in tmp.rglob("*") if f.is_file()} == before
+
+
 def test_callback_reuses_a_result_only_for_the_same_weights_data_and_options(tmp_path, monkeypatch, caplog):
     """The callback's cache, in-process with evaluate() recorded: a result is reused for the same
     weights and data (another step, another name with the same data), never for other weights,

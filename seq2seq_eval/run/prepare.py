@@ -167,12 +167,16 @@ def _source_tokens(env: DistEnv, pg: ProcessGroup | None, cache: Path, key: str,
     return tokens
 
 
+IN_MEMORY_NAME = "<in-memory "
+"""How a manifest names a model passed in memory (api.evaluate removes only such a run's files)."""
+
+
 def _in_memory_identity(model: Any) -> dict[str, Any]:
     """What the manifest records of a model passed in memory. No weight hash (that would read
     every parameter at every evaluation); such a run is never resumed (api.evaluate refuses
     --resume for it), so the identity only has to describe the model."""
     params = list(model.parameters())
-    return {"name": f"<in-memory {type(model).__name__}>", "parameters": sum(p.numel() for p in params),
+    return {"name": f"{IN_MEMORY_NAME}{type(model).__name__}>", "parameters": sum(p.numel() for p in params),
             "dtype": str(params[0].dtype).removeprefix("torch.") if params else None}
 
 
