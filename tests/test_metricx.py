@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import re
 
 import pytest
 from conftest import REPO
@@ -77,3 +78,45 @@ def test_inputs_direction_and_refusals(checkpoints, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
     with pytest.raises(ModelError, match="expected an mT5 regression checkpoint"):
         registry.check("metricx", dict(registry.resolve_options({"metricx_model": str(tmp_path)})))
+
+
+def test_a_reference_free_run_on_sources_alone_and_the_refusals_beside_it(checkpoints, tmp_path, capsys):
+    """A data dir with only test.source, --metrics metricx --metricx_qe: every example's score
+    is the metric's own on the run's predictions, no text metric is computed, the highest errors
+    rank the lowest-scoring examples; BLEU beside it, or MetricX with references wanted, is
+    refused in one line, as --input_path without references is."""
+    from conftest import assert_ok, single
+
+    from seq2seq_eval.cli import main
+    from seq2seq_eval.config import EvalConfig
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.source").write_text("".join(s + "\n" for s in REF["src"][:3]), encoding="utf-8")
+    flags = ["--metricx_model", checkpoints["float32"], "--metricx_tokenizer", str(DATA / "tokenizer")]
+    proc = single(["--data_dir", str(data), "--metrics", "metricx", "--metricx_qe", *flags, "--save_dir",
+                   str(tmp_path / "out")], tmp_path)
+    assert_ok(proc)
+    rows = [json.loads(x) for x in (tmp_path / "out" / "test_examples.jsonl").read_text(encoding="utf-8").splitlines()]
+    metric = registry.load("metricx", dict(registry.resolve_options({"metricx_qe": True, **dict(zip(
+        ["metricx_model", "metricx_tokenizer"], flags[1::2]))})))
+    direct = metric.score([r["source"] for r in rows], [r["prediction"] for r in rows], [()] * 3)
+    assert [r["metricx"] for r in rows] == pytest.approx(direct, abs=1e-6) and all(r["references"] == [] for r in rows)
+    scores = json.loads((tmp_path / "out" / "test_bleu.json").read_text(encoding="utf-8"))
+    assert "bleu" not in scores and scores["metricx"] == pytest.approx(sum(direct) / 3, abs=1e-6)
+    worst = max(range(3), key=lambda i: direct[i])
+    assert re.search(rf"^lowest metricx ids +{worst} \(", proc.stdout, flags=re.M), proc.stdout
+    proc = single(["--data_dir", str(data), "--metrics", "metricx,bleu", "--metricx_qe", *flags, "--dry_run",
+                   "--save_dir", str(tmp_path / "no")], tmp_path)
+    assert proc.returncode != 0 and proc.stderr.strip().endswith(
+        "test.target: file not found; expected references to score against (--metrics bleu reads them; a "
+        "reference-free metric alone runs without)") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert EvalConfig(input_path=str(data / "test.source"), metrics="metricx",
+                      metric_options={"metricx_qe": True}).metric_names == ()
+    with pytest.raises(ConfigError, match=r"^--metrics 'metricx': --input_path without --reference_path has no "
+                                          r"references to score against, and metricx needs them"):
+        EvalConfig(input_path=str(data / "test.source"), metrics="metricx")
+    (tmp_path / "p").write_text("".join(r["prediction"] + "\n" for r in rows), encoding="utf-8")
+    assert main(["score", "--metrics", "metricx", "--metricx_qe", *flags, "--sources", str(data / "test.source"),
+                 "--predictions", str(tmp_path / "p")]) == 0
+    assert json.loads(capsys.readouterr().out)["metricx"] == pytest.approx(sum(direct) / 3, abs=1e-6)
