@@ -78,6 +78,11 @@ def test_inputs_direction_and_refusals(checkpoints, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
     with pytest.raises(ModelError, match="expected an mT5 regression checkpoint"):
         registry.check("metricx", dict(registry.resolve_options({"metricx_model": str(tmp_path)})))
+    # Before any work, the tokenizer too: a folder without one is refused in one line.
+    with pytest.raises(ModelError, match=r"^--metricx_tokenizer .*: no tokenizer in .*; expected one of tokenizer.json, "
+                                         r"spiece.model \(mT5's, as google/mt5-xl\)$"):
+        registry.check("metricx", dict(registry.resolve_options({"metricx_model": checkpoints["float32"],
+                                                                 "metricx_tokenizer": str(tmp_path)})))
 
 
 def test_a_reference_free_run_on_sources_alone_and_the_refusals_beside_it(checkpoints, tmp_path, capsys):

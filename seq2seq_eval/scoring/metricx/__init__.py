@@ -26,6 +26,7 @@ MAX_LENGTH = {"24": 1536, "23": 1024}
 """The official README's --max_input_length per version."""
 SCORE_ID = 250089
 """<extra_id_10> in mT5's vocabulary: the logit MT5ForRegression reads as the score."""
+TOKENIZER_FILES = ("tokenizer.json", "spiece.model")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -179,6 +180,10 @@ def check(options: Mapping[str, Any]) -> None:
     if options["metricx_version"] not in MAX_LENGTH:
         raise ConfigError(f"--metricx_version {options['metricx_version']!r}: expected 24 or 23")
     _config(_folder(options["metricx_model"], "metricx_model", ["config.json"]), options["metricx_model"])
+    tokenizer = _folder(options["metricx_tokenizer"], "metricx_tokenizer", TOKENIZER_FILES)
+    if not any((tokenizer / f).exists() for f in TOKENIZER_FILES):
+        raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: no tokenizer in {tokenizer}; expected "
+                         f"one of {', '.join(TOKENIZER_FILES)} (mT5's, as google/mt5-xl)")
 
 
 def load(options: Mapping[str, Any], device: Any = "cpu") -> MetricX:
