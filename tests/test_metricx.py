@@ -54,6 +54,18 @@ def test_scores_equal_the_official_code(checkpoints, case):
         got = metric.score(REF["src"], REF["mt"], refs, max_tokens=budget)
         assert max(abs(a - b) for a, b in zip(got, expected)) <= tolerance, (case, budget)
     assert any(v > 1 for v in expected) and len(set(round(v, 2) for v in expected)) > 8  # a fixture that can fail
+    if case == "24":
+        # What the ranks do: each planned batch scored alone, in any order, on any rank; the
+        # values are the same bits as one process scoring them all (so at any world size).
+        from seq2seq_eval.scoring.model_metric import model_batches, score_all
+
+        whole = score_all(metric, REF["src"], REF["mt"], refs, max_tokens=64)
+        batches = model_batches(metric.lengths(REF["src"], REF["mt"], refs), 64)
+        assert len(batches) > 2
+        for members in reversed(batches):
+            alone = metric.score([REF["src"][m] for m in members], [REF["mt"][m] for m in members],
+                                 [refs[m] for m in members], max_tokens=64)
+            assert alone == [whole[m] for m in members]
 
 
 def test_a_tokenizer_json_alone_gives_the_same_ids(checkpoints):
