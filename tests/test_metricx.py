@@ -85,8 +85,9 @@ def test_inputs_direction_and_refusals(checkpoints, tmp_path):
     got = seq2seq_eval.score(REF["mt"][:4], None, metrics="metricx", sources=REF["src"][:4], metricx_qe=True,
                              metricx_model=checkpoints["float32"], metricx_tokenizer=str(DATA / "tokenizer"))
     assert got["metricx"] == pytest.approx(sum(REF["scores"]["24_qe"][:4]) / 4, abs=1e-5)
-    with pytest.raises(ConfigError, match=r"^--metricx_version '25': expected 24 or 23$"):
-        registry.resolve_options({"metricx_version": "25"})
+    for value in ("25", 24):  # the number 24 too: the option is a text, as the command line gives it
+        with pytest.raises(ConfigError, match=rf"^--metricx_version {value!r}: expected 24 or 23 \(as text: '24', '23'\)$"):
+            registry.resolve_options({"metricx_version": value})
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
     with pytest.raises(ModelError, match="expected an mT5 regression checkpoint"):
         registry.check("metricx", dict(registry.resolve_options({"metricx_model": str(tmp_path)})))

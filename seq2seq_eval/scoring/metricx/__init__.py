@@ -178,7 +178,7 @@ def _weights(folder: Path, tied: bool) -> tuple[dict[str, Any], Any]:
 def check(options: Mapping[str, Any]) -> None:
     """Before any work: the options agree, the checkpoint's config.json and weights are there."""
     if options["metricx_version"] not in MAX_LENGTH:
-        raise ConfigError(f"--metricx_version {options['metricx_version']!r}: expected 24 or 23")
+        raise ConfigError(f"--metricx_version {options['metricx_version']!r}: expected 24 or 23 (as text: '24', '23')")
     _config(_folder(options["metricx_model"], "metricx_model", ["config.json"]), options["metricx_model"])
     tokenizer = _folder(options["metricx_tokenizer"], "metricx_tokenizer", TOKENIZER_FILES)
     if not any((tokenizer / f).exists() for f in TOKENIZER_FILES):
@@ -233,7 +233,7 @@ METRIC = ModelMetricSpec(
         Option("metricx_tokenizer", DEFAULT_TOKENIZER, "with --metrics metricx: mT5's tokenizer, a hub name or a folder "
                "(the checkpoints ship none)"),
         Option("metricx_version", "24", "with --metrics metricx: the input format, 24 or 23",
-               valid=lambda v: v in MAX_LENGTH, expected="24 or 23"),
+               valid=lambda v: v in MAX_LENGTH, expected="24 or 23 (as text: '24', '23')"),
         Option("metricx_qe", False, "with --metrics metricx: quality estimation, no reference (a QE checkpoint for 23)",
                kind=bool),
         Option("metricx_max_length", None, "with --metrics metricx: input tokens kept (default: 1536 for 24, 1024 for "
