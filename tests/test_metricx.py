@@ -75,6 +75,23 @@ def test_a_tokenizer_json_alone_gives_the_same_ids(checkpoints):
     assert alone.score(REF["src"], REF["mt"], refs) == full.score(REF["src"], REF["mt"], refs)
 
 
+
+def test_a_spiece_model_alone_gives_the_same_ids_or_says_what_it_needs(checkpoints, tmp_path):
+    """google/mt5-xl's layout (spiece.model, no tokenizer.json): transformers 5 converts it only
+    with protobuf; with it the ids are the reference's, without it one line says so."""
+    for name in ("spiece.model", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((DATA / "tokenizer" / name).read_bytes())
+    try:
+        import google.protobuf  # noqa: F401
+    except ImportError:
+        with pytest.raises(ModelError, match=r"not loaded \(transformers 5 reads a spiece.model alone only with "
+                                             r"protobuf installed\); expected"):
+            _metric(checkpoints, "24", str(tmp_path))
+        return
+    metric = _metric(checkpoints, "24", str(tmp_path))
+    assert metric._inputs(REF["src"], REF["mt"], [(r,) for r in REF["ref"]])[0] == REF["ids"]["24"]
+
+
 def test_inputs_direction_and_refusals(checkpoints, tmp_path):
     import seq2seq_eval
 

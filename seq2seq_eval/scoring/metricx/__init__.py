@@ -214,9 +214,16 @@ def load(options: Mapping[str, Any], device: Any = "cpu") -> MetricX:
     try:
         tokenizer = AutoTokenizer.from_pretrained(options["metricx_tokenizer"])
     except (OSError, ValueError) as e:
-        raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: not loaded ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''}); expected mT5's tokenizer (google/mt5-xl) or a "
-                         "folder with its tokenizer.json") from e
+        # transformers 5 turns a spiece.model alone into its tokenizer only with protobuf; without
+        # it, it falls back to a tiktoken reader whose error names the wrong cause.
+        try:
+            import google.protobuf  # noqa: F401
+
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        except ImportError:
+            why = "transformers 5 reads a spiece.model alone only with protobuf installed"
+        raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: not loaded ({why}); expected mT5's "
+                         "tokenizer (google/mt5-xl) or a folder with its tokenizer.json") from e
     scale = config.d_model ** -0.5 if tied else 1.0
     return MetricX(options, network, row.to(device=device, dtype=dtype), scale, tokenizer,
                    int(raw.get("pad_token_id") or 0), torch.device(device))
