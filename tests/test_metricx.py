@@ -148,6 +148,12 @@ def test_a_reference_free_run_on_sources_alone_and_the_refusals_beside_it(checkp
         "reference-free metric alone runs without)") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert EvalConfig(input_path=str(data / "test.source"), metrics="metricx",
                       metric_options={"metricx_qe": True}).metric_names == ()
+    from seq2seq_eval.legacy import build_legacy
+
+    # run_eval.py's form writes SCORE_PATH where the run scores: here without --reference_path.
+    assert build_legacy(["m", str(data / "test.source"), str(tmp_path / "o.txt"), "--metrics", "metricx",
+                         "--metricx_qe"])[1].score_path is not None
+    assert build_legacy(["m", str(data / "test.source"), str(tmp_path / "o.txt")])[1].score_path is None
     with pytest.raises(ConfigError, match=r"^--metrics 'metricx': --input_path without --reference_path has no "
                                           r"references to score against, and metricx needs them"):
         EvalConfig(input_path=str(data / "test.source"), metrics="metricx")
