@@ -102,6 +102,16 @@ def test_inputs_direction_and_refusals(checkpoints, tmp_path):
     got = seq2seq_eval.score(REF["mt"][:4], None, metrics="metricx", sources=REF["src"][:4], metricx_qe=True,
                              metricx_model=checkpoints["float32"], metricx_tokenizer=str(DATA / "tokenizer"))
     assert got["metricx"] == pytest.approx(sum(REF["scores"]["24_qe"][:4]) / 4, abs=1e-5)
+    # compare: the lower error wins, by MetricX's own per-example scores.
+    options = {"metricx_model": checkpoints["float32"], "metricx_tokenizer": str(DATA / "tokenizer")}
+    scores = REF["scores"]["24"][:8]
+    good = REF["mt"][:8]
+    worse = [REF["mt"][(i + 1) % 8] for i in range(8)]
+    out = seq2seq_eval.compare({"a": worse, "b": good}, REF["ref"][:8], sources=REF["src"][:8], metrics="metricx",
+                               n_samples=20, **options)
+    low = min(("a", "b"), key=lambda k: out["results"][k]["metricx"]["score"])
+    assert out["best"] == {"metricx": low} and out["results"]["b"]["metricx"]["better"] is (low == "b")
+    assert out["results"]["b"]["metricx"]["score"] == pytest.approx(sum(scores) / 8, abs=1e-5)
     for value in ("25", 24):  # the number 24 too: the option is a text, as the command line gives it
         with pytest.raises(ConfigError, match=rf"^--metricx_version {value!r}: expected 24 or 23 \(as text: '24', '23'\)$"):
             registry.resolve_options({"metricx_version": value})
