@@ -50,7 +50,8 @@ class LegacyOutputs:
 
     save_path: Path
     score_path: Path | None
-    """None without --reference_path: run_eval.py scores only against references."""
+    """None when the run computes no scores: without --reference_path (as run_eval.py, which scores
+    only against references), unless every metric --metrics names is reference-free."""
     dump_args: bool
     info: str | None
     keep_save_dir: bool
@@ -190,7 +191,8 @@ def build_legacy(argv: Sequence[str]) -> tuple[EvalConfig, LegacyOutputs]:
         values["save_dir"] = str(save_path.parent / f".{save_path.name}.seq2seq_eval")
     values["generate_kwargs"] = parse_generate_kwargs(rest)
     cfg = EvalConfig(**values)
-    score_path = Path(ns.score_path) if cfg.reference_path is not None else None
+    # Scores where the run computes them: with references, or reference-free metrics alone.
+    score_path = Path(ns.score_path) if cfg.reference_path is not None or (cfg.scored and cfg.reference_free) else None
     return cfg, LegacyOutputs(save_path, score_path, ns.dump_args, ns.info, keep)
 
 

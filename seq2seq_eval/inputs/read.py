@@ -35,7 +35,7 @@ def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Blo
 
 
 def _blocks(cfg: EvalConfig, rows: int) -> tuple[Iterator[Block], str]:
-    need_targets = cfg.scored
+    need_targets = cfg.scored and not cfg.reference_free  # a reference-free run reads them where there are any
     template = template_fields(cfg.prompt_template)  # the fields a decoder-only model's prompt names
     fields = tuple(name for name in template if name != ID_FIELD)  # the input's own columns among them
     if cfg.dataset is not None:
@@ -72,7 +72,8 @@ def _blocks(cfg: EvalConfig, rows: int) -> tuple[Iterator[Block], str]:
         check_columns(("target",), str(path), cfg.allow_reference_in_prompt, template)
         blocks = blocks_of(iter_jsonl(path, need_targets, fields), rows)
     else:
-        blocks = iter_legacy(path, cfg.type_path, need_targets, rows)
+        blocks = iter_legacy(path, cfg.type_path, need_targets, rows,
+                             ",".join(cfg.reference_readers) if cfg.metrics is not None else "")
     if cfg.n_obs is not None:
         blocks = _first(blocks, cfg.n_obs)
     return blocks, str(path)
