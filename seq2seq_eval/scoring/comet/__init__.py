@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..model_metric import ModelMetric, ModelMetricSpec, Option
-from .checkpoint import DEFAULT_MODEL, encoder_source, load_state_dict, model_folder, read_hparams
+from .checkpoint import DEFAULT_MODEL, REGRESSION, encoder_source, load_state_dict, model_folder, read_hparams
 
 __all__ = ["DEFAULT_MODEL", "METRIC", "Comet", "check", "load"]
 
@@ -105,36 +105,50 @@ def check(name_or_path: str = DEFAULT_MODEL) -> None:
     read_hparams(model_folder(name_or_path), name_or_path)
 
 
-def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> Comet:
-    """A COMET regression model from a folder or hub name in COMET's published layout."""
+def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
+    """A COMET model from a folder or hub name in COMET's published layout, of the class its
+    hparams.yaml names: regression (COMET-22/20), unified (CometKiwi) or XCOMET."""
     import torch
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from ...errors import ModelError
-    from .network import RegressionNetwork
+    from .network import RegressionNetwork, encoder_class
+    from .unified import UnifiedComet, UnifiedNetwork
 
     folder = model_folder(name_or_path)
     hparams = read_hparams(folder, name_or_path)
     source = encoder_source(folder, hparams)
     try:
-        config = AutoConfig.from_pretrained(source)
+        # The config class COMET's encoder names (XLM-R or XLM-R-XL), whatever config.json's model_type.
+        config = encoder_class(hparams)[0].from_pretrained(source)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as e:
         raise ModelError(f"--comet_model {name_or_path}: the encoder's config and tokenizer ({source!r}, hparams.yaml's "
                          f"pretrained_model) were not found; put them in a folder of that name beside hparams.yaml "
                          f"(docs/metrics.md#comet)") from e
-    network = RegressionNetwork(config, hparams, tokenizer.pad_token_id)
-    # Buffers that are no parameters: position ids, the layer mix's dropout mask (training only).
+    kind = hparams["class_identifier"]
+    try:
+        network = (RegressionNetwork(config, hparams, tokenizer.pad_token_id) if kind == REGRESSION
+                   else UnifiedNetwork(config, hparams))
+    except ValueError as e:
+        raise ModelError(f"--comet_model {name_or_path}: {folder / 'hparams.yaml'}: {e}") from e
+    # Buffers that are no parameters: position ids, the layer mix's dropout mask and the word
+    # loss's class weights (training only).
     state = {k: v for k, v in load_state_dict(folder).items()
-             if not k.endswith(("position_ids", "token_type_ids", "dropout_mask", "dropout_fill"))}
+             if not k.endswith(("position_ids", "token_type_ids", "dropout_mask", "dropout_fill"))
+             and not k.startswith("wordloss.")}
     missing, unexpected = network.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]
     if missing or unexpected:
-        raise ModelError(f"--comet_model {name_or_path}: the checkpoint does not match a RegressionMetric "
+        raise ModelError(f"--comet_model {name_or_path}: the checkpoint does not match its class {kind} "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    network.drop_unused_layers()
+    if kind == REGRESSION:
+        network.drop_unused_layers()
     network.eval().to(device)
-    return Comet(str(name_or_path), network, tokenizer, config.max_position_embeddings - 4, torch.device(device))
+    if kind == REGRESSION:
+        return Comet(str(name_or_path), network, tokenizer, config.max_position_embeddings - 4, torch.device(device))
+    return UnifiedComet(str(name_or_path), hparams, network, tokenizer, config.max_position_embeddings - 2,
+                        torch.device(device))
 
 
 METRIC = ModelMetricSpec(

@@ -1,0 +1,164 @@
+"""COMET's unified checkpoints (CometKiwi's UnifiedMetric, XCOMET) natively: parity with
+unbabel-comet 2.2.7's own `predict` on tiny random checkpoints built with its classes
+(scripts/make_comet_fixture.py unified): scores and system scores to 1e-6, error spans equal
+(confidences to 1e-6) with and without references, at one and many examples per forward pass;
+hparams.yaml's sparsemax_patch read as 2.2.7 reads it; what is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import REPO
+
+from seq2seq_eval.errors import DataError, ModelError
+
+DATA = REPO / "tests" / "data" / "comet_tiny"
+REFERENCE = json.loads((DATA / "reference_unified.json").read_text(encoding="utf-8"))
+SAMPLES = REFERENCE["samples"]
+MODELS = tuple(REFERENCE["models"])  # kiwi_like, unified_spans_like, xcomet_like
+TOL = 1e-6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    from seq2seq_eval.scoring.comet import load
+
+    return {name: load(str(DATA / name)) for name in MODELS}
+
+
+def _refs(inputs: str) -> list[tuple[str, ...]]:
+    return [(r,) for r in SAMPLES["ref"]] if inputs == "with_ref" else [() for _ in SAMPLES["ref"]]
+
+
+def _split(values):
+    """(scores, spans or None) of a metric's per-example values."""
+    if isinstance(values[0], tuple):
+        return [v[0] for v in values], [v[1] for v in values]
+    return list(values), None
+
+
+def _assert_spans_equal(got, expected):
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected):
+        assert [{k: v for k, v in s.items() if k != "confidence"} for s in mine] == \
+               [{k: v for k, v in s.items() if k != "confidence"} for s in theirs]
+        assert all(abs(a["confidence"] - b["confidence"]) <= TOL for a, b in zip(mine, theirs))
+
+
+@pytest.mark.parametrize("inputs", ["with_ref", "no_ref"])
+@pytest.mark.parametrize("name", MODELS)
+def test_equal_to_unbabel_comet_predict(loaded, monkeypatch, name, inputs):
+    import torch
+
+    from seq2seq_eval.scoring.comet import spans
+    from seq2seq_eval.scoring.model_metric import score_all
+
+    expected = REFERENCE["models"][name][inputs]
+    seen = []
+    decode = spans.decode
+    monkeypatch.setattr(spans, "decode", lambda probs, *a: seen.append(probs) or decode(probs, *a))
+    metric = loaded[name]
+    scores, found = _split(score_all(metric, SAMPLES["src"], SAMPLES["mt"], _refs(inputs)))
+    assert max(abs(a - b) for a, b in zip(scores, expected["scores"])) <= TOL
+    assert abs(metric.aggregate(scores) - expected["system_score"]) <= TOL
+    assert max(expected["scores"]) - min(expected["scores"]) > 1e-3  # the scores move with the input
+    if expected["error_spans"] is None:
+        assert found is None and not seen
+        return
+    _assert_spans_equal(found, expected["error_spans"])
+    # Each token's label is clear: the spans do not rest on float32 ties.
+    top2 = torch.cat([torch.topk(p, 2, dim=-1).values for p in seen])
+    assert float((top2[:, 0] - top2[:, 1]).min()) > 1e-4
+    # The quirks decode() has are exercised: spans holding special tokens, spans at several
+    # severities, a span open at the translation's end (dropped), an empty translation.
+    texts = [s["text"] for example in found for s in example]
+    assert len({s["severity"] for example in found for s in example}) >= 2
+    if name == "xcomet_like":
+        assert any("<s>" in t or "</s>" in t for t in texts)
+    names = metric.network.labels
+    assert any(names[int(p[-1].argmax())] != "O" for p in seen)
+
+
+def test_batch_sizes_do_not_change_values(loaded):
+    """One example per forward pass and all in one: the same spans, scores within 1e-6."""
+    from seq2seq_eval.scoring.model_metric import score_all
+
+    metric = loaded["xcomet_like"]
+    refs = _refs("with_ref")
+    one = metric.score(SAMPLES["src"], SAMPLES["mt"], refs, max_tokens=1)
+    many = score_all(metric, SAMPLES["src"], SAMPLES["mt"], refs, max_tokens=100_000)
+    assert max(abs(a[0] - b[0]) for a, b in zip(one, many)) <= TOL
+    _assert_spans_equal([a[1] for a in one], [b[1] for b in many])
+
+
+def test_long_inputs_are_cut_as_unbabel_comet_cuts_them(loaded):
+    """Each segment is cut to the encoder's positions less 4 with its special tokens; the joined
+    input to the positions less 2 (its end token then goes). The fixture's long examples are
+    among those the parity above checks."""
+    metric = loaded["xcomet_like"]
+    rows, mt = metric._inputs(SAMPLES["src"], SAMPLES["mt"], _refs("with_ref"))
+    assert metric.max_positions == 128
+    assert max(len(ids) for ids in mt["input_ids"]) == 126
+    cut = [r for example in rows for r in example if len(r) == 128]
+    assert cut and any(r[-1] != metric.tokenizer.sep_token_id for r in cut)
+    assert all(len(r) <= 128 for example in rows for r in example)
+
+
+def _copy(tmp_path, name, **hparams):
+    folder = tmp_path / name
+    shutil.copytree(DATA / name, folder)
+    text = (folder / "hparams.yaml").read_text(encoding="utf-8")
+    for key, value in hparams.items():
+        text = "\n".join(line for line in text.splitlines() if not line.startswith(f"{key}:")) + f"\n{key}: {value}\n"
+    (folder / "hparams.yaml").write_text(text, encoding="utf-8")
+    return folder
+
+
+def test_sparsemax_patch_means_softmax(loaded, tmp_path):
+    """xcomet_like's hparams.yaml says sparsemax_patch (as the hub's XCOMET ones do) and its
+    reference numbers are 2.2.7's: softmax. Read as sparsemax, the scores move."""
+    from seq2seq_eval.scoring.comet import load
+
+    assert loaded["xcomet_like"].network.layerwise_attention.transformation == "softmax"
+    sparse = load(str(_copy(tmp_path, "xcomet_like", layer_transformation="sparsemax")))
+    assert sparse.network.layerwise_attention.transformation == "sparsemax"
+    refs = _refs("with_ref")[:6]
+    a = [v[0] for v in loaded["xcomet_like"].score(SAMPLES["src"][:6], SAMPLES["mt"][:6], refs)]
+    b = [v[0] for v in sparse.score(SAMPLES["src"][:6], SAMPLES["mt"][:6], refs)]
+    assert max(abs(x - y) for x, y in zip(a, b)) > 1e-4
+
+
+def test_xcomet_reads_one_reference_per_example(loaded):
+    with pytest.raises(DataError, match="one reference per example; example 1 has 2") as e:
+        loaded["xcomet_like"].lengths(["a", "b"], ["a", "b"], [("a",), ("b", "c")])
+    assert "\n" not in str(e.value)
+    # CometKiwi reads no reference: any number is fine, and they change nothing.
+    kiwi = loaded["kiwi_like"]
+    assert kiwi.score(["a b"], ["c d"], [("x", "y")]) == kiwi.score(["a b"], ["c d"], [()])
+
+
+@pytest.mark.parametrize("hparams, message", [
+    ({"class_identifier": "referenceless_regression_metric"}, "COMET-QE.*not supported"),
+    ({"class_identifier": "ranking_metric"}, "ranking model.*not supported"),
+    ({"class_identifier": "something_else"}, "unknown class_identifier 'something_else'"),
+    ({"encoder_model": "BERT"}, "encoder_model 'BERT' is not supported"),
+    ({"word_layer": 9}, "word_layer 9: expected 'mix' or a layer in 0..3"),
+])
+def test_refused_in_one_line(tmp_path, hparams, message):
+    from seq2seq_eval.scoring.comet import load
+
+    with pytest.raises(ModelError, match=message) as e:
+        load(str(_copy(tmp_path, "xcomet_like", **hparams)))
+    assert "\n" not in str(e.value)
