@@ -45,7 +45,7 @@ class EvalResult:
     """The files written into save_dir."""
 
 
-def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
+def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]] | None, *,
           metrics: str | Sequence[str] | None = CONFIG_FIELDS["metrics"].default,
           task: str | None = CONFIG_FIELDS["task"].default, reference_layout: str | None = None,
           sources: Sequence[str] | None = None, **metric_options: Any) -> dict[str, Any]:
@@ -56,8 +56,9 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
     `predictions`). A list of N lists of N texts fits both and is refused unless
     `reference_layout` ("examples" or "streams") says which (scoring.references). `metrics`: a
     comma list or a sequence of names from bleu, chrf, chrf++, ter, rouge and the model metrics
-    (default: the task's); a model metric that needs `sources` (comet) is refused without them,
-    and runs its model here (the first GPU, else the CPU). `metric_options`: the model metrics'
+    (default: the task's); a model metric that needs `sources` (comet) is refused without them;
+    `references` None runs the reference-free metrics (each metric's inputs: docs/metrics.md), any
+    other is refused in one line; a model metric runs its model here (the first GPU, else the CPU). `metric_options`: the model metrics'
     options by name, as the command line's flags (comet_model=..., model_metric_max_tokens=...;
     scoring/registry.py); any other keyword is refused. `sources`, when given, are checked as a
     run checks them (one text per prediction). None for any keyword means not given: its default."""
@@ -65,7 +66,7 @@ def score(predictions: Sequence[str], references: Sequence[str] | Sequence[Seque
                   sources=sources, **metric_options)
 
 
-def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], *,
+def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]] | None, *,
            metrics: str | Sequence[str] | None, task: str | None, reference_layout: str | None,
            sources: Sequence[str] | None, ranks: Any = None, **metric_options: Any) -> dict[str, Any]:
     """`score`; `ranks` (model_metric.Ranks): `seq2seq_eval score` under torchrun, the model
@@ -82,12 +83,16 @@ def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequ
     model_names = split_metric_names(parsed, family_of(task) or "translation")[1]
     registry.refuse_unused(options, model_names, f"metrics={metrics!r}")
     names = tuple(n for n in parsed if n not in model_names)  # with a model metric alone, nothing else
-    if registry.needing_sources(model_names) and sources is None:
-        raise ConfigError(f"metrics {','.join(registry.needing_sources(model_names))}: needs sources, one per prediction")
+    if registry.needing_sources(model_names, options) and sources is None:
+        raise ConfigError(f"metrics {','.join(registry.needing_sources(model_names, options))}: needs sources, one per "
+                          "prediction")
+    if references is None and registry.needing_references(parsed, options):
+        raise ConfigError(f"metrics {','.join(parsed)}: {','.join(registry.needing_references(parsed, options))} needs "
+                          "references, one or more per prediction; only a reference-free metric runs without them")
     preds = texts(predictions, "predictions")
     if not preds:
         raise DataError("predictions: empty; expected one prediction per example")
-    rows = per_example(references, len(preds), reference_layout)
+    rows = per_example(references, len(preds), reference_layout) if references is not None else [()] * len(preds)
     srcs = source_texts(sources, len(preds)) if sources is not None else None
     refs = [r[0] for r in rows] if all(len(r) == 1 for r in rows) else [tuple(r) for r in rows]
     result = metric_fns.score_metrics(names, preds, refs) if names else {}

@@ -57,21 +57,29 @@ def score_main(argv: Sequence[str], env: DistEnv | None = None) -> dict:
     parser.add_argument("--metrics", default=CONFIG_FIELDS["metrics"].default,
                         help=f"comma list of {', '.join(accepted_metric_names())} (default: the task's metric)")
     parser.add_argument("--predictions", required=True)
-    parser.add_argument("--references", required=True, nargs="+",
-                        help="one file per set of references, each line-aligned with --predictions")
-    needing = [s.name for s in registry.specs().values() if s.needs_sources]
-    parser.add_argument("--sources", help=f"the sources, line-aligned with --predictions (needed by {', '.join(needing)})")
+    parser.add_argument("--references", nargs="+",
+                        help="one file per set of references, each line-aligned with --predictions (needed by every "
+                             "metric but a reference-free one: docs/metrics.md)")
+    parser.add_argument("--sources", help="the sources, line-aligned with --predictions (needed by a model metric "
+                                          "that reads them: docs/metrics.md)")
     registry.add_arguments(parser)
     args = parser.parse_args(argv)
     names = parse_metric_names(args.metrics, args.task)
     _, options = registry.split_options(vars(args))
-    if registry.needing_sources(names) and not args.sources:  # before any file is read
-        raise ConfigError(f"score --metrics {','.join(registry.needing_sources(names))} needs --sources "
+    resolved = dict(registry.resolve_options(options, "score: "))
+    # Before any file is read: what the metrics read under their options.
+    if registry.needing_sources(names, resolved) and not args.sources:
+        raise ConfigError(f"score --metrics {','.join(registry.needing_sources(names, resolved))} needs --sources "
                           "(one source per prediction line)")
+    if registry.needing_references(names, resolved) and not args.references:
+        raise ConfigError(f"score --metrics {','.join(names)}: {','.join(registry.needing_references(names, resolved))} "
+                          "needs --references (one file per set, line-aligned with --predictions); only a "
+                          "reference-free metric runs without them")
     preds = read_lines(Path(args.predictions))
     if not preds:
         raise DataError(f"{args.predictions}: no lines; expected one prediction per line")
-    streams = [read_references(Path(r), len(preds), args.predictions, "prediction") for r in args.references]
+    streams = ([read_references(Path(r), len(preds), args.predictions, "prediction") for r in args.references]
+               if args.references else None)
     sources = read_references(Path(args.sources), len(preds), args.predictions, "prediction", "source") if args.sources else None
     kwargs = dict(metrics=args.metrics, task=args.task, reference_layout="streams", sources=sources, **options)
     if env is None or env.world_size == 1 or not any(n in registry.names() for n in names):

@@ -298,6 +298,12 @@ class EvalConfig:
         """--metrics' model metrics (scoring/registry.py), scored on the ranks after generation."""
         return split_metric_names(parse_metric_names(self.metrics, self.task_family), self.task_family)[1]
 
+    @property
+    def ranking_metric(self) -> str:
+        """The first metric --metrics names (the task's main metric when none is given): it ranks
+        the summary's lowest-scoring examples."""
+        return parse_metric_names(self.metrics, self.task_family)[0]
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["generate_kwargs"] = dict(self.generate_kwargs)

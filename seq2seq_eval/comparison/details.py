@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..inputs.examples import ExampleId
+from ..scoring import registry
 from ..scoring.results import ROUGE_KEYS
 from .paired import (
     LOWER_IS_BETTER,
@@ -106,12 +107,12 @@ def report_details(
                 ]
     histograms = {}
     for metric in metrics:
-        upper = 1.0 if metric in model_metrics else 100.0
+        upper = registry.get(metric).scale if metric in model_metrics else 100.0
         histograms[metric] = {
             "bins": [f"{upper * k / 10:g}–{upper * (k + 1) / 10:g}" for k in range(10)],
             "percent": {name: _histogram(per_sentence[metric][name], upper) for name in names},
         }
-        if metric in LOWER_IS_BETTER:
+        if metric in LOWER_IS_BETTER:  # TER: the one metric whose values go past its scale
             histograms[metric]["bins"][-1] = f"{int(upper * 0.9)}+"
     primary = metrics[0]
     base = names[0]

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from .paired import LOWER_IS_BETTER
+from .paired import lower_is_better
 from .table import describe_test, table_rows
 
 __all__ = ["PALETTE", "bar_chart", "render_report"]
@@ -143,7 +143,7 @@ def _results_table(comparison: Mapping[str, Any]) -> str:
 
 
 def _example(ex: Mapping[str, Any], base: str, name: str, metric: str) -> str:
-    better = ex["delta"] < 0 if metric in LOWER_IS_BETTER else ex["delta"] > 0
+    better = ex["delta"] < 0 if lower_is_better(metric) else ex["delta"] > 0
     cls = "better" if better else "worse" if ex["delta"] != 0 else ""
     head = (
         f'<div class="head">id {escape(str(ex["id"]))} · <span class="{cls}">{metric} {ex["delta"]:+.2f}</span> '

@@ -34,6 +34,12 @@ SACREBLEU_METRICS = ("bleu", "chrf", "chrf++", "ter")
 
 
 LOWER_IS_BETTER = frozenset({"ter"})
+"""The text metrics that are error rates; a model metric says its direction in its spec."""
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a lower score is the better one: TER, and a model metric whose spec says so (MetricX)."""
+    return metric in LOWER_IS_BETTER or (metric in example_mean_metrics() and not registry.higher_is_better(metric))
 
 
 PAIRED_TESTS = ("bs", "ar")

@@ -20,6 +20,7 @@ from .paired import (
     _sacrebleu_paired,
     default_metrics,
     example_mean_metrics,
+    lower_is_better,
     metric_names,
     rouge_baseline_interval,
     rouge_paired_test,
@@ -137,18 +138,26 @@ def compare_systems(
         "n_references": len(refs),
         "signatures": {m: signatures[m] for m in metrics},
         "results": {
-            name: {m: _result_dict(results[name][m], results[names[0]][m]) for m in metrics} for name in names
+            name: {m: _result_dict(results[name][m], results[names[0]][m], lower_is_better(m)) for m in metrics}
+            for name in names
         },
+        # Per metric, the system with the best score in the metric's direction (the first on a tie).
+        "best": {m: (min if lower_is_better(m) else max)(names, key=lambda name: results[name][m].score)
+                 for m in metrics},
     }
 
 
-def _result_dict(result: PairedResult, baseline: PairedResult) -> dict[str, Any]:
+def _result_dict(result: PairedResult, baseline: PairedResult, lower: bool) -> dict[str, Any]:
+    """`better`: whether the system scores better than the baseline in the metric's direction
+    (None for the baseline itself)."""
     return {
         "score": result.score,
         "ci_low": result.ci_low,
         "ci_high": result.ci_high,
         "p_value": result.p_value,
         "significant": _significant(result, baseline),
+        "better": None if result.p_value is None else (result.score < baseline.score if lower
+                                                       else result.score > baseline.score),
     }
 
 
@@ -244,9 +253,9 @@ def model_metric_values(metrics: Sequence[str], options: Mapping[str, Any], sour
     wanted = [m for m in metrics if m in example_mean_metrics()]
     if not wanted:
         return None
-    needing = registry.needing_sources(wanted)
+    needing = registry.needing_sources(wanted, options)
     if needing and sources is None:
         raise ConfigError(no_sources.format(",".join(needing)))
-    n = len(refs[0]) if refs else 0
+    n = len(next(iter(predictions.values()))) if predictions else 0
     texts = sources if sources is not None else [""] * n
     return {m: registry.example_values(m, options, texts, predictions, refs) for m in wanted}

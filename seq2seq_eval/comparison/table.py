@@ -9,6 +9,7 @@ from typing import Any
 from ..scoring.registry import decimals
 from .paired import (
     AR_CONFIDENCE_SAMPLES,
+    lower_is_better,
 )
 
 _TEST_NAMES = {"bs": "paired bootstrap resampling", "ar": "paired approximate randomization"}
@@ -55,4 +56,7 @@ def format_table(comparison: Mapping[str, Any]) -> str:
         out.append(line(row))
         previous = row[1]
     out.append(f"* p < {comparison['alpha']}: significantly different from the baseline")
+    if comparison.get("best"):
+        out.append("best: " + "; ".join(f"{m} {name}" + (" (lower is better)" if lower_is_better(m) else "")
+                                        for m, name in comparison["best"].items()))
     return "\n".join(out)

@@ -10,7 +10,7 @@ from importlib import metadata
 from typing import Any
 
 from ..scoring import registry
-from ..scoring.totals import MetricTotals
+from ..scoring.totals import MetricTotals, worst
 from ..version import __version__
 
 VERSIONED = ("torch", "transformers", "datasets", "sacrebleu", "rouge-score", "seq2seq_eval")
@@ -32,12 +32,22 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def lowest_scoring_line(store: Any, totals: MetricTotals, k: int = 5) -> str:
-    """The summary line naming the `k` worst examples by the first metric's sentence score,
-    worst first (for TER the highest: it is an error rate)."""
-    key, positions, values = totals.lowest(k)
-    worst = ", ".join(f"{i} ({v:.1f})" for i, v in zip(store.ids(positions), values))
-    return f"{'lowest ' + key + ' ids':<28}{worst}"
+def lowest_scoring_line(store: Any, totals: MetricTotals | None, k: int = 5, first: str | None = None,
+                        model_scores: Mapping[str, Any] | None = None) -> str | None:
+    """The summary line naming the `k` worst examples by the first metric --metrics names (`first`),
+    worst first in its direction (for TER or MetricX the highest: error scales): a model
+    metric's main value from `model_scores` (run.model_scores'), else the first text metric's
+    sentence score from `totals`. None when there is nothing to rank by."""
+    entry = (model_scores or {}).get(first) if first is not None else None
+    if entry is not None:
+        key, decimals = first, registry.get(first).decimals
+        positions, values = worst(entry["values"][first], entry["higher_is_better"], k)
+    elif totals is not None:
+        (key, positions, values), decimals = totals.lowest(k), 1
+    else:
+        return None
+    shown = ", ".join(f"{i} ({v:.{decimals}f})" for i, v in zip(store.ids(positions), values))
+    return f"{'lowest ' + key + ' ids':<28}{shown}"
 
 
 def now_iso() -> str:
@@ -48,7 +58,9 @@ def summary_table(metrics: Mapping[str, Any], per_rank: Sequence[Mapping[str, An
     """A short human summary; the JSON file holds the full figures."""
     width = 28
     lines = []
-    model_keys = tuple(k for spec in registry.specs().values() for k in spec.value_keys)
+    # The model metrics' numeric keys (named <metric> or <metric>_<what>), as the metric file holds them.
+    model_keys = tuple(k for k, v in metrics.items() if isinstance(v, float) and any(
+        k == n or k.startswith(f"{n}_") for n in registry.names()))
     shown = [k for k in ("bleu", "chrf", "chrf++", "ter", "rouge1", "rouge2", "rougeL", "rougeLsum", *model_keys)
              if k in metrics]
     for key in shown:

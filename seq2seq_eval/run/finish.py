@@ -242,8 +242,10 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
         else:
             cleanup_tmp_dir(tmp_dir)
     text = summary_table(summary, per_rank)
-    if totals is not None:
-        text += "\n" + lowest_scoring_line(prep.store, totals)
+    # The first metric --metrics names ranks them, a model metric's values as a text metric's.
+    lowest = lowest_scoring_line(prep.store, totals, first=cfg.ranking_metric, model_scores=model_scores)
+    if lowest is not None:
+        text += "\n" + lowest
     if "comparison" in summary:
         from ..comparison.table import format_table
 

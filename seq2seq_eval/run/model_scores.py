@@ -112,7 +112,7 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
         lengths = metric.lengths(sources, preds, refs)
         # A batch's cost is its padded tokens, the encoder's work: what the deal balances.
         batches = [Batch(i, members, lengths[members[0]], float(lengths[members[0]] * len(members)))
-                   for i, members in enumerate(model_batches(lengths, budget))]
+                   for i, members in enumerate(model_batches(lengths, budget, metric.row_tokens))]
         # What the values depend on: a journal of other options, model or batches is never reused.
         key = {"metric": name, "model": metric.signature, "options": registry.own_options(spec, options),
                "plan": plan_digest(batches)}
@@ -143,10 +143,12 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
         logger.info("rank %d scored %s: %d batch(es) (%d taken from slower ranks) in %.1f s, %d journaled before",
                     env.rank, name, scored, stolen, seconds, len(done))
         if env.is_main:
-            values = columns(spec.value_keys, _gather(cfg, tmp_dir, key, batches, n))
-            # The model goes with this loop; what finish needs of it is kept.
-            out[name] = {"values": values, "scores": {k: spec.system_score(v) for k, v in values.items()},
-                         "signature": metric.signature}
+            keys, records = registry.value_keys(name, options), registry.record_keys(name, options)
+            values = columns(keys, _gather(cfg, tmp_dir, key, batches, n), records)
+            # The model goes with this loop; what finish needs of it is kept. The records (not
+            # numbers) go per example into the examples file only.
+            out[name] = {"values": values, "scores": {k: spec.system_score(values[k]) for k in keys},
+                         "higher_is_better": spec.higher_is_better, "signature": metric.signature}
             out["stats"][name] = {"options": registry.own_options(spec, options), "batches": len(batches),
                                   "max_tokens": budget, "resumed_batches": len(done),
                                   "rank0_planned_batches": len(shares[env.rank]), "rank0_scored_batches": scored,
@@ -204,7 +206,10 @@ def with_model_scores(rows: Iterable[Any], scored: dict[str, Any]) -> Iterator[A
     each row's place."""
     import pyarrow as pa
 
+    from ..outputs.jsonl import encode_line
+
     values = {key: column for name, entry in scored.items() if name != "stats" for key, column in entry["values"].items()}
+    numeric = {key for name, entry in scored.items() if name != "stats" for key in entry["scores"]}
     for part in rows:
         if "out_example" not in part.column_names:
             yield part
@@ -214,7 +219,9 @@ def with_model_scores(rows: Iterable[Any], scored: dict[str, Any]) -> Iterator[A
             yield part  # no examples file: nothing to extend
             continue
         places = part.column("position").to_pylist()
-        extra = [b"".join(b', "%s": %s' % (key.encode(), json.dumps(float(v[p])).encode()) for key, v in values.items())
+        extra = [b"".join(b', "%s": %s' % (key.encode(), encode_line(float(v[p]) if key in numeric
+                                                                              else v[p]).encode())
+                          for key, v in values.items())
                  for p in places]
         # Every line is one JSON object ending in "}\n": the values go before its closing brace.
         patched = [line[:-2] + e + b"}\n" for line, e in zip(lines, extra)]

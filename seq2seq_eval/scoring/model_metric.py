@@ -1,14 +1,31 @@
-"""Metrics that run a model on the ranks (COMET, BERTScore): what one declares about itself
-(`ModelMetricSpec`, its `Option`s), the interface of a loaded one (`ModelMetric`), and their
-batches. A metric is one module (or subpackage) whose `METRIC` is its spec, plus its line in
+"""Metrics that run a model on the ranks (COMET, BERTScore, MetricX): what one declares about
+itself (`ModelMetricSpec`, its `Option`s), the interface of a loaded one (`ModelMetric`), and
+their batches. A metric is one module (or subpackage) whose `METRIC` is its spec, plus its line in
 `registry.BUILTIN`; the run, `score`, `compare`, the API and their flags read everything about it
 from the registry.
 
-A model metric is loaded once per rank on the rank's device, scores batches of examples
-(source, prediction, references) into values per example (one per key it declares), and its
-system score aggregates those values. Batches are cut from all examples by `model_batches` (on
-the ranks, then dealt to them), so values do not depend on the world size nor on where they are
-scored."""
+What a spec declares, each either fixed or a function of the metric's own options (by name; the
+same options its `load` gets), so that one module can hold a family whose variants differ:
+
+* direction: `higher_is_better` (True for COMET, False for MetricX's error scale); compare's
+  paired tests and report, the summary and the lowest-scoring examples follow it.
+* inputs: `needs_sources` and `needs_references` (a reference-free variant, such as MetricX's
+  --metricx_qe or a CometKiwi checkpoint, says False); a metric that needs no reference runs on
+  inputs that have none, one that needs sources is refused without them.
+* keys: `keys`, its numeric per-example keys, the main one first (default: the name alone). Each
+  goes into the examples file per example and, aggregated, into the metric file; compare tests
+  the main one.
+* records: `records`, per-example keys whose values are not numbers (XCOMET's error spans: per
+  example a list of dicts, plain JSON): written per example in the examples file, never
+  aggregated, compared nor put in the metric file.
+
+A loaded metric's `score` returns per example a Value: with one key and no record a float, else a
+tuple of the numeric keys' floats then the records' values, in the declared order. A model metric
+is loaded once per rank on the rank's device, and its system score aggregates each numeric key's
+values. Batches are cut from all examples by `model_batches` (on the ranks, then dealt to them),
+so values do not depend on the world size nor on where they are scored; a metric whose forward
+pass costs more per example than its input tokens (logits over a vocabulary) says so in
+`ModelMetric.row_tokens`, and the batches are cut by that cost too."""
 
 from __future__ import annotations
 
@@ -16,10 +33,19 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-Value = float | tuple[float, ...]
-"""One example's value: a float, or with several keys a tuple of floats in the keys' order."""
+Value = float | tuple[Any, ...]
+"""One example's value: a float, or with several keys (or any record) a tuple: the numeric keys'
+floats, then the records' JSON values, in the declared order."""
+
+Declared = Any
+"""A declaration that may depend on the metric's options: the value itself, or a function of the
+metric's own options (by name) that returns it."""
+
+
+def _declared(value: Declared, options: Mapping[str, Any]) -> Any:
+    return value(options) if callable(value) else value
 
 OPTION_KINDS = (str, int, float, bool)
 
@@ -76,21 +102,47 @@ class ModelMetricSpec:
     check: Callable[[Mapping[str, Any]], None]
     """Its options by name -> None, or a typed error; finds the model without loading it (before any work)."""
     options: tuple[Option, ...] = ()
-    needs_sources: bool = False
-    keys: tuple[str, ...] = ()
-    """Its per-example keys, the main one first (default: the name alone). Each goes into the
-    examples file per example and, aggregated, into the metric file; compare tests the main one."""
+    needs_sources: bool | Callable[[Mapping[str, Any]], bool] = False
+    """Whether it reads each example's source (fixed, or a function of its own options)."""
+    needs_references: bool | Callable[[Mapping[str, Any]], bool] = True
+    """Whether it reads each example's references: False for a reference-free (quality
+    estimation) metric or variant, which then runs on inputs that have none."""
+    keys: tuple[str, ...] | Callable[[Mapping[str, Any]], tuple[str, ...]] = ()
+    """Its numeric per-example keys, the main one first (default: the name alone). Each goes into
+    the examples file per example and, aggregated, into the metric file; compare tests the main one."""
+    records: tuple[str, ...] | Callable[[Mapping[str, Any]], tuple[str, ...]] = ()
+    """Its per-example keys that are not numbers (plain JSON, such as a list of dicts): written per
+    example in the examples file, after the numeric keys; never aggregated nor compared."""
+    higher_is_better: bool = True
+    """The direction of every numeric key: False for an error scale (MetricX: 0 best, 25 worst)."""
     aggregate: str = "mean"
     """The system score of each key from its per-example values: a name in AGGREGATES."""
     decimals: int = 4
     """Digits after the point in compare's table."""
+    scale: float = 1.0
+    """The upper end of its usual range, from 0 (compare's report bins its histograms over it)."""
 
-    @property
-    def value_keys(self) -> tuple[str, ...]:
-        return self.keys or (self.name,)
+    def inputs(self, options: Mapping[str, Any]) -> Inputs:
+        """What it reads of each example under these (its own) options."""
+        return Inputs(bool(_declared(self.needs_sources, options)), bool(_declared(self.needs_references, options)))
+
+    def value_keys(self, options: Mapping[str, Any]) -> tuple[str, ...]:
+        """Its numeric keys under these (its own) options, the main one first."""
+        return tuple(_declared(self.keys, options)) or (self.name,)
+
+    def record_keys(self, options: Mapping[str, Any]) -> tuple[str, ...]:
+        """Its non-numeric per-example keys under these (its own) options."""
+        return tuple(_declared(self.records, options))
 
     def system_score(self, values: Sequence[float]) -> float:
         return AGGREGATES[self.aggregate](values)
+
+
+class Inputs(NamedTuple):
+    """What a model metric reads of each example besides the prediction."""
+
+    sources: bool
+    references: bool
 
 
 MAX_TOKENS = Option(
@@ -105,6 +157,11 @@ class ModelMetric(ABC):
 
     name: str
     """The metric's name (its spec's)."""
+    row_tokens: int = 0
+    """What one example costs a forward pass beyond its input tokens, in tokens: a metric that
+    takes logits over a vocabulary of V for each example (or each of its tokens) counts about
+    V / hidden size of them; batches are cut so that examples x (longest + row_tokens) stays
+    within the budget. 0: the input tokens alone."""
 
     @property
     @abstractmethod
@@ -114,7 +171,9 @@ class ModelMetric(ABC):
     @abstractmethod
     def lengths(self, sources: Sequence[str], predictions: Sequence[str],
                 references: Sequence[Sequence[str]]) -> list[int]:
-        """Per example, the tokens its longest input costs: what batches are planned from."""
+        """Per example, the tokens its longest input costs: what batches are planned from.
+        `references` holds a tuple per example, empty where the inputs have none (a metric that
+        needs no reference); `sources` holds empty texts where it needs none and none were given."""
 
     @abstractmethod
     def score(self, sources: Sequence[str], predictions: Sequence[str],
@@ -144,23 +203,27 @@ def default_budget(max_tokens: int | None, device_type: str) -> int:
     return max_tokens or DEFAULT_MAX_TOKENS.get(device_type, DEFAULT_MAX_TOKENS["cpu"])
 
 
-def columns(keys: Sequence[str], values: Sequence[Any]) -> dict[str, list[float]]:
-    """Per-example Values -> {key: a float per example}."""
-    if len(keys) == 1:
+def columns(keys: Sequence[str], values: Sequence[Any], records: Sequence[str] = ()) -> dict[str, list[Any]]:
+    """Per-example Values -> {key: a float per example} for the numeric keys, then {record: each
+    example's JSON value} for the records."""
+    if len(keys) == 1 and not records:
         return {keys[0]: [float(v) for v in values]}
-    out: dict[str, list[float]] = {k: [] for k in keys}
+    names = (*keys, *records)
+    out: dict[str, list[Any]] = {k: [] for k in names}
     for v in values:
-        if not isinstance(v, (tuple, list)) or len(v) != len(keys):
-            raise ValueError(f"expected {len(keys)} values per example ({', '.join(keys)}), got {v!r}")
+        if not isinstance(v, (tuple, list)) or len(v) != len(names):
+            raise ValueError(f"expected {len(names)} values per example ({', '.join(names)}), got {v!r}")
         for k, x in zip(keys, v):
             out[k].append(float(x))
+        for k, x in zip(records, v[len(keys):]):
+            out[k].append(x)
     return out
 
 
-def model_batches(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, ...]]:
-    """Example positions, longest first (ties by position), cut into batches of at most
-    FORWARDS_PER_BATCH * `max_tokens` padded tokens (an example longer than that alone). Pure:
-    the same cut on every rank and in `score`/`compare`, whatever the world size."""
+def model_batches(lengths: Sequence[int], max_tokens: int, row_tokens: int = 0) -> list[tuple[int, ...]]:
+    """Example positions, longest first (ties by position), cut into batches whose examples x
+    (longest + `row_tokens`) stay within FORWARDS_PER_BATCH * `max_tokens` (an example over that
+    alone). Pure: the same cut on every rank and in `score`/`compare`, whatever the world size."""
     import numpy as np
 
     order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable").tolist()
@@ -168,13 +231,27 @@ def model_batches(lengths: Sequence[int], max_tokens: int) -> list[tuple[int, ..
     current: list[int] = []
     for i in order:
         # Longest first, so the first member fixes the batch's padded length.
-        if current and (len(current) + 1) * lengths[current[0]] > FORWARDS_PER_BATCH * max_tokens:
+        if current and (len(current) + 1) * (lengths[current[0]] + row_tokens) > FORWARDS_PER_BATCH * max_tokens:
             batches.append(tuple(current))
             current = []
         current.append(i)
     if current:
         batches.append(tuple(current))
     return batches
+
+
+def forward_passes(lengths: Sequence[int], max_tokens: int, row_tokens: int = 0) -> list[list[int]]:
+    """Positions of texts (or examples) cut into one batch's forward passes: longest first (ties by
+    position), each pass of at most `max_tokens` for rows x (its longest + `row_tokens`), a text
+    over that alone. What a metric's `score` uses to stay within the budget it is given."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    passes: list[list[int]] = []
+    for i in order:
+        if passes and (len(passes[-1]) + 1) * (lengths[passes[-1][0]] + row_tokens) <= max_tokens:
+            passes[-1].append(i)
+        else:
+            passes.append([i])
+    return passes
 
 
 @dataclass(frozen=True)
@@ -196,7 +273,7 @@ def score_all(metric: ModelMetric, sources: Sequence[str], predictions: Sequence
     every rank gets all values; a batch's values do not depend on which rank scored it."""
     budget = default_budget(max_tokens, device_type)
     metric.prepare(sources, predictions, references)
-    batches = model_batches(metric.lengths(sources, predictions, references), budget)
+    batches = model_batches(metric.lengths(sources, predictions, references), budget, metric.row_tokens)
     rank, world = (ranks.rank, ranks.world_size) if ranks is not None else (0, 1)
     mine = {}
     for i in range(rank, len(batches), world):

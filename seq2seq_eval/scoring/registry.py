@@ -13,7 +13,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
-from .model_metric import MAX_TOKENS, OPTION_KINDS, ModelMetric, ModelMetricSpec, Option, Ranks, columns, score_all
+from .model_metric import (
+    MAX_TOKENS,
+    OPTION_KINDS,
+    Inputs,
+    ModelMetric,
+    ModelMetricSpec,
+    Option,
+    Ranks,
+    columns,
+    score_all,
+)
 
 BUILTIN = (
     "seq2seq_eval.scoring.comet",
@@ -51,10 +61,8 @@ def register(spec: ModelMetricSpec) -> None:
                           f"taken: {', '.join(TEXT_METRIC_NAMES + tuple(_registered))}")
     if spec.aggregate not in ("mean",):
         raise ConfigError(f"register {spec.name}: aggregate {spec.aggregate!r}; expected mean")
-    if len(set(spec.value_keys)) != len(spec.value_keys) or spec.value_keys[0] != spec.name or any(
-            not (k == spec.name or k.startswith(f"{spec.name}_")) for k in spec.value_keys):
-        raise ConfigError(f"register {spec.name}: keys {spec.value_keys}: expected distinct keys, "
-                          f"{spec.name!r} first, the others named {spec.name}_<what>")
+    if not callable(spec.keys) and not callable(spec.records):
+        _check_keys(spec, spec.value_keys({}), spec.record_keys({}))
     taken = set(option_names())
     for option in spec.options:
         names = (option.name, *option.aliases)
@@ -64,6 +72,15 @@ def register(spec: ModelMetricSpec) -> None:
                               f"name {spec.name}_<what> and a kind among str, int, float, bool")
         taken.update(names)
     _registered[spec.name] = spec
+
+
+def _check_keys(spec: ModelMetricSpec, keys: tuple[str, ...], records: tuple[str, ...]) -> None:
+    every = (*keys, *records)
+    if not keys or len(set(every)) != len(every) or keys[0] != spec.name or any(
+            not (k == spec.name or k.startswith(f"{spec.name}_")) or k == f"{spec.name}_signature" for k in every):
+        shown = f"keys {keys}" + (f" and records {records}" if records else "")
+        raise ConfigError(f"register {spec.name}: {shown}: expected distinct keys, "
+                          f"{spec.name!r} first, the others named {spec.name}_<what>")
 
 
 def specs() -> dict[str, ModelMetricSpec]:
@@ -159,8 +176,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 help=option.help + default)
 
 
-def needing_sources(metric_names: Sequence[str]) -> tuple[str, ...]:
-    return tuple(n for n in metric_names if n in specs() and specs()[n].needs_sources)
+def inputs(name: str, resolved: Mapping[str, Any]) -> Inputs:
+    """What a model metric reads of each example under the options: sources, references."""
+    spec = get(name)
+    return spec.inputs(own_options(spec, resolved))
+
+
+def value_keys(name: str, resolved: Mapping[str, Any]) -> tuple[str, ...]:
+    """A model metric's numeric per-example keys under the options, the main one first."""
+    spec = get(name)
+    keys, records = spec.value_keys(own_options(spec, resolved)), spec.record_keys(own_options(spec, resolved))
+    _check_keys(spec, keys, records)
+    return keys
+
+
+def record_keys(name: str, resolved: Mapping[str, Any]) -> tuple[str, ...]:
+    """A model metric's non-numeric per-example keys under the options (written, never averaged)."""
+    spec = get(name)
+    keys, records = spec.value_keys(own_options(spec, resolved)), spec.record_keys(own_options(spec, resolved))
+    _check_keys(spec, keys, records)
+    return records
+
+
+def needing_sources(metric_names: Sequence[str], resolved: Mapping[str, Any]) -> tuple[str, ...]:
+    """The model metrics among `metric_names` that read sources under the options."""
+    return tuple(n for n in metric_names if n in specs() and inputs(n, resolved).sources)
+
+
+def needing_references(metric_names: Sequence[str], resolved: Mapping[str, Any]) -> tuple[str, ...]:
+    """The metrics among `metric_names` that read references under the options: every text metric,
+    and the model metrics that say so."""
+    return tuple(n for n in metric_names if n not in specs() or inputs(n, resolved).references)
+
+
+def higher_is_better(metric: str) -> bool:
+    """A model metric's direction (False: an error scale, lower is better)."""
+    return get(metric).higher_is_better
 
 
 def decimals(metric: str) -> int:
@@ -199,8 +250,10 @@ def corpus_scores(metric_names: Sequence[str], resolved: Mapping[str, Any], sour
         metric = load(name, resolved, device)
         values = score_all(metric, sources, predictions, per_example, resolved[MAX_TOKENS.name],
                            device_type=device_type, ranks=ranks)
-        for key, column in columns(spec.value_keys, values).items():
-            out[key] = spec.system_score(column)
+        # The records (non-numeric, per example) have no system score.
+        for key, column in columns(value_keys(name, resolved), values, record_keys(name, resolved)).items():
+            if key not in record_keys(name, resolved):
+                out[key] = spec.system_score(column)
         out[f"{name}_signature"] = metric.signature
     return out
 
@@ -215,7 +268,8 @@ def example_values(name: str, resolved: Mapping[str, Any], sources: Sequence[str
     device = "cuda" if torch.cuda.is_available() else "cpu"
     metric = load(name, resolved, device)
     per_example = [tuple(s[i] for s in refs if s[i] is not None) for i in range(len(sources))]
-    values = {system: columns(spec.value_keys, score_all(metric, sources, preds, per_example, resolved[MAX_TOKENS.name],
-                                                         device_type=device))[spec.name]
+    keys, records = value_keys(name, resolved), record_keys(name, resolved)
+    values = {system: columns(keys, score_all(metric, sources, preds, per_example, resolved[MAX_TOKENS.name],
+                                              device_type=device), records)[spec.name]
               for system, preds in predictions.items()}
     return {"values": values, "signature": metric.signature}

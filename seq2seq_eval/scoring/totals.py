@@ -182,7 +182,16 @@ class MetricTotals:
         return out
 
     def lowest(self, k: int = 5) -> tuple[str, list[int], list[float]]:
-        """(key, positions, scores) of the k worst examples, worst first; ties keep example order."""
+        """(key, positions, scores) of the k worst examples by the first text metric, worst first;
+        ties keep example order."""
         values = np.concatenate(self._ranking) if self._ranking else np.zeros(0)
-        order = np.argsort(values if self._higher_is_better else -values, kind="stable")[:k]
-        return self._key, order.tolist(), values[order].tolist()
+        return (self._key, *worst(values, self._higher_is_better, k))
+
+
+def worst(values: Sequence[float], higher_is_better: bool, k: int = 5) -> tuple[list[int], list[float]]:
+    """(positions, scores) of the k worst of per-example scores in a metric's direction (the
+    lowest, or the highest of an error scale such as TER or MetricX), worst first; ties keep
+    example order."""
+    array = np.asarray(values, dtype=np.float64)
+    order = np.argsort(array if higher_is_better else -array, kind="stable")[:k]
+    return order.tolist(), array[order].tolist()

@@ -1,0 +1,189 @@
+"""What a model metric declares beyond its name and options: its direction, the inputs and keys
+its options call for, per-example records that are not numbers, and what one example costs a
+forward pass. A metric of this file's own (an error scale with a reference-free variant) goes
+through score, compare, the summary's lowest-scoring examples and a run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import seq2seq_eval
+from seq2seq_eval.errors import ConfigError
+from seq2seq_eval.scoring import registry
+from seq2seq_eval.scoring.model_metric import ModelMetric, ModelMetricSpec, Option, columns, forward_passes, model_batches
+
+
+class Miss(ModelMetric):
+    """An error scale: per example, the words of the prediction missing from its reference (with
+    --miss_qe: from its source), and, with --miss_length, the prediction's word count; a record
+    per example: the missing words with their places."""
+
+    name = "miss"
+
+    def __init__(self, options) -> None:
+        self.qe, self.length = options["miss_qe"], options["miss_length"]
+
+    @property
+    def signature(self) -> str:
+        return f"miss|qe:{self.qe}"
+
+    def lengths(self, sources, predictions, references) -> list[int]:
+        return [len(p.split()) + 1 for p in predictions]
+
+    def score(self, sources, predictions, references, max_tokens=None) -> list[tuple]:
+        out = []
+        for s, p, refs in zip(sources, predictions, references):
+            against = set((s if self.qe else refs[0]).split())
+            missing = [{"word": w, "start": i} for i, w in enumerate(p.split()) if w not in against]
+            out.append((float(len(missing)), *((float(len(p.split())),) if self.length else ()), missing))
+        return out
+
+
+MISS = ModelMetricSpec(
+    name="miss", what="a test's own error scale", load=lambda options, device: Miss(options),
+    check=lambda options: None,
+    options=(Option("miss_qe", False, "against the source, no reference", kind=bool),
+             Option("miss_length", False, "also the word count", kind=bool)),
+    needs_sources=lambda o: o["miss_qe"], needs_references=lambda o: not o["miss_qe"],
+    keys=lambda o: ("miss", "miss_words") if o["miss_length"] else ("miss",), records=("miss_spans",),
+    higher_is_better=False, decimals=1, scale=10.0)
+
+
+@pytest.fixture
+def miss(monkeypatch):
+    monkeypatch.setattr(registry, "_registered", registry.specs())
+    registry.register(MISS)
+    return MISS
+
+
+PREDS = ["a b c", "a x y z", "a b"]
+REFS = ["a b c", "a b", "a q"]
+SRCS = ["x y z", "a x", "b"]
+
+
+def test_inputs_and_keys_follow_the_options(miss):
+    plain = dict(registry.resolve_options({}))
+    qe = dict(registry.resolve_options({"miss_qe": True, "miss_length": True}))
+    assert registry.inputs("miss", plain) == (False, True) and registry.inputs("miss", qe) == (True, False)
+    assert registry.value_keys("miss", plain) == ("miss",) and registry.value_keys("miss", qe) == ("miss", "miss_words")
+    assert registry.record_keys("miss", qe) == ("miss_spans",)
+    assert registry.needing_sources(["bleu", "miss"], qe) == ("miss",) and registry.needing_sources(["miss"], plain) == ()
+    assert registry.needing_references(["bleu", "miss"], qe) == ("bleu",)
+    assert registry.needing_references(["miss", "comet"], plain) == ("miss", "comet")
+
+
+def test_keys_that_depend_on_options_are_checked_when_read(monkeypatch):
+    monkeypatch.setattr(registry, "_registered", registry.specs())
+    bad = ModelMetricSpec(name="bad", what="", load=lambda o, d: None, check=lambda o: None,
+                          keys=lambda o: ("bad",), records=lambda o: ("bad",))
+    registry.register(bad)  # a function of the options: known only once they are
+    with pytest.raises(ConfigError, match=r"register bad: keys \('bad',\) and records \('bad',\): expected distinct"):
+        registry.value_keys("bad", dict(registry.resolve_options({})))
+    with pytest.raises(ConfigError, match="records"):
+        registry.register(ModelMetricSpec(name="worse", what="", load=lambda o, d: None, check=lambda o: None,
+                                          records=("worse_signature",)))
+
+
+def test_records_are_written_per_example_and_never_averaged(miss):
+    got = seq2seq_eval.score(PREDS, REFS, metrics="miss", miss_length=True)
+    assert got == {"miss": 4 / 3, "miss_words": 3.0, "miss_signature": "miss|qe:False"}
+    values = Miss({"miss_qe": False, "miss_length": False}).score(SRCS, PREDS, [(r,) for r in REFS])
+    cols = columns(("miss",), values, ("miss_spans",))
+    assert cols == {"miss": [0.0, 3.0, 1.0], "miss_spans": [[], [{"word": "x", "start": 1}, {"word": "y", "start": 2},
+                                                                {"word": "z", "start": 3}], [{"word": "b", "start": 1}]]}
+    with pytest.raises(ValueError, match=r"expected 2 values per example \(miss, miss_spans\), got \(1.0,\)"):
+        columns(("miss",), [(1.0,)], ("miss_spans",))
+
+
+def test_a_reference_free_metric_scores_without_references_and_the_others_are_refused(miss, tmp_path, capsys):
+    from seq2seq_eval.cli import main
+
+    assert seq2seq_eval.score(PREDS, None, metrics="miss", sources=SRCS, miss_qe=True)["miss"] == 2.0
+    for call, said in [
+        (lambda: seq2seq_eval.score(PREDS, None, metrics="miss,bleu", sources=SRCS, miss_qe=True),
+         "metrics miss,bleu: bleu needs references"),
+        (lambda: seq2seq_eval.score(PREDS, None, metrics="miss"), "metrics miss: miss needs references"),
+        (lambda: seq2seq_eval.score(PREDS, None, metrics="miss", miss_qe=True), "metrics miss: needs sources"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            call()
+        assert str(e.value).startswith(said) and "\n" not in str(e.value)
+    for name, lines in (("p", PREDS), ("s", SRCS)):
+        (tmp_path / name).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    assert main(["score", "--metrics", "miss", "--miss_qe", "--sources", str(tmp_path / "s"), "--predictions",
+                 str(tmp_path / "p")]) == 0
+    assert json.loads(capsys.readouterr().out)["miss"] == 2.0
+    assert main(["score", "--metrics", "miss,chrf", "--miss_qe", "--sources", str(tmp_path / "s"), "--predictions",
+                 str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("seq2seq_eval: error: score --metrics miss,chrf: chrf needs --references (one file per set, "
+                   "line-aligned with --predictions); only a reference-free metric runs without them")
+
+
+def test_compare_follows_the_direction(miss):
+    """The lower error is the better system: compare's `best`, `better` and the table say so."""
+    from seq2seq_eval.comparison.table import format_table
+
+    worse = ["x y c", "q r s t", "m n"]
+    out = seq2seq_eval.compare({"base": worse, "new": PREDS}, REFS, metrics="miss,bleu", n_samples=30)
+    assert out["results"]["new"]["miss"]["score"] < out["results"]["base"]["miss"]["score"]
+    assert out["results"]["new"]["miss"]["better"] is True and out["results"]["base"]["miss"]["better"] is None
+    assert out["best"] == {"miss": "new", "bleu": "new"}
+    back = seq2seq_eval.compare({"new": PREDS, "base": worse}, REFS, metrics="miss", n_samples=30)
+    assert back["results"]["base"]["miss"]["better"] is False and back["best"] == {"miss": "new"}
+    assert format_table(out).splitlines()[-1] == "best: miss new (lower is better); bleu new"
+
+
+def test_the_lowest_scoring_examples_follow_the_first_metric_and_its_direction(miss):
+    from seq2seq_eval.outputs.summary import lowest_scoring_line
+    from seq2seq_eval.scoring.totals import MetricTotals, metric_statistics, sentence_scores, worst
+
+    assert worst([3.0, 1.0, 3.0, 0.0], higher_is_better=False, k=3) == ([0, 2, 1], [3.0, 3.0, 1.0])
+    assert worst([3.0, 1.0, 3.0, 0.0], higher_is_better=True, k=2) == ([3, 1], [0.0, 1.0])
+
+    class Store:
+        def ids(self, positions):
+            return [f"id{p}" for p in positions]
+
+    totals = MetricTotals(["bleu"])
+    stats = metric_statistics(["bleu"], PREDS, REFS)
+    totals.add(stats, sentence_scores(["bleu"], stats))
+    scored = {"miss": {"values": {"miss": [0.0, 3.0, 1.0]}, "higher_is_better": False}}
+    assert lowest_scoring_line(Store(), totals, 2, "miss", scored).split() == ["lowest", "miss", "ids", "id1", "(3.0),",
+                                                                              "id2", "(1.0)"]
+    assert lowest_scoring_line(Store(), totals, 1, "bleu", scored).startswith("lowest bleu ids")
+    assert lowest_scoring_line(Store(), None, 1, "bleu", None) is None
+    from seq2seq_eval.config import EvalConfig
+
+    # What the run's finish passes as `first`: the first name given, a model metric included.
+    assert EvalConfig(metrics="comet,bleu").ranking_metric == "comet"
+    assert EvalConfig(metrics="ter,comet").ranking_metric == "ter" and EvalConfig().ranking_metric == "bleu"
+
+
+@pytest.mark.parametrize("lengths, budget, row, expected", [
+    ([3, 3, 3, 3], 3, 0, [(0, 1, 2, 3)]),  # 4 forward passes' worth of 3 tokens
+    ([3, 3, 3, 3], 3, 3, [(0, 1), (2, 3)]),  # each example costs 6: two per 4 x 3
+    ([5, 1, 1], 2, 100, [(0,), (1,), (2,)]),  # over the budget alone
+])
+def test_batches_count_what_an_example_costs_beyond_its_tokens(lengths, budget, row, expected):
+    assert model_batches(lengths, budget, row) == expected
+    for batch in model_batches(lengths, budget, row):
+        assert len(batch) == 1 or len(batch) * (lengths[batch[0]] + row) <= 4 * budget
+    passes = forward_passes([2, 7, 2, 1], 10, 3)
+    assert passes == [[1], [0, 2], [3]] and all(len(p) * ([2, 7, 2, 1][p[0]] + 3) <= 10 or len(p) == 1 for p in passes)
+
+
+def test_a_run_writes_the_records_and_ranks_by_the_first_metric(miss, tmp_path):
+    from seq2seq_eval.config import EMBEDDED_MODEL
+
+    result = seq2seq_eval.evaluate(str(EMBEDDED_MODEL), sources=["Hello world.", "The cat sat on the mat.", "Good day."],
+                                   references=["Hallo Welt.", "Die Katze saß auf der Matte.", "Guten Tag."],
+                                   metrics="miss,bleu", save_dir=str(tmp_path / "out"), return_examples=True)
+    rows = result.examples
+    direct = Miss({"miss_qe": False, "miss_length": False}).score(
+        [""] * 3, [r["prediction"] for r in rows], [tuple(r["references"]) for r in rows])
+    assert [(r["miss"], r["miss_spans"]) for r in rows] == [(v, s) for v, s in direct]
+    assert result.metrics["miss"] == math.fsum(v for v, _ in direct) / 3 and "miss_spans" not in result.metrics
