@@ -162,3 +162,54 @@ def test_refused_in_one_line(tmp_path, hparams, message):
     with pytest.raises(ModelError, match=message) as e:
         load(str(_copy(tmp_path, "xcomet_like", **hparams)))
     assert "\n" not in str(e.value)
+
+
+XCOMET_RUN = ["--metrics", "comet,bleu", "--comet_model", str(DATA / "xcomet_like"), "--n_obs", "24", "--bs", "8",
+              "--model_metric_max_tokens", "90"]
+
+
+def _files(save_dir):
+    return {name: (save_dir / name).read_bytes() for name in ("test_examples.jsonl", "test_generations.txt", "test_bleu.json")
+            if name != "test_bleu.json"} | {"scores": json.dumps({k: v for k, v in json.loads(
+                (save_dir / "test_bleu.json").read_text()).items() if k.startswith(("comet", "bleu"))}).encode()}
+
+
+def test_xcomet_on_the_ranks_writes_its_spans_per_example(loaded, tmp_path):
+    """The run writes `comet` and `comet_error_spans` per example (the spans as predict()'s
+    metadata.error_spans), the metric file the system score and no spans; the same bytes at 1
+    and 3 ranks, and the values of one process scoring the run's pairs directly."""
+    from conftest import assert_ok, run_ranks, single
+
+    from seq2seq_eval.scoring.model_metric import score_all
+
+    one, three = tmp_path / "one", tmp_path / "three"
+    assert_ok(single([*XCOMET_RUN, "--save_dir", str(one)], tmp_path))
+    assert_ok(run_ranks(3, [*XCOMET_RUN, "--save_dir", str(three)], tmp_path))
+    assert _files(one) == _files(three)
+    rows = [json.loads(line) for line in (one / "test_examples.jsonl").read_text().splitlines()]
+    metric = json.loads((one / "test_bleu.json").read_text())
+    assert "comet_error_spans" not in metric and "comet" in metric
+    direct = score_all(loaded["xcomet_like"], [r["source"] for r in rows], [r["prediction"] for r in rows],
+                       [tuple(r["references"]) for r in rows], max_tokens=90)
+    assert [r["comet"] for r in rows] == [v[0] for v in direct]
+    assert [r["comet_error_spans"] for r in rows] == [v[1] for v in direct]
+    assert any(r["comet_error_spans"] for r in rows)
+    assert list(rows[0]["comet_error_spans"][0]) == ["text", "confidence", "severity", "start", "end"]
+
+
+def test_cometkiwi_scores_without_references(tmp_path):
+    """`score` with a CometKiwi model and no --references: the values of the fixture's no-reference
+    run; a BLEU beside it is refused in one line."""
+    from conftest import assert_ok, single
+
+    for name, lines in (("src", SAMPLES["src"]), ("pred", SAMPLES["mt"])):
+        (tmp_path / name).write_text("".join(x.replace("\n", " ") + "\n" for x in lines), encoding="utf-8")
+    base = ["score", "--predictions", str(tmp_path / "pred"), "--sources", str(tmp_path / "src"),
+            "--comet_model", str(DATA / "kiwi_like")]
+    proc = single([*base, "--metrics", "comet"], tmp_path)
+    assert_ok(proc)
+    expected = REFERENCE["models"]["kiwi_like"]["no_ref"]["system_score"]
+    assert abs(json.loads(proc.stdout)["comet"] - expected) <= TOL
+    refused = single([*base, "--metrics", "comet,bleu"], tmp_path)
+    assert refused.returncode != 0 and "bleu needs --references" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1

@@ -1,8 +1,10 @@
-"""COMET (Rei et al., 2020/2022) natively on transformers 5, from the published checkpoints
-(Unbabel/wmt22-comet-da, Unbabel/wmt20-comet-da): `load(name_or_path, device)` gives a
-ModelMetric whose per-example scores equal unbabel-comet's `predict` to 1e-5.
-`checkpoint` reads the published layout, `network` is the computation; METRIC is what the
-registry reads."""
+"""COMET (Rei et al., 2020/2022; Rei et al., 2022 for CometKiwi; Guerreiro et al., 2024 for
+XCOMET) natively on transformers 5, from the published checkpoints: `load(name_or_path, device)`
+gives a ModelMetric whose per-example values equal unbabel-comet 2.2.7's `predict`, of the class
+hparams.yaml names (regression: wmt22/wmt20-comet-da; unified: wmt22-cometkiwi-da; XCOMET).
+`checkpoint` reads the published layout, `network` the regression computation, `unified` the
+unified one and `spans` its error spans; METRIC is what the registry reads: what a model reads
+and writes follows its class."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..model_metric import ModelMetric, ModelMetricSpec, Option
-from .checkpoint import DEFAULT_MODEL, REGRESSION, encoder_source, load_state_dict, model_folder, read_hparams
+from .checkpoint import (DEFAULT_MODEL, REGRESSION, encoder_source, hparams_of, load_state_dict, model_folder,
+                         needs_references, read_hparams, segments, tags_words)
 
 __all__ = ["DEFAULT_MODEL", "METRIC", "Comet", "check", "load"]
 
@@ -151,13 +154,27 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
                         torch.device(device))
 
 
+SPANS = "comet_error_spans"
+"""The per-example record of a model that tags words (XCOMET): predict()'s metadata.error_spans."""
+
+
+def _declared(name_or_path: str) -> tuple[bool, bool, bool]:
+    """(reads sources, needs references, writes spans) of a model, from its hparams.yaml."""
+    hparams = hparams_of(name_or_path)
+    return "src" in segments(hparams), needs_references(hparams), tags_words(hparams)
+
+
 METRIC = ModelMetricSpec(
     name="comet",
-    what="COMET (--comet_model), the mean over references of each example's score; needs sources",
+    what="COMET (--comet_model): COMET-22/20 (the mean over references), CometKiwi (no reference) or XCOMET "
+         "(reference optional; its error spans as comet_error_spans)",
     load=lambda options, device: load(options["comet_model"], device),
     check=lambda options: check(options["comet_model"]),
-    options=(Option("comet_model", DEFAULT_MODEL, "with --metrics comet: a COMET regression model, as a hub name or "
-                    "a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)"),),
-    needs_sources=True,
+    options=(Option("comet_model", DEFAULT_MODEL, "with --metrics comet: a COMET model (regression, CometKiwi or "
+                    "XCOMET), as a hub name or a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)"),),
+    # What the model reads and writes follows its class (hparams.yaml), as unbabel-comet's predict.
+    needs_sources=lambda options: _declared(options["comet_model"])[0],
+    needs_references=lambda options: _declared(options["comet_model"])[1],
+    records=lambda options: (SPANS,) if _declared(options["comet_model"])[2] else (),
     decimals=4,  # COMET lives on [0, 1]-ish, the text metrics on [0, 100]
 )

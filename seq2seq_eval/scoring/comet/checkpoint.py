@@ -47,6 +47,46 @@ def model_folder(name_or_path: str) -> Path:
                          f"({type(e).__name__}); see docs/metrics.md#comet for offline use") from e
 
 
+def hparams_of(name_or_path: str) -> dict[str, Any]:
+    """hparams.yaml alone, checked: what the model reads and writes is declared from it before
+    any work. A hub name fetches only that file (the checkpoint waits for the load)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() or path.is_absolute() or name_or_path.startswith("."):
+        return read_hparams(model_folder(name_or_path), name_or_path)
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return read_hparams(Path(hf_hub_download(name_or_path, "hparams.yaml")).parent, name_or_path)
+    except ModelError:
+        raise
+    except Exception as e:  # the hub's errors have no common base worth naming
+        raise ModelError(f"--comet_model {name_or_path}: not a local folder and not found on the hub or in its cache "
+                         f"({type(e).__name__}); see docs/metrics.md#comet for offline use") from e
+
+
+def segments(hparams: dict[str, Any]) -> list[str]:
+    """The inputs a class reads besides the translation, in unbabel-comet's names: a regression
+    model src and ref; a unified one its input_segments (default all three); XCOMET all three,
+    its reference optional."""
+    kind = hparams["class_identifier"]
+    if kind == "unified_metric":
+        return [str(x) for x in hparams.get("input_segments", ["mt", "src", "ref"])]
+    return ["mt", "src", "ref"]
+
+
+def needs_references(hparams: dict[str, Any]) -> bool:
+    """A regression model always; a unified one only when trained on [mt, ref] alone (its
+    requires_references()); XCOMET never (it falls back to [mt, src])."""
+    kind = hparams["class_identifier"]
+    return kind == REGRESSION or (kind == "unified_metric" and segments(hparams) == ["mt", "ref"])
+
+
+def tags_words(hparams: dict[str, Any]) -> bool:
+    """Whether it writes error spans: XCOMET always, a unified model trained word-level."""
+    return hparams["class_identifier"] == "xcomet_metric" or (
+        hparams["class_identifier"] == "unified_metric" and bool(hparams.get("word_level_training", False)))
+
+
 def read_hparams(folder: Path, shown: str) -> dict[str, Any]:
     import yaml
 
