@@ -213,3 +213,16 @@ def test_cometkiwi_scores_without_references(tmp_path):
     refused = single([*base, "--metrics", "comet,bleu"], tmp_path)
     assert refused.returncode != 0 and "bleu needs --references" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name, reads, records", [
+    ("wmt22_like", (True, True), ()), ("kiwi_like", (True, False), ()),
+    ("unified_spans_like", (True, False), ("comet_error_spans",)), ("xcomet_like", (True, False), ("comet_error_spans",)),
+])
+def test_what_comet_reads_and_writes_follows_the_checkpoint_s_class(name, reads, records):
+    from seq2seq_eval.scoring import registry
+
+    options = dict(registry.resolve_options({"comet_model": str(DATA / name)}))
+    assert tuple(registry.inputs("comet", options)) == reads
+    assert registry.value_keys("comet", options) == ("comet",)
+    assert registry.record_keys("comet", options) == records

@@ -159,8 +159,15 @@ SPANS = "comet_error_spans"
 
 
 def _declared(name_or_path: str) -> tuple[bool, bool, bool]:
-    """(reads sources, needs references, writes spans) of a model, from its hparams.yaml."""
-    hparams = hparams_of(name_or_path)
+    """(reads sources, needs references, writes spans) of a model, from its hparams.yaml; a
+    regression model's while it cannot be read (the checks before any work then say why, in
+    `check`'s one line, as for any model that is not found)."""
+    from ...errors import ModelError
+
+    try:
+        hparams = hparams_of(name_or_path)
+    except ModelError:
+        return True, True, False
     return "src" in segments(hparams), needs_references(hparams), tags_words(hparams)
 
 
