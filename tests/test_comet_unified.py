@@ -226,3 +226,24 @@ def test_what_comet_reads_and_writes_follows_the_checkpoint_s_class(name, reads,
     assert tuple(registry.inputs("comet", options)) == reads
     assert registry.value_keys("comet", options) == ("comet",)
     assert registry.record_keys("comet", options) == records
+
+
+def test_xcomet_xxl_is_refused_on_a_40_gb_gpu():
+    """XCOMET-XXL's encoder (facebook/xlm-roberta-xxl's published config), counted on the meta
+    device: its float32 weights exceed an A100-40GB's memory (as cudaGetDeviceProperties gives
+    it), so the run stops in one line before any work, where unbabel-comet runs out of memory."""
+    from transformers import XLMRobertaXLConfig
+
+    from seq2seq_eval.scoring.comet import refuse_oversized, weights_bytes
+
+    config = XLMRobertaXLConfig(vocab_size=250880, hidden_size=4096, num_hidden_layers=48, num_attention_heads=32,
+                                intermediate_size=16384, max_position_embeddings=514)
+    hparams = {"class_identifier": "xcomet_metric", "encoder_model": "XLM-RoBERTa-XL", "hidden_sizes": [3072, 1024],
+               "word_layer": 48}
+    needed = weights_bytes(hparams, config)
+    assert 10.6e9 < needed / 4 < 10.8e9  # XLM-R-XXL's 10.7B parameters, and the heads
+    a100_40gb = 42_297_524_224
+    with pytest.raises(ModelError, match=r"float32 weights take 39\.\d GiB, more than the 39\.4 GiB") as e:
+        refuse_oversized("Unbabel/XCOMET-XXL", needed, a100_40gb, "A100-SXM4-40GB has in all")
+    assert "\n" not in str(e.value)
+    refuse_oversized("Unbabel/XCOMET-XXL", needed, 80 * 2**30, "H100 has in all")  # fits an 80 GB one

@@ -104,8 +104,56 @@ class Comet(ModelMetric):
 
 
 def check(name_or_path: str = DEFAULT_MODEL) -> None:
-    """The model's folder (or hub files) and its hparams.yaml, read and checked without loading it."""
-    read_hparams(model_folder(name_or_path), name_or_path)
+    """The model's folder (or hub files) and its hparams.yaml, read and checked without loading
+    it; on a GPU, also that its weights fit the GPU's memory (XCOMET-XXL's 40 GiB of float32
+    weights do not fit a 40 GB one), before any work."""
+    import torch
+
+    folder = model_folder(name_or_path)
+    hparams = read_hparams(folder, name_or_path)
+    if torch.cuda.is_available():
+        from .network import encoder_class
+
+        try:
+            config = encoder_class(hparams)[0].from_pretrained(encoder_source(folder, hparams))
+        except (OSError, ValueError):
+            return  # load() says where the encoder's config was looked for
+        device = torch.device("cuda", torch.cuda.current_device())
+        try:
+            needed = weights_bytes(hparams, config)
+        except ValueError:
+            return  # load() says what in hparams.yaml is wrong
+        refuse_oversized(name_or_path, needed, torch.cuda.get_device_properties(device).total_memory,
+                         f"{torch.cuda.get_device_name(device)} has in all")
+
+
+def weights_bytes(hparams: dict[str, Any], config: Any) -> int:
+    """The float32 bytes of the model's parameters, counted on the meta device (nothing allocated)."""
+    import torch
+
+    with torch.device("meta"):
+        network = _network(hparams, config, pad_token_id=1)
+    return sum(p.numel() for p in network.parameters()) * 4
+
+
+def refuse_oversized(name_or_path: str, needed: int, available: int, where: str) -> None:
+    """A model whose float32 weights alone exceed the GPU's memory is refused in one line (its
+    activations come on top); unbabel-comet would fail with CUDA's out-of-memory error."""
+    from ...errors import ModelError
+
+    if needed > available:
+        raise ModelError(f"--comet_model {name_or_path}: its float32 weights take {needed / 2**30:.1f} GiB, more than "
+                         f"the {available / 2**30:.1f} GiB the {where}; score it on a GPU with more memory "
+                         "(docs/metrics.md#cometkiwi-and-xcomet)")
+
+
+def _network(hparams: dict[str, Any], config: Any, pad_token_id: int) -> Any:
+    from .network import RegressionNetwork
+    from .unified import UnifiedNetwork
+
+    if hparams["class_identifier"] == REGRESSION:
+        return RegressionNetwork(config, hparams, pad_token_id)
+    return UnifiedNetwork(config, hparams)
 
 
 def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
@@ -115,8 +163,8 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
     from transformers import AutoTokenizer
 
     from ...errors import ModelError
-    from .network import RegressionNetwork, encoder_class
-    from .unified import UnifiedComet, UnifiedNetwork
+    from .network import encoder_class
+    from .unified import UnifiedComet
 
     folder = model_folder(name_or_path)
     hparams = read_hparams(folder, name_or_path)
@@ -131,8 +179,7 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
                          f"(docs/metrics.md#comet)") from e
     kind = hparams["class_identifier"]
     try:
-        network = (RegressionNetwork(config, hparams, tokenizer.pad_token_id) if kind == REGRESSION
-                   else UnifiedNetwork(config, hparams))
+        network = _network(hparams, config, tokenizer.pad_token_id)
     except ValueError as e:
         raise ModelError(f"--comet_model {name_or_path}: {folder / 'hparams.yaml'}: {e}") from e
     # Buffers that are no parameters: position ids, the layer mix's dropout mask and the word
@@ -147,6 +194,9 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     if kind == REGRESSION:
         network.drop_unused_layers()
+    if torch.device(device).type == "cuda":
+        refuse_oversized(name_or_path, sum(p.numel() * p.element_size() for p in network.parameters()),
+                         torch.cuda.mem_get_info(torch.device(device))[0], "GPU has free")
     network.eval().to(device)
     if kind == REGRESSION:
         return Comet(str(name_or_path), network, tokenizer, config.max_position_embeddings - 4, torch.device(device))
