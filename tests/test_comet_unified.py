@@ -247,3 +247,28 @@ def test_xcomet_xxl_is_refused_on_a_40_gb_gpu():
         refuse_oversized("Unbabel/XCOMET-XXL", needed, a100_40gb, "A100-SXM4-40GB has in all")
     assert "\n" not in str(e.value)
     refuse_oversized("Unbabel/XCOMET-XXL", needed, 80 * 2**30, "H100 has in all")  # fits an 80 GB one
+
+
+def test_layers_above_the_highest_one_read_are_never_run(tmp_path, monkeypatch):
+    """kiwi_like with its top layer's mix weight made 0 by sparsemax: that layer is dropped, and
+    the scores are those of the whole encoder."""
+    import torch
+
+    from seq2seq_eval.scoring.comet import load
+    from seq2seq_eval.scoring.comet.unified import UnifiedNetwork
+
+    folder = _copy(tmp_path, "kiwi_like")
+    ckpt = folder / "checkpoints" / "model.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    saved["state_dict"]["layerwise_attention.scalar_parameters.3"] = torch.tensor([-0.9])
+    torch.save(saved, ckpt)
+    dropped = load(str(folder))
+    assert len(dropped.network.encoder.model.encoder.layer) == 2
+    monkeypatch.setattr(UnifiedNetwork, "drop_unused_layers", lambda self: 3)
+    whole = load(str(folder))
+    assert len(whole.network.encoder.model.encoder.layer) == 3
+    refs = _refs("no_ref")
+    assert dropped.score(SAMPLES["src"], SAMPLES["mt"], refs) == whole.score(SAMPLES["src"], SAMPLES["mt"], refs)
+    monkeypatch.undo()
+    # XLM-R-XL keeps every layer (its last output alone is layer-normed).
+    assert load(str(DATA / "xcomet_like")).network.drop_unused_layers() == 3

@@ -192,8 +192,7 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
     if missing or unexpected:
         raise ModelError(f"--comet_model {name_or_path}: the checkpoint does not match its class {kind} "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    if kind == REGRESSION:
-        network.drop_unused_layers()
+    network.drop_unused_layers()
     if torch.device(device).type == "cuda":
         refuse_oversized(name_or_path, sum(p.numel() * p.element_size() for p in network.parameters()),
                          torch.cuda.mem_get_info(torch.device(device))[0], "GPU has free")

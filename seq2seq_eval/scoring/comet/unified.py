@@ -58,6 +58,7 @@ class UnifiedNetwork(nn.Module):
         s = settings(hparams)
         self.encoder = nn.Module()
         self.encoder.model = encoder_class(hparams)[1](encoder_config, add_pooling_layer=False)
+        self.xl = hparams.get("encoder_model") == "XLM-RoBERTa-XL"
         num_layers = encoder_config.num_hidden_layers + 1
         self.sent_layer = s["sent_layer"]
         self.layerwise_attention = (LayerMix(num_layers, str(s["layer_transformation"]), bool(s["layer_norm"]))
@@ -73,6 +74,24 @@ class UnifiedNetwork(nn.Module):
                 raise ValueError(f"{name} {layer!r}: expected 'mix' or a layer in 0..{num_layers - 1}")
         if self.word_level:
             self.hidden2tag = nn.Linear(encoder_config.hidden_size, len(self.labels))
+
+    def drop_unused_layers(self) -> int:
+        """Removes the encoder layers above the highest output read (the layer mix's highest
+        weighted one: sparsemax gives some a weight of exactly 0; the sentence layer; the tagger's
+        layer), so they are never run. XLM-R-XL normalizes its last layer's output alone, so its
+        layers all stay. Returns how many layers are left."""
+        layers = self.encoder.model.encoder.layer
+        if self.xl:
+            return len(layers)
+        if self.layerwise_attention is not None:
+            with torch.no_grad():
+                top = int(self.layerwise_attention.weights().nonzero().max())
+        else:
+            top = int(self.sent_layer)
+        if self.word_level:
+            top = max(top, int(self.word_layer))
+        del layers[top:]
+        return len(layers)
 
     def forward(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the sentence scores, the label probabilities per token or None)."""
