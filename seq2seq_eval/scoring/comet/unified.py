@@ -187,9 +187,11 @@ class UnifiedComet(ModelMetric):
             ids = torch.tensor([rows[i] + [pad] * (width - len(rows[i])) for i in chunk], device=self.device)
             mask = torch.tensor([[1] * len(rows[i]) + [0] * (width - len(rows[i])) for i in chunk], device=self.device)
             s, p = self.network(ids, mask)
+            # One copy per pass (not per row) to where the values are combined.
+            s, p = s.float().cpu(), (p.float().cpu() if p is not None else None)
             for j, i in enumerate(chunk):
                 scores[i] = s[j]
-                probs[i] = p[j].float().cpu() if p is not None else None
+                probs[i] = p[j] if p is not None else None
             start += len(chunk)
         return scores, probs
 
@@ -222,7 +224,7 @@ class UnifiedComet(ModelMetric):
             found = span_rules.decode(mixed, first[:length], [tuple(o) for o in offsets], self.network.labels,
                                       self.tokenizer.decode)
         if self.kind == XCOMET:
-            clipped = [torch.where(x > 1.0, 1.0, x).float().cpu() for x in scores]
+            clipped = [torch.where(x > 1.0, 1.0, x) for x in scores]
             mqm = (torch.tensor([span_rules.mqm(found)]) * -1 + 25) / 25
             if len(scores) == 3:
                 regression = torch.stack([c * w for c, w in zip(clipped, SCORE_WEIGHTS[:3])]).sum(dim=0)
@@ -230,7 +232,6 @@ class UnifiedComet(ModelMetric):
                 regression = clipped[0] * sum(SCORE_WEIGHTS[:3])
             value = float((regression + mqm * SCORE_WEIGHTS[3])[0])
         else:
-            value = float(torch.stack([x.float().cpu() for x in scores]).mean(dim=0)) if len(scores) == 3 \
-                else float(scores[0].float().cpu())
+            value = float(torch.stack(scores).mean(dim=0)) if len(scores) == 3 else float(scores[0])
         return (value, found) if found is not None else value
 
