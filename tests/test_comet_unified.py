@@ -165,32 +165,54 @@ def test_refused_in_one_line(tmp_path, hparams, message):
 
 
 XCOMET_RUN = ["--metrics", "comet,bleu", "--comet_model", str(DATA / "xcomet_like"), "--n_obs", "24", "--bs", "8",
-              "--model_metric_max_tokens", "90"]
+              "--model_metric_max_tokens", "1"]  # one example per scored batch: 24 batches to kill in the middle of
 
 
 def _files(save_dir):
-    return {name: (save_dir / name).read_bytes() for name in ("test_examples.jsonl", "test_generations.txt", "test_bleu.json")
-            if name != "test_bleu.json"} | {"scores": json.dumps({k: v for k, v in json.loads(
-                (save_dir / "test_bleu.json").read_text()).items() if k.startswith(("comet", "bleu"))}).encode()}
+    metric = json.loads((save_dir / "test_bleu.json").read_text())
+    return {"examples": (save_dir / "test_examples.jsonl").read_bytes(),
+            "generations": (save_dir / "test_generations.txt").read_bytes(),
+            "scores": json.dumps({k: v for k, v in metric.items() if k.startswith(("comet", "bleu"))}).encode()}
 
 
 def test_xcomet_on_the_ranks_writes_its_spans_per_example(loaded, tmp_path):
     """The run writes `comet` and `comet_error_spans` per example (the spans as predict()'s
-    metadata.error_spans), the metric file the system score and no spans; the same bytes at 1
-    and 3 ranks, and the values of one process scoring the run's pairs directly."""
-    from conftest import assert_ok, run_ranks, single
+    metadata.error_spans), the metric file the system score and no spans; a run killed while it
+    scores XCOMET and resumed writes the bytes 3 ranks write, with the values of one process
+    scoring the run's pairs directly."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import _env, assert_ok, run_ranks, single
 
     from seq2seq_eval.scoring.model_metric import score_all
 
     one, three = tmp_path / "one", tmp_path / "three"
-    assert_ok(single([*XCOMET_RUN, "--save_dir", str(one)], tmp_path))
     assert_ok(run_ranks(3, [*XCOMET_RUN, "--save_dir", str(three)], tmp_path))
+    journal = tmp_path / "one_tmp" / "model_scores_rank_0.jsonl"
+    args = [*XCOMET_RUN, "--save_dir", str(one)]
+    proc = subprocess.Popen([sys.executable, "-m", "seq2seq_eval", *args], cwd=tmp_path, env=_env(None),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (journal.exists() and journal.read_bytes().count(b"\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "XCOMET scoring never started"
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    kept = journal.read_bytes().count(b"\n")
+    assert 1 <= kept < 24, "the kill came after XCOMET scoring ended"
+    assert_ok(single([*args, "--resume"], tmp_path))
     assert _files(one) == _files(three)
     rows = [json.loads(line) for line in (one / "test_examples.jsonl").read_text().splitlines()]
     metric = json.loads((one / "test_bleu.json").read_text())
     assert "comet_error_spans" not in metric and "comet" in metric
+    assert metric["throughput"]["model_metrics"]["comet"]["resumed_batches"] == kept
     direct = score_all(loaded["xcomet_like"], [r["source"] for r in rows], [r["prediction"] for r in rows],
-                       [tuple(r["references"]) for r in rows], max_tokens=90)
+                       [tuple(r["references"]) for r in rows], max_tokens=1)
     assert [r["comet"] for r in rows] == [v[0] for v in direct]
     assert [r["comet_error_spans"] for r in rows] == [v[1] for v in direct]
     assert any(r["comet_error_spans"] for r in rows)
