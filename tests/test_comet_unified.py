@@ -141,7 +141,7 @@ def test_sparsemax_patch_means_softmax(loaded, tmp_path):
 
 
 def test_xcomet_reads_one_reference_per_example(loaded):
-    with pytest.raises(DataError, match="one reference per example; example 1 has 2") as e:
+    with pytest.raises(DataError, match="one reference per example; the example at position 1 has 2") as e:
         loaded["xcomet_like"].lengths(["a", "b"], ["a", "b"], [("a",), ("b", "c")])
     assert "\n" not in str(e.value)
     # CometKiwi reads no reference: any number is fine, and they change nothing.

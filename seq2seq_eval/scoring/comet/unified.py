@@ -139,8 +139,8 @@ class UnifiedComet(ModelMetric):
         if many:
             from ...errors import DataError
 
-            raise DataError(f"--comet_model {self.model_name}: {self.kind} reads one reference per example; example "
-                            f"{many[0]} has {len(refs[many[0]])}; give one reference stream")
+            raise DataError(f"--comet_model {self.model_name}: {self.kind} reads one reference per example; the "
+                            f"example at position {many[0]} has {len(refs[many[0]])}; give one reference stream")
         mt = self._tokenize(predictions)
         pad = self.tokenizer.pad_token_id
         # COMET drops every pad id before joining (a text's literal "<pad>" too).
