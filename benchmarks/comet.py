@@ -106,7 +106,17 @@ def make_checkpoint(folder: Path, size: str, kind: str = "regression") -> None:
            else UnifiedNetwork(config, hparams))
     with torch.no_grad():
         if kind == "xcomet":
-            net.hidden2tag.weight.normal_(0, 0.05)  # spans on some tokens, not on every one
+            # A random encoder gives every token nearly the same top layer: the tagger's bias is
+            # centred on the examples' mean logits, so the label follows each token's own
+            # deviation and spans open and close (one label on every token makes a span that is
+            # still open at the end, which decode() drops: no spans to compare).
+            net.hidden2tag.weight.normal_(0, 0.05)
+            texts = examples(16)
+            sample = tok(texts["mt"], texts["src"], return_tensors="pt", padding=True, truncation=True, max_length=256)
+            hidden = net.encoder.model(input_ids=sample["input_ids"], attention_mask=sample["attention_mask"],
+                                       output_hidden_states=True).hidden_states[hparams["word_layer"]]
+            logits = net.hidden2tag(hidden)[sample["attention_mask"].bool()]
+            net.hidden2tag.bias.sub_(logits.mean(0)).add_(torch.tensor([0.02, 0.0, 0.0, 0.0]))
         for p, w in zip(net.layerwise_attention.scalar_parameters, torch.linspace(-0.5, 0.9, len(net.layerwise_attention.scalar_parameters))):
             p.fill_(float(w))
     state = net.state_dict()
