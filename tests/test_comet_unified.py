@@ -291,6 +291,18 @@ def test_layers_above_the_highest_one_read_are_never_run(tmp_path, monkeypatch):
     assert len(whole.network.encoder.model.encoder.layer) == 3
     refs = _refs("no_ref")
     assert dropped.score(SAMPLES["src"], SAMPLES["mt"], refs) == whole.score(SAMPLES["src"], SAMPLES["mt"], refs)
+    # The tagger's layer stays, whatever the mix weighs: unified_spans_like tags from layer 2.
+    folder = _copy(tmp_path, "unified_spans_like")
+    ckpt = folder / "checkpoints" / "model.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    for k in (1, 2, 3):  # the mix weighs layer 0 (the embeddings) alone
+        saved["state_dict"][f"layerwise_attention.scalar_parameters.{k}"] = torch.tensor([-5.0])
+    torch.save(saved, ckpt)
+    whole = load(str(folder))
     monkeypatch.undo()
+    tagged = load(str(folder))
+    assert len(tagged.network.encoder.model.encoder.layer) == 2
+    refs = _refs("with_ref")[:8]
+    assert tagged.score(SAMPLES["src"][:8], SAMPLES["mt"][:8], refs) == whole.score(SAMPLES["src"][:8], SAMPLES["mt"][:8], refs)
     # XLM-R-XL keeps every layer (its last output alone is layer-normed).
     assert load(str(DATA / "xcomet_like")).network.drop_unused_layers() == 3
