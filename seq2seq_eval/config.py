@@ -10,6 +10,7 @@ from typing import Any
 from .errors import ConfigError
 from .model.fields import value_error
 from .scoring.names import parse_metric_names, split_metric_names
+from .scoring import registry
 from .scoring.registry import refuse_unused, resolve_options
 
 TASKS = ("translation", "summarization")
@@ -220,18 +221,22 @@ class EvalConfig:
                     f"--num_beams ({beams}): beam search returns at most num_beams sequences; "
                     "sample with --do_sample true for more"
                 )
-        if self.compare_to is not None and not self.scored:
+        # Resolved first: which inputs a model metric reads (so whether the run is scored) depends on its options.
+        object.__setattr__(self, "metric_options", resolve_options(self.metric_options))
+        if self.compare_to is not None and (not self.scored or self.reference_free):
             raise ConfigError("--compare_to needs a scored run: not --num_return_sequences > 1, and with references")
         if self.pseudo_target and self.num_return_sequences < 2:
             raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")
         if self.metrics is not None:
             names = parse_metric_names(self.metrics, self.task_family)  # '' is refused, never the default
             if not self.scored:
+                needing = ",".join(registry.needing_references(names, dict(self.metric_options)))
                 why = ("pseudolabels (--num_return_sequences > 1) are not scored" if self.pseudolabels
-                       else "--input_path without --reference_path has no references to score against")
-                raise ConfigError(f"--metrics {self.metrics!r}: {why}; leave --metrics out")
+                       else f"--input_path without --reference_path has no references to score against, and "
+                            f"{needing} needs them")
+                raise ConfigError(f"--metrics {self.metrics!r}: {why}; leave --metrics out"
+                                  + ("" if self.pseudolabels else ", or name only reference-free metrics"))
             object.__setattr__(self, "metrics", ",".join(names))
-        object.__setattr__(self, "metric_options", resolve_options(self.metric_options))
         refuse_unused(dict(self.metric_options), self.model_metric_names,
                       f"--metrics {self.metrics!r}" if self.metrics is not None else "the task's default metric")
         if self.shared_tail and self.model_metric_names:
@@ -280,8 +285,22 @@ class EvalConfig:
 
     @property
     def scored(self) -> bool:
-        """Whether the run computes metrics: not for pseudolabels, nor for --input_path without references."""
-        return not self.pseudolabels and (self.input_path is None or self.reference_path is not None)
+        """Whether the run computes metrics: not for pseudolabels, nor for --input_path without
+        references unless every metric --metrics names reads none (a reference-free model metric)."""
+        return not self.pseudolabels and (self.input_path is None or self.reference_path is not None
+                                          or self.reference_free)
+
+    @property
+    def reference_free(self) -> bool:
+        """--metrics names only model metrics that read no reference under their options: the
+        run reads references where there are any (for the examples file) and needs none."""
+        return self.metrics is not None and not self.reference_readers
+
+    @property
+    def reference_readers(self) -> tuple[str, ...]:
+        """The metrics the run computes that read references (the task's main metric when --metrics is not given)."""
+        names = parse_metric_names(self.metrics, self.task_family)
+        return registry.needing_references(names, dict(self.metric_options))
 
     @property
     def metric_name(self) -> str:
@@ -290,7 +309,9 @@ class EvalConfig:
     @property
     def metric_names(self) -> tuple[str, ...]:
         """--metrics' text metrics (scored from strings), in the order given; the task's main
-        metric when none is given."""
+        metric when none is given; none when every metric named is reference-free."""
+        if self.reference_free:
+            return ()
         return split_metric_names(parse_metric_names(self.metrics, self.task_family), self.task_family)[0]
 
     @property

@@ -306,3 +306,21 @@ def test_layers_above_the_highest_one_read_are_never_run(tmp_path, monkeypatch):
     assert tagged.score(SAMPLES["src"][:8], SAMPLES["mt"][:8], refs) == whole.score(SAMPLES["src"][:8], SAMPLES["mt"][:8], refs)
     # XLM-R-XL keeps every layer (its last output alone is layer-normed).
     assert load(str(DATA / "xcomet_like")).network.drop_unused_layers() == 3
+
+
+def test_cometkiwi_in_a_run_on_sources_alone(loaded, tmp_path):
+    """--input_path without --reference_path: CometKiwi scores the translations, each example's
+    value that of the model scoring the run's pairs directly."""
+    from conftest import assert_ok, single
+
+    from seq2seq_eval.scoring.model_metric import score_all
+
+    src = tmp_path / "src.txt"
+    src.write_text("".join(s + "\n" for s in SAMPLES["src"][:4]), encoding="utf-8")
+    out = tmp_path / "out"
+    assert_ok(single(["--input_path", str(src), "--metrics", "comet", "--comet_model", str(DATA / "kiwi_like"),
+                      "--save_dir", str(out)], tmp_path))
+    rows = [json.loads(line) for line in (out / "test_examples.jsonl").read_text().splitlines()]
+    direct = score_all(loaded["kiwi_like"], [r["source"] for r in rows], [r["prediction"] for r in rows],
+                       [() for _ in rows])
+    assert [r["comet"] for r in rows] == direct and len(rows) == 4

@@ -176,14 +176,17 @@ def test_batches_count_what_an_example_costs_beyond_its_tokens(lengths, budget, 
     assert passes == [[1], [0, 2], [3]] and all(len(p) * ([2, 7, 2, 1][p[0]] + 3) <= 10 or len(p) == 1 for p in passes)
 
 
-def test_a_run_writes_the_records_and_ranks_by_the_first_metric(miss, tmp_path):
+def test_a_run_without_references_writes_the_records(miss, tmp_path):
+    """evaluate() with sources alone (--input_path without references) and a reference-free
+    metric: each example's value and record are the metric's own, and no text metric is added."""
     from seq2seq_eval.config import EMBEDDED_MODEL
 
-    result = seq2seq_eval.evaluate(str(EMBEDDED_MODEL), sources=["Hello world.", "The cat sat on the mat.", "Good day."],
-                                   references=["Hallo Welt.", "Die Katze saß auf der Matte.", "Guten Tag."],
-                                   metrics="miss,bleu", save_dir=str(tmp_path / "out"), return_examples=True)
+    sources = ["Hello world.", "The cat sat on the mat.", "Good day."]
+    result = seq2seq_eval.evaluate(str(EMBEDDED_MODEL), sources=sources, metrics="miss", miss_qe=True,
+                                   save_dir=str(tmp_path / "out"), return_examples=True)
     rows = result.examples
-    direct = Miss({"miss_qe": False, "miss_length": False}).score(
-        [""] * 3, [r["prediction"] for r in rows], [tuple(r["references"]) for r in rows])
+    direct = Miss({"miss_qe": True, "miss_length": False}).score(sources, [r["prediction"] for r in rows], [()] * 3)
     assert [(r["miss"], r["miss_spans"]) for r in rows] == [(v, s) for v, s in direct]
-    assert result.metrics["miss"] == math.fsum(v for v, _ in direct) / 3 and "miss_spans" not in result.metrics
+    assert all(r["references"] == [] for r in rows) and any(s for _, s in direct)
+    assert result.metrics["miss"] == math.fsum(v for v, _ in direct) / 3
+    assert "miss_spans" not in result.metrics and "bleu" not in result.metrics

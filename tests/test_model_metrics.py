@@ -86,7 +86,7 @@ def test_a_wrong_option_is_one_typed_line(call, message):
     (lambda: EvalConfig(metrics="bleu,comet", metric_options={"bertscore_idf": True}),
      "--bertscore_idf applies to --metrics bertscore, which --metrics 'bleu,comet' does not name; add it there"),
     (lambda: EvalConfig(metric_options={"comet_max_tokens": 64}),
-     "--model_metric_max_tokens applies to the model metrics (comet, bertscore), none of which the task's default "
+     "--model_metric_max_tokens applies to the model metrics (comet, bertscore, metricx), none of which the task's default "
      "metric names"),
     (lambda: EvalConfig(num_return_sequences=2, generate_kwargs=(("num_beams", 2),), metric_options={"comet_model": "x"}),
      "--comet_model applies to --metrics comet, which the task's default metric does not name"),

@@ -180,7 +180,8 @@ def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
     return Examples(tuple(e for b in blocks for e in b.examples()), str(data_dir))
 
 
-def iter_legacy(data_dir: Path, type_path: str, need_targets: bool, rows: int = BLOCK_ROWS) -> Iterator[Block]:
+def iter_legacy(data_dir: Path, type_path: str, need_targets: bool, rows: int = BLOCK_ROWS,
+                needed_by: str = "") -> Iterator[Block]:
     """The legacy layout as a stream of blocks of `rows` examples; the id is the 0-based line
     number. Every file is checked (it exists, the line counts agree) before the first block."""
     if not data_dir.exists():
@@ -195,7 +196,9 @@ def iter_legacy(data_dir: Path, type_path: str, need_targets: bool, rows: int = 
     if tgt_path.exists():
         ref_paths = [tgt_path, *extra_reference_files(data_dir, type_path)]
     elif need_targets:
-        raise DataError(f"{tgt_path}: file not found; expected references to score against")
+        raise DataError(f"{tgt_path}: file not found; expected references to score against"
+                        + (f" (--metrics {needed_by} reads them; a reference-free metric alone runs without)"
+                           if needed_by else ""))
     return iter_files(src_path, ref_paths, rows)
 
 

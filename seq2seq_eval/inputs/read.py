@@ -27,7 +27,7 @@ def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Blo
     """The examples the run evaluates (the first --n_obs), as a stream of blocks of `rows`
     (the last one shorter), and where they come from. The input is opened and checked at once;
     its rows are read as the iterator goes."""
-    need_targets = cfg.scored
+    need_targets = cfg.scored and not cfg.reference_free  # a reference-free run reads them where there are any
     fields = template_fields(cfg.prompt_template)  # other columns a decoder-only model's prompt names
     if cfg.dataset is not None:
         from .hub import iter_hf_examples
@@ -61,7 +61,8 @@ def iter_examples(cfg: EvalConfig, rows: int = BLOCK_ROWS) -> tuple[Iterator[Blo
             )
         blocks = blocks_of(iter_jsonl(path, need_targets, fields), rows)
     else:
-        blocks = iter_legacy(path, cfg.type_path, need_targets, rows)
+        blocks = iter_legacy(path, cfg.type_path, need_targets, rows,
+                             ",".join(cfg.reference_readers) if cfg.metrics is not None else "")
     if cfg.n_obs is not None:
         blocks = _first(blocks, cfg.n_obs)
     return blocks, str(path)

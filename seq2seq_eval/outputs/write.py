@@ -124,7 +124,7 @@ def write_outputs(
     staging = Staging(save_dir, prefix, "output", None if cfg.debug else Path(cfg.tmp_dir))
     files: dict[str, Any] = {}
     refs_files: list[Any] = []
-    totals = MetricTotals(cfg.metric_names) if cfg.scored else None
+    totals = MetricTotals(cfg.metric_names) if cfg.scored and cfg.metric_names else None
     try:
         for role, path in paths.items():
             if shared:
@@ -151,8 +151,8 @@ def write_outputs(
                 jsonl.write(concatenated(part, "out_jsonl"))
             if totals is not None:
                 totals.add(*scores_of(part))
-                if examples_file is not None:
-                    examples_file.write(concatenated(part, "out_example"))
+            if examples_file is not None:
+                examples_file.write(concatenated(part, "out_example"))
             first = first and part.num_rows == 0
         for start in range(0, len(store), ROWS_PER_CHUNK) if refs_files else ():
             examples = store.slice(start, min(ROWS_PER_CHUNK, len(store) - start))

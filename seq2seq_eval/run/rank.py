@@ -88,7 +88,7 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
                 stats["padded_source_tokens"] += done.padded_source_tokens
                 stats["split_batches"] += int(done.split)
                 stats["out_of_memory_errors"] += done.out_of_memory
-            if cfg.scored:
+            if cfg.scored and cfg.metric_names:  # a reference-free run has no text metric
                 t0 = time.perf_counter()
                 _attach_example_stats(cfg, prep.store.targets(members), batch_records)
                 stats["scoring_seconds"] += time.perf_counter() - t0

@@ -28,6 +28,7 @@ from .model_metric import (
 BUILTIN = (
     "seq2seq_eval.scoring.comet",
     "seq2seq_eval.scoring.bertscore",
+    "seq2seq_eval.scoring.metricx",
 )
 """The package's model metrics: modules whose METRIC is a ModelMetricSpec, one line each."""
 
