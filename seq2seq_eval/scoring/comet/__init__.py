@@ -1,8 +1,10 @@
-"""COMET (Rei et al., 2020/2022) natively on transformers 5, from the published checkpoints
-(Unbabel/wmt22-comet-da, Unbabel/wmt20-comet-da): `load(name_or_path, device)` gives a
-ModelMetric whose per-example scores equal unbabel-comet's `predict` to 1e-5.
-`checkpoint` reads the published layout, `network` is the computation; METRIC is what the
-registry reads."""
+"""COMET (Rei et al., 2020/2022; Rei et al., 2022 for CometKiwi; Guerreiro et al., 2024 for
+XCOMET) natively on transformers 5, from the published checkpoints: `load(name_or_path, device)`
+gives a ModelMetric whose per-example values equal unbabel-comet 2.2.7's `predict`, of the class
+hparams.yaml names (regression: wmt22/wmt20-comet-da; unified: wmt22-cometkiwi-da; XCOMET).
+`checkpoint` reads the published layout, `network` the regression computation, `unified` the
+unified one and `spans` its error spans; METRIC is what the registry reads: what a model reads
+and writes follows its class."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..model_metric import ModelMetric, ModelMetricSpec, Option
-from .checkpoint import DEFAULT_MODEL, encoder_source, load_state_dict, model_folder, read_hparams
+from .checkpoint import (DEFAULT_MODEL, REGRESSION, encoder_source, hparams_of, load_state_dict, model_folder,
+                         needs_references, read_hparams, segments, tags_words)
 
 __all__ = ["DEFAULT_MODEL", "METRIC", "Comet", "check", "load"]
 
@@ -101,49 +104,133 @@ class Comet(ModelMetric):
 
 
 def check(name_or_path: str = DEFAULT_MODEL) -> None:
-    """The model's folder (or hub files) and its hparams.yaml, read and checked without loading it."""
-    read_hparams(model_folder(name_or_path), name_or_path)
-
-
-def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> Comet:
-    """A COMET regression model from a folder or hub name in COMET's published layout."""
+    """The model's folder (or hub files) and its hparams.yaml, read and checked without loading
+    it; on a GPU, also that its weights fit the GPU's memory (XCOMET-XXL's 40 GiB of float32
+    weights do not fit a 40 GB one), before any work."""
     import torch
-    from transformers import AutoConfig, AutoTokenizer
+
+    folder = model_folder(name_or_path)
+    hparams = read_hparams(folder, name_or_path)
+    if torch.cuda.is_available():
+        from .network import encoder_class
+
+        try:
+            config = encoder_class(hparams)[0].from_pretrained(encoder_source(folder, hparams))
+        except (OSError, ValueError):
+            return  # load() says where the encoder's config was looked for
+        device = torch.device("cuda", torch.cuda.current_device())
+        try:
+            needed = weights_bytes(hparams, config)
+        except ValueError:
+            return  # load() says what in hparams.yaml is wrong
+        refuse_oversized(name_or_path, needed, torch.cuda.get_device_properties(device).total_memory,
+                         f"{torch.cuda.get_device_name(device)} has in all")
+
+
+def weights_bytes(hparams: dict[str, Any], config: Any) -> int:
+    """The float32 bytes of the model's parameters, counted on the meta device (nothing allocated)."""
+    import torch
+
+    with torch.device("meta"):
+        network = _network(hparams, config, pad_token_id=1)
+    return sum(p.numel() for p in network.parameters()) * 4
+
+
+def refuse_oversized(name_or_path: str, needed: int, available: int, where: str) -> None:
+    """A model whose float32 weights alone exceed the GPU's memory is refused in one line (its
+    activations come on top); unbabel-comet would fail with CUDA's out-of-memory error."""
+    from ...errors import ModelError
+
+    if needed > available:
+        raise ModelError(f"--comet_model {name_or_path}: its float32 weights take {needed / 2**30:.1f} GiB, more than "
+                         f"the {available / 2**30:.1f} GiB the {where}; score it on a GPU with more memory "
+                         "(docs/metrics.md#cometkiwi-and-xcomet)")
+
+
+def _network(hparams: dict[str, Any], config: Any, pad_token_id: int) -> Any:
+    from .network import RegressionNetwork
+    from .unified import UnifiedNetwork
+
+    if hparams["class_identifier"] == REGRESSION:
+        return RegressionNetwork(config, hparams, pad_token_id)
+    return UnifiedNetwork(config, hparams)
+
+
+def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
+    """A COMET model from a folder or hub name in COMET's published layout, of the class its
+    hparams.yaml names: regression (COMET-22/20), unified (CometKiwi) or XCOMET."""
+    import torch
+    from transformers import AutoTokenizer
 
     from ...errors import ModelError
-    from .network import RegressionNetwork
+    from .network import encoder_class
+    from .unified import UnifiedComet
 
     folder = model_folder(name_or_path)
     hparams = read_hparams(folder, name_or_path)
     source = encoder_source(folder, hparams)
     try:
-        config = AutoConfig.from_pretrained(source)
+        # The config class COMET's encoder names (XLM-R or XLM-R-XL), whatever config.json's model_type.
+        config = encoder_class(hparams)[0].from_pretrained(source)
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as e:
         raise ModelError(f"--comet_model {name_or_path}: the encoder's config and tokenizer ({source!r}, hparams.yaml's "
                          f"pretrained_model) were not found; put them in a folder of that name beside hparams.yaml "
                          f"(docs/metrics.md#comet)") from e
-    network = RegressionNetwork(config, hparams, tokenizer.pad_token_id)
-    # Buffers that are no parameters: position ids, the layer mix's dropout mask (training only).
+    kind = hparams["class_identifier"]
+    try:
+        network = _network(hparams, config, tokenizer.pad_token_id)
+    except ValueError as e:
+        raise ModelError(f"--comet_model {name_or_path}: {folder / 'hparams.yaml'}: {e}") from e
+    # Buffers that are no parameters: position ids, the layer mix's dropout mask and the word
+    # loss's class weights (training only).
     state = {k: v for k, v in load_state_dict(folder).items()
-             if not k.endswith(("position_ids", "token_type_ids", "dropout_mask", "dropout_fill"))}
+             if not k.endswith(("position_ids", "token_type_ids", "dropout_mask", "dropout_fill"))
+             and not k.startswith("wordloss.")}
     missing, unexpected = network.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]
     if missing or unexpected:
-        raise ModelError(f"--comet_model {name_or_path}: the checkpoint does not match a RegressionMetric "
+        raise ModelError(f"--comet_model {name_or_path}: the checkpoint does not match its class {kind} "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
     network.drop_unused_layers()
+    if torch.device(device).type == "cuda":
+        refuse_oversized(name_or_path, sum(p.numel() * p.element_size() for p in network.parameters()),
+                         torch.cuda.mem_get_info(torch.device(device))[0], "GPU has free")
     network.eval().to(device)
-    return Comet(str(name_or_path), network, tokenizer, config.max_position_embeddings - 4, torch.device(device))
+    if kind == REGRESSION:
+        return Comet(str(name_or_path), network, tokenizer, config.max_position_embeddings - 4, torch.device(device))
+    return UnifiedComet(str(name_or_path), hparams, network, tokenizer, config.max_position_embeddings - 2,
+                        torch.device(device))
+
+
+SPANS = "comet_error_spans"
+"""The per-example record of a model that tags words (XCOMET): predict()'s metadata.error_spans."""
+
+
+def _declared(name_or_path: str) -> tuple[bool, bool, bool]:
+    """(reads sources, needs references, writes spans) of a model, from its hparams.yaml; a
+    regression model's while it cannot be read (the checks before any work then say why, in
+    `check`'s one line, as for any model that is not found)."""
+    from ...errors import ModelError
+
+    try:
+        hparams = hparams_of(name_or_path)
+    except ModelError:
+        return True, True, False
+    return "src" in segments(hparams), needs_references(hparams), tags_words(hparams)
 
 
 METRIC = ModelMetricSpec(
     name="comet",
-    what="COMET (--comet_model), the mean over references of each example's score; needs sources",
+    what="COMET (--comet_model): COMET-22/20 (the mean over references), CometKiwi (no reference) or XCOMET "
+         "(reference optional; its error spans as comet_error_spans)",
     load=lambda options, device: load(options["comet_model"], device),
     check=lambda options: check(options["comet_model"]),
-    options=(Option("comet_model", DEFAULT_MODEL, "with --metrics comet: a COMET regression model, as a hub name or "
-                    "a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)"),),
-    needs_sources=True,
+    options=(Option("comet_model", DEFAULT_MODEL, "with --metrics comet: a COMET model (regression, CometKiwi or "
+                    "XCOMET), as a hub name or a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)"),),
+    # What the model reads and writes follows its class (hparams.yaml), as unbabel-comet's predict.
+    needs_sources=lambda options: _declared(options["comet_model"])[0],
+    needs_references=lambda options: _declared(options["comet_model"])[1],
+    records=lambda options: (SPANS,) if _declared(options["comet_model"])[2] else (),
     decimals=4,  # COMET lives on [0, 1]-ish, the text metrics on [0, 100]
 )

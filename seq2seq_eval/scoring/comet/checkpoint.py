@@ -1,6 +1,8 @@
 """COMET's published layout: a folder (or a hub repository) with `hparams.yaml` and
 `checkpoints/model.ckpt`, a Lightning checkpoint whose `state_dict` holds the encoder
-(`encoder.model.*`), the layer mix (`layerwise_attention.*`) and the estimator (`estimator.ff.*`)."""
+(`encoder.model.*`), the layer mix (`layerwise_attention.*`), the estimator (`estimator.ff.*`)
+and, in a word-level unified model, the tagger (`hidden2tag.*`). hparams.yaml's
+class_identifier says which class computes it, as in unbabel-comet's load_from_checkpoint."""
 
 from __future__ import annotations
 
@@ -12,11 +14,15 @@ from ...errors import ModelError
 
 DEFAULT_MODEL = "Unbabel/wmt22-comet-da"
 REGRESSION = "regression_metric"
+CLASSES = (REGRESSION, "unified_metric", "xcomet_metric")
+"""The classes computed here: COMET-22/20's regression, CometKiwi's unified and XCOMET's."""
 REFUSED = {
-    "unified_metric": "a unified model (XCOMET, CometKiwi)",
-    "xcomet_metric": "a unified model (XCOMET)",
-    "referenceless_regression_metric": "a reference-free model (COMET-QE)",
+    "referenceless_regression_metric": "a reference-free regression model (COMET-QE, wmt20/21-comet-qe)",
+    "ranking_metric": "a ranking model (COMET-rank)",
 }
+ENCODERS = ("XLM-RoBERTa", "XLM-RoBERTa-XL")
+DEFAULT_ENCODER = {"xcomet_metric": "XLM-RoBERTa-XL"}
+"""A class's encoder_model when hparams.yaml does not name one (its constructor's default)."""
 FILES = ("hparams.yaml", "checkpoints/model.ckpt")
 
 
@@ -41,6 +47,46 @@ def model_folder(name_or_path: str) -> Path:
                          f"({type(e).__name__}); see docs/metrics.md#comet for offline use") from e
 
 
+def hparams_of(name_or_path: str) -> dict[str, Any]:
+    """hparams.yaml alone, checked: what the model reads and writes is declared from it before
+    any work. A hub name fetches only that file (the checkpoint waits for the load)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() or path.is_absolute() or name_or_path.startswith("."):
+        return read_hparams(model_folder(name_or_path), name_or_path)
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return read_hparams(Path(hf_hub_download(name_or_path, "hparams.yaml")).parent, name_or_path)
+    except ModelError:
+        raise
+    except Exception as e:  # the hub's errors have no common base worth naming
+        raise ModelError(f"--comet_model {name_or_path}: not a local folder and not found on the hub or in its cache "
+                         f"({type(e).__name__}); see docs/metrics.md#comet for offline use") from e
+
+
+def segments(hparams: dict[str, Any]) -> list[str]:
+    """The inputs a class reads besides the translation, in unbabel-comet's names: a regression
+    model src and ref; a unified one its input_segments (default all three); XCOMET all three,
+    its reference optional."""
+    kind = hparams["class_identifier"]
+    if kind == "unified_metric":
+        return [str(x) for x in hparams.get("input_segments", ["mt", "src", "ref"])]
+    return ["mt", "src", "ref"]
+
+
+def needs_references(hparams: dict[str, Any]) -> bool:
+    """A regression model always; a unified one only when trained on [mt, ref] alone (its
+    requires_references()); XCOMET never (it falls back to [mt, src])."""
+    kind = hparams["class_identifier"]
+    return kind == REGRESSION or (kind == "unified_metric" and segments(hparams) == ["mt", "ref"])
+
+
+def tags_words(hparams: dict[str, Any]) -> bool:
+    """Whether it writes error spans: XCOMET always, a unified model trained word-level."""
+    return hparams["class_identifier"] == "xcomet_metric" or (
+        hparams["class_identifier"] == "unified_metric" and bool(hparams.get("word_level_training", False)))
+
+
 def read_hparams(folder: Path, shown: str) -> dict[str, Any]:
     import yaml
 
@@ -52,15 +98,19 @@ def read_hparams(folder: Path, shown: str) -> dict[str, Any]:
         raise ModelError(f"--comet_model {shown}: {folder / 'hparams.yaml'} is not a mapping")
     kind = hparams.get("class_identifier", REGRESSION)
     if kind in REFUSED:
-        raise ModelError(f"--comet_model {shown}: {REFUSED[kind]} ({kind}) is not supported; "
-                         "supported: regression models such as Unbabel/wmt22-comet-da and Unbabel/wmt20-comet-da")
-    if kind != REGRESSION:
-        raise ModelError(f"--comet_model {shown}: unknown class_identifier {kind!r}; expected {REGRESSION}")
-    if hparams.get("encoder_model", "XLM-RoBERTa") != "XLM-RoBERTa":
-        raise ModelError(f"--comet_model {shown}: encoder_model {hparams.get('encoder_model')!r} is not supported; "
-                         "expected XLM-RoBERTa")
+        raise ModelError(f"--comet_model {shown}: {REFUSED[kind]} ({kind}) is not supported; supported classes: "
+                         f"{', '.join(CLASSES)} (COMET-22/20, CometKiwi, XCOMET)")
+    if kind not in CLASSES:
+        raise ModelError(f"--comet_model {shown}: unknown class_identifier {kind!r}; expected one of {', '.join(CLASSES)}")
+    hparams["class_identifier"] = kind
+    hparams.setdefault("encoder_model", DEFAULT_ENCODER.get(kind, "XLM-RoBERTa"))
+    if hparams["encoder_model"] not in ENCODERS:
+        raise ModelError(f"--comet_model {shown}: encoder_model {hparams['encoder_model']!r} is not supported; "
+                         f"expected one of {', '.join(ENCODERS)}")
     if hparams.get("layer_transformation") == "sparsemax_patch":
-        hparams["layer_transformation"] = "softmax"  # what unbabel-comet >= 2.2.4 runs for it
+        # unbabel-comet 2.2.7 (and 2.2.6) run softmax for it: the hub's XCOMET and CometKiwi-XL
+        # checkpoints were trained so, before 2.2.5 began to honour the unified classes' setting.
+        hparams["layer_transformation"] = "softmax"
     return hparams
 
 

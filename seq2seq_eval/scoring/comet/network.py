@@ -80,16 +80,24 @@ def feed_forward(in_dim: int, hidden_sizes: Sequence[int], activations: str, fin
     return nn.Sequential(*modules)
 
 
+def encoder_class(hparams: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(config class, model class) of hparams' encoder_model, as COMET's str2encoder picks them."""
+    from transformers import XLMRobertaConfig, XLMRobertaModel, XLMRobertaXLConfig, XLMRobertaXLModel
+
+    if hparams.get("encoder_model", "XLM-RoBERTa") == "XLM-RoBERTa-XL":
+        return XLMRobertaXLConfig, XLMRobertaXLModel
+    return XLMRobertaConfig, XLMRobertaModel
+
+
 class RegressionNetwork(nn.Module):
     """The published RegressionMetric's parameters under the same names (`encoder.model.*`,
     `layerwise_attention.*`, `estimator.ff.*`), so its state dict loads as it is."""
 
     def __init__(self, encoder_config: Any, hparams: Mapping[str, Any], pad_token_id: int) -> None:
         super().__init__()
-        from transformers import XLMRobertaModel
-
         self.encoder = nn.Module()
-        self.encoder.model = XLMRobertaModel(encoder_config, add_pooling_layer=False)
+        self.xl = hparams.get("encoder_model") == "XLM-RoBERTa-XL"
+        self.encoder.model = encoder_class(hparams)[1](encoder_config, add_pooling_layer=False)
         self.pool = hparams.get("pool", "avg")
         self.layer = hparams.get("layer", "mix")
         self.pad_token_id = pad_token_id
@@ -107,8 +115,10 @@ class RegressionNetwork(nn.Module):
         the top layers a weight of exactly 0 in some models, and 0 * h adds exactly nothing), so
         they are never run. Returns how many layers are left."""
         layers = self.encoder.model.encoder.layer
-        if self.pool == "default":
-            return len(layers)  # reads the last layer's output
+        if self.pool == "default" or self.xl:
+            # "default" reads the last layer's output; XLM-R-XL normalizes its last layer's
+            # output alone, so the top layer stays the top one.
+            return len(layers)
         if self.layerwise_attention is not None:
             with torch.no_grad():
                 top = int(self.layerwise_attention.weights().nonzero().max())
