@@ -95,8 +95,8 @@ def pin(device_type: str = "cpu") -> str | None:
 def one_mkl_thread() -> Iterator[None]:
     """MKL on one thread for the calls this thread makes inside. For the GEMMs whose bits follow
     MKL's threads even in strict mode: on MKL 2024.2 (AMD EPYC, AVX-512), products with an output
-    of 4 to 20 columns and fewer rows than columns (docs/outputs.md); small, so one thread costs
-    nothing that matters."""
+    of 4 to 20 columns and fewer rows than columns, batched ones of one matrix too
+    (docs/outputs.md); small, so one thread costs nothing that matters."""
     lib = _torch_mkl()
     if lib is None:
         yield

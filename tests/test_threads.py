@@ -182,3 +182,26 @@ def test_mkl_cbwr_without_strict_is_refused_in_one_line(tiny_model, data23, tmp_
     assert proc.stderr.strip().splitlines() == [
         "seq2seq_eval: error: environment variable MKL_CBWR='AVX2' lacks STRICT, so MKL's float sums would depend on "
         "the threads per process; set MKL_CBWR=AVX2,STRICT or leave it unset (seq2seq_eval then sets AUTO,STRICT)"]
+
+
+def test_bertscore_matching_of_one_pair_does_not_follow_the_threads():
+    """One pair, its reference longer than its prediction: a narrow product (numerics.one_mkl_thread)."""
+    import torch
+
+    from seq2seq_eval.scoring.bertscore.matching import greedy_scores
+
+    torch.manual_seed(0)
+    hyp, ref = torch.nn.functional.normalize(torch.randn(10, 768), dim=-1), torch.nn.functional.normalize(torch.randn(16, 768), dim=-1)
+    weights = [torch.ones(10)], [torch.ones(16)]
+    before = torch.get_num_threads()
+    try:
+        out, plain = {}, {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out[threads] = greedy_scores([hyp], [ref], *weights)
+            plain[threads] = torch.bmm(hyp[None], ref[None].transpose(1, 2))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out[1], out[2])
+    if torch.equal(plain[1], plain[2]):
+        pytest.skip("this MKL multiplies 10 x 768 by 768 x 16 the same way at 1 and 2 threads")
