@@ -23,6 +23,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["OMP_NUM_THREADS"] = "1"
 if "torch" in sys.modules:  # imported by a plugin before this file: the variable came too late
     sys.modules["torch"].set_num_threads(1)
+# MKL's strict mode in this process too (read at MKL's first call), as the runs the tests start
+# set it (seq2seq_eval.numerics): what a test computes here has the bits of a run.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 # Models converted for --engine ctranslate2 go to a cache of the test session's own (never the
 # user's ~/.cache), shared by the runs this pytest process starts and removed at its exit.
 _CT2_CACHE = tempfile.mkdtemp(prefix="s2s_test_cache_")
@@ -131,7 +134,9 @@ def pytest_sessionfinish(session):
 
 
 def _env(extra: dict | None) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS")}
+    # Not MKL_CBWR: a run sets MKL's mode itself (numerics.py); a test that gives it passes it.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "MKL_CBWR")}
     env["HF_HUB_OFFLINE"] = "1"
     # Same thread count for every world size (torchrun sets 1 only when nproc > 1).
     env["OMP_NUM_THREADS"] = "1"

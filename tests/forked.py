@@ -3,7 +3,8 @@
 A run spends most of its few seconds importing torch and transformers (3-4 s of CPU on this
 machine), and the suite starts a few hundred. `ForkServer` starts one interpreter per pytest
 process that imports them once, then forks a child per run. The child is a process of its own,
-set up the way `python -m` sets one up: the run's environment, working directory, argv,
+set up the way `python -m` sets one up: the run's environment (torch's threads from its
+OMP_NUM_THREADS included), working directory, argv,
 sys.path[0] and a fresh __main__, then runpy's `_run_module_as_main` (what -m calls); stdin from
 /dev/null; stdout and stderr on its own file descriptors (library output lands there too);
 SystemExit made the exit code, any other exception printed by the interpreter's hook with exit
@@ -237,6 +238,13 @@ def _become_run(request: dict) -> None:
         try:
             os.environ.clear()
             os.environ.update(request["env"])
+            # torch read OMP_NUM_THREADS once, when this server imported it: a run given another
+            # value gets that many threads, as a fresh interpreter would (the server has never
+            # started a parallel region, so the child starts OpenMP's threads anew).
+            threads = os.environ.get("OMP_NUM_THREADS", "")
+            torch = sys.modules["torch"]
+            if threads.isdigit() and int(threads) > 0 and int(threads) != torch.get_num_threads():
+                torch.set_num_threads(int(threads))
             os.chdir(request["cwd"])
             main = types.ModuleType("__main__")  # a fresh __main__, not this script's
             main.__builtins__ = builtins

@@ -1,8 +1,8 @@
 """BERTScore natively on transformers: parity with bert-score 0.3.13's own `score()` on a tiny
 BERT-style and a tiny RoBERTa-style encoder (scripts/make_bertscore_fixture.py made them and
 their scores; a live test runs bert-score itself where it is installed), its options and
-refusals, and `--metrics bertscore` on the ranks: identical at 1, 2 and 3 ranks, resumed after a
-kill without rescoring, through `score` and `compare`."""
+refusals, and `--metrics bertscore` on the ranks: identical at 1 rank of 2 threads and at 2 and 3
+ranks of 1 thread, resumed after a kill without rescoring, through `score` and `compare`."""
 
 from __future__ import annotations
 
@@ -314,8 +314,9 @@ def _outputs(save_dir: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory, two_refs):
+    """One process of 2 threads, the ranks below 1 thread each: the same bytes (numerics.py)."""
     out = tmp_path_factory.mktemp("bertscore1") / "out"
-    assert_ok(single([*_run(two_refs), "--save_dir", str(out)], out.parent))
+    assert_ok(single([*_run(two_refs), "--save_dir", str(out)], out.parent, env={"OMP_NUM_THREADS": "2"}))
     return out
 
 

@@ -160,8 +160,9 @@ def _outputs(save_dir: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def one_rank(tmp_path_factory):
+    """One process of 2 threads, the ranks below 1 thread each: the same bytes (numerics.py)."""
     out = tmp_path_factory.mktemp("comet1") / "out"
-    assert_ok(single([*RUN, "--save_dir", str(out)], out.parent))
+    assert_ok(single([*RUN, "--save_dir", str(out)], out.parent, env={"OMP_NUM_THREADS": "2"}))
     return out
 
 

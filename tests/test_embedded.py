@@ -43,8 +43,13 @@ def embedded_runs(request, tmp_path_factory):
             saves[n] = request.getfixturevalue("quickstart_run")[1]
             continue
         saves[n] = root / f"w{n}"
-        # No --model_name/--data_dir: the embedded defaults for the task.
-        assert_ok(run_ranks(n, ["--task", task, "--save_dir", str(saves[n])], cwd=root, timeout=300))
+        # No --model_name/--data_dir: the embedded defaults for the task. One process has 2
+        # threads, each of several ranks 1: the same bytes at any threads per rank (numerics.py).
+        args = ["--task", task, "--save_dir", str(saves[n])]
+        if n == 1:
+            assert_ok(single(args, cwd=root, timeout=300, env={"OMP_NUM_THREADS": "2"}))
+        else:
+            assert_ok(run_ranks(n, args, cwd=root, timeout=300))
     return task, saves
 
 

@@ -87,9 +87,10 @@ def test_the_tree_shows_the_data_flow():
     assert all((PACKAGE / step / "__init__.py").is_file() for step in STEPS)
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     # At the top: the entry points, the config and what every step shares (version: read by the
-    # package and by the provenance the outputs step writes, without importing the package).
+    # package and by the provenance the outputs step writes, without importing the package;
+    # numerics: MKL's mode, set by the run and by a model metric before their models run).
     assert top == ["__init__", "__main__", "api", "atomic", "callback", "cli", "config", "errors", "legacy", "mapped",
-                   "options", "version"]
+                   "numerics", "options", "version"]
     # A subpackage's __init__ says what the step is, and runs no code (engines/__init__ is the
     # registry of engines, which the rest of the package calls).
     for step in (s for s in STEPS if s != "engines"):

@@ -1,20 +1,18 @@
-"""What "identical" means for pseudolabels across world sizes and threads per rank, exactly as
-docs/outputs.md states it: at the same threads per rank, every output is byte-identical at any
-world size; across thread counts the texts are the same here, and the beam scores (float32 sums
-whose order follows the thread count) agree to 1e-5 but not always to the bit. The provenance
-records each rank's threads."""
+"""What "identical" means across world sizes and threads per rank, exactly as docs/outputs.md
+states it: 1 process with 2 threads and 2 processes with 1 thread each write the same bytes,
+pseudolabel beam scores included (MKL's strict mode, numerics.py); the mechanism on its own, op
+by op, in an interpreter whose MKL has not started; and what the provenance records."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import assert_ok, run_ranks, single
-
-SCORE_TOLERANCE = 1e-5
-"""What docs/outputs.md promises between thread counts; 7.2e-7 was the largest difference seen."""
+from conftest import _env, assert_ok, run_ranks, single
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +22,11 @@ def runs(tiny_model, data23, tmp_path_factory) -> dict[str, Path]:
     args = ["--model_name", str(tiny_model), "--data_dir", str(data23), "--num_return_sequences", "2",
             "--pseudo_target", "--max_tokens", "1024"]
     out = {name: root / name for name in ("w1_t1", "w2_t1", "w1_t2")}
-    # The fork server's torch started with OMP_NUM_THREADS=1 (conftest._env): 1 thread in each
-    # process forked from it, the 2 ranks' as the one process's; a fresh interpreter for 2
-    # threads, as torch reads OMP_NUM_THREADS when it starts.
+    # conftest._env gives every run OMP_NUM_THREADS=1: 1 thread in each of the 2 ranks, against
+    # 1 process of 2 threads (the fork server sets a run's threads from its OMP_NUM_THREADS).
     assert_ok(single(args + ["--save_dir", str(out["w1_t1"])], cwd=root))
     assert_ok(run_ranks(2, args + ["--save_dir", str(out["w2_t1"])], cwd=root))
-    assert_ok(single(args + ["--save_dir", str(out["w1_t2"])], cwd=root, fresh=True, env={"OMP_NUM_THREADS": "2"}))
+    assert_ok(single(args + ["--save_dir", str(out["w1_t2"])], cwd=root, env={"OMP_NUM_THREADS": "2"}))
     return out
 
 
@@ -50,33 +47,161 @@ def test_pseudolabels(runs, data23):
     assert best == [r["preds"][0] for r in legacy]
 
 
-def _rows(save: Path) -> list[dict]:
-    return [json.loads(line) for line in (save / "test_pseudolabels.jsonl").read_text().splitlines()]
 
-
-def test_same_threads_per_rank_give_the_same_bytes_at_any_world_size(runs):
+def test_the_same_bytes_at_any_world_size_and_any_threads_per_rank(runs):
     for name in ("test_pseudolabels.jsonl", "pseudolabel_results.json", "test_generations.txt", "test.pseudo.target"):
-        assert (runs["w1_t1"] / name).read_bytes() == (runs["w2_t1"] / name).read_bytes(), name
-
-
-def test_other_threads_give_the_same_texts_and_scores_within_the_tolerance(runs):
-    one, two = _rows(runs["w1_t1"]), _rows(runs["w1_t2"])
-    assert [(r["id"], r["candidates"]) for r in one] == [(r["id"], r["candidates"]) for r in two]
-    worst = max(abs(a - b) for r1, r2 in zip(one, two) for a, b in zip(r1["scores"], r2["scores"]))
-    assert worst <= SCORE_TOLERANCE
+        one = runs["w1_t1"] / name
+        assert one.read_bytes() == (runs["w2_t1"] / name).read_bytes() == (runs["w1_t2"] / name).read_bytes(), name
 
 
 def test_threads_per_rank_are_recorded(runs):
     def threads(save: Path) -> list[int]:
         return json.loads((save / "test_run_info.json").read_text())["provenance"]["torch_threads_per_rank"]
 
-    # What torch gives a fresh interpreter with OMP_NUM_THREADS=2 here: 2 on a machine with 2
-    # cores free to this process; the record must say what the run really had.
-    import subprocess
-    import sys
+    def modes(save: Path) -> list[str | None]:
+        return json.loads((save / "test_run_info.json").read_text())["provenance"]["mkl_cbwr_per_rank"]
 
-    from conftest import _env
+    assert (threads(runs["w1_t1"]), threads(runs["w2_t1"]), threads(runs["w1_t2"])) == ([1], [1, 1], [2])
+    import torch
 
-    two = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], check=True,
-                             capture_output=True, text=True, env=_env({"OMP_NUM_THREADS": "2"})).stdout)
-    assert (threads(runs["w1_t1"]), threads(runs["w2_t1"]), threads(runs["w1_t2"])) == ([1], [1, 1], [two])
+    strict = "AUTO,STRICT" if torch.backends.mkl.is_available() else None
+    assert (modes(runs["w1_t1"]), modes(runs["w2_t1"]), modes(runs["w1_t2"])) == ([strict], [strict] * 2, [strict])
+
+
+# ---------------------------------------------------------------- the mechanism, op by op
+
+# In an interpreter whose MKL has not computed yet (MKL takes its mode once): each op at 1 and 2
+# threads of the same process, without the strict mode ("none", then numerics.pin() too late),
+# with it set by numerics.pin() ("pin") and with it from the environment ("env").
+PROBE = r"""
+import json, sys, torch
+from seq2seq_eval import numerics
+
+case = sys.argv[1]
+mode = numerics.pin() if case != "none" else None
+torch.manual_seed(0)
+q, k = torch.randn(1, 8, 1, 64), torch.randn(1, 8, 3000, 64)
+x, w = torch.randn(1, 8192), torch.randn(64, 8192)
+a, b = torch.randn(8, 5, 4096), torch.randn(8, 4096, 7)
+xn, wn = torch.randn(5, 48), torch.randn(16, 48)
+
+
+def narrow():
+    with numerics.one_mkl_thread():
+        return torch.nn.functional.linear(xn, wn)
+
+
+ops = {
+    # One query against a long key: a decoder's step, SDPA's CPU kernel calling MKL's GEMM.
+    "sdpa_one_query": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, k),
+    "linear_long_k": lambda: torch.nn.functional.linear(x, w),
+    "bmm_long_k": lambda: torch.bmm(a, b),
+    # 16 output columns, 5 rows: a product strict mode leaves to MKL's threads, on one thread.
+    "narrow_linear_on_one_mkl_thread": narrow,
+}
+same = {}
+for name, op in ops.items():
+    out = {}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        out[threads] = op()
+    same[name] = torch.equal(out[1], out[2])
+if case == "none":
+    mode = numerics.pin()  # MKL has computed: too late
+print(json.dumps({"mode": mode, "same": same}))
+"""
+
+
+@pytest.fixture(scope="module")
+def probes() -> dict[str, tuple[dict, str]]:
+    base = _env(None)
+    envs = {"none": base, "pin": base, "env": {**base, "MKL_CBWR": "COMPATIBLE,STRICT"}}
+    started = {case: subprocess.Popen([sys.executable, "-c", PROBE, case], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env) for case, env in envs.items()}
+    out = {}
+    for case, proc in started.items():
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stderr
+        out[case] = (json.loads(stdout.splitlines()[-1]), stderr)
+    return out
+
+
+def test_strict_mode_gives_every_op_the_same_bits_at_1_and_2_threads(probes):
+    import torch
+
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL")
+    (pinned, _), (from_env, _) = probes["pin"], probes["env"]
+    assert pinned["mode"] == "AUTO,STRICT" and from_env["mode"] == "COMPATIBLE,STRICT"
+    assert all(pinned["same"].values()) and all(from_env["same"].values()), (pinned, from_env)
+
+
+def test_without_strict_mode_an_op_differs_and_a_late_pin_says_so(probes):
+    import torch
+
+    from seq2seq_eval.numerics import OFF
+
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL")
+    unpinned, stderr = probes["none"]
+    assert unpinned["mode"] == OFF
+    assert "before seq2seq_eval could set its strict mode" in stderr
+    if all(unpinned["same"].values()):
+        pytest.skip(f"this CPU's MKL gives these ops the same bits at 1 and 2 threads without strict mode: {unpinned}")
+    assert not unpinned["same"]["sdpa_one_query"]
+
+
+def test_a_whole_example_sum_does_not_follow_the_threads():
+    """A sum to one value of 32768 terms or more is split among torch's threads, whatever MKL's
+    mode: COMET's layer norm over a batch of one sums per token first."""
+    import torch
+
+    from seq2seq_eval.scoring.comet.network import _masked_layer_norm
+
+    torch.manual_seed(0)
+    h = torch.randn(1, 77, 768)
+    mask = torch.ones(1, 77)
+    before = torch.get_num_threads()
+    try:
+        out, plain = {}, {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out[threads] = _masked_layer_norm(h, mask.unsqueeze(-1), mask)
+            plain[threads] = h.view(1, -1).sum(1)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out[1], out[2])
+    if torch.equal(plain[1], plain[2]):
+        pytest.skip("this torch sums 59136 terms to one value the same way at 1 and 2 threads")
+
+
+def test_mkl_cbwr_without_strict_is_refused_in_one_line(tiny_model, data23, tmp_path):
+    proc = single(["--model_name", str(tiny_model), "--data_dir", str(data23), "--save_dir", str(tmp_path / "out"),
+                   "--dry_run"], cwd=tmp_path, env={"MKL_CBWR": "AVX2"})
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        "seq2seq_eval: error: environment variable MKL_CBWR='AVX2' lacks STRICT, so MKL's float sums would depend on "
+        "the threads per process; set MKL_CBWR=AVX2,STRICT or leave it unset (seq2seq_eval then sets AUTO,STRICT)"]
+
+
+def test_bertscore_matching_of_one_pair_does_not_follow_the_threads():
+    """One pair, its reference longer than its prediction: a narrow product (numerics.one_mkl_thread)."""
+    import torch
+
+    from seq2seq_eval.scoring.bertscore.matching import greedy_scores
+
+    torch.manual_seed(0)
+    hyp, ref = torch.nn.functional.normalize(torch.randn(10, 768), dim=-1), torch.nn.functional.normalize(torch.randn(16, 768), dim=-1)
+    weights = [torch.ones(10)], [torch.ones(16)]
+    before = torch.get_num_threads()
+    try:
+        out, plain = {}, {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out[threads] = greedy_scores([hyp], [ref], *weights)
+            plain[threads] = torch.bmm(hyp[None], ref[None].transpose(1, 2))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(out[1], out[2])
+    if torch.equal(plain[1], plain[2]):
+        pytest.skip("this MKL multiplies 10 x 768 by 768 x 16 the same way at 1 and 2 threads")

@@ -223,8 +223,10 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
                 "versions": package_versions(),
                 "date": now_iso(),
                 "world_size": env.world_size,
-                # Scores (not texts) depend on it in their last float32 bits: docs/outputs.md.
                 "torch_threads_per_rank": [s.get("torch_threads") for s in per_rank],
+                # MKL's mode on each rank: with STRICT the outputs do not depend on the threads
+                # per rank (docs/outputs.md).
+                "mkl_cbwr_per_rank": [s.get("mkl_cbwr") for s in per_rank],
                 "device_type": my_stats["device"].split(":")[0],
             },
         })

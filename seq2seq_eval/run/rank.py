@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import engines
+from .. import engines, numerics
 from ..scoring import totals as metric_fns
 from ..config import EvalConfig
 from ..outputs.write import output_lines
@@ -47,8 +47,9 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
         "generated_examples": 0, "generated_tokens": 0, "new_generated_tokens": 0, "source_tokens": 0, "padded_source_tokens": 0,
         "generation_seconds": 0.0, "scoring_seconds": 0.0, "device": str(device), "split_batches": 0,
         "out_of_memory_errors": 0, **startup,
-        # Pseudolabel scores depend on it in their last float32 bits (docs/outputs.md).
         "torch_threads": torch.get_num_threads(),
+        # What makes the CPU's float sums independent of those threads (numerics.py).
+        "mkl_cbwr": numerics.pin(str(device).split(":")[0]),
     }
     bar = tqdm(
         total=int(prep.batches.sizes[mine].sum()),

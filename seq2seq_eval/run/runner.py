@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import engines
+from .. import engines, numerics
 from ..config import EvalConfig
 from ..errors import EvalError, Interrupted, RunFailed, RunStateError
 from ..outputs.locations import Role, check_output_locations, run_inputs, try_folders
@@ -97,6 +97,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
         if not removed_first:
             claim_tmp_dir(tmp_dir, run_inputs(cfg), create=False)
         device, _ = resolve_device(cfg, env)
+        numerics.pin(device.type)  # a refused MKL_CBWR is refused by the dry run too
         with tempfile.TemporaryDirectory(prefix="seq2seq_eval_dry_run_") as cache:
             recorded = recorded_budget(tmp_dir) if cfg.resume else None
             prep = prepare(cfg, env, None, Path(cache), device.type, recorded=recorded)
@@ -114,6 +115,8 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             import torch
 
             torch.cuda.set_device(device)
+    # Before the first model runs here: MKL takes its mode once, at its first call.
+    numerics.pin(device.type)
     pg = process_group if process_group is not None else ProcessGroup(env, backend, cfg.sync_timeout)
     lock: RunLock | None = None
     prep: Prepared | None = None

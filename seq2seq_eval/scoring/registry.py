@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .. import numerics
 from ..errors import ConfigError
 from .model_metric import (
     MAX_TOKENS,
@@ -221,6 +222,8 @@ def decimals(metric: str) -> int:
 
 
 def load(name: str, resolved: Mapping[str, Any], device: Any = "cpu") -> ModelMetric:
+    # Before the metric's model first runs: MKL takes its mode once, at its first call.
+    numerics.pin(str(device).split(":")[0])
     spec = get(name)
     return spec.load(own_options(spec, resolved), device)
 

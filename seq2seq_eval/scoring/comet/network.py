@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...numerics import one_mkl_thread
+
 
 def sparsemax(weights: torch.Tensor) -> torch.Tensor:
     """Sparsemax over a vector (Martins and Astudillo, 2016): the Euclidean projection onto the
@@ -55,8 +57,12 @@ def _masked_layer_norm(h: torch.Tensor, broadcast: torch.Tensor, mask: torch.Ten
     batch, _, dim = h.size()
     count = mask.sum(1) * dim
     masked = h * broadcast
-    mean = (masked.view(batch, -1).sum(1) / count).view(batch, 1, 1)
-    variance = (((masked - mean) * broadcast) ** 2).view(batch, -1).sum(1) / count
+    # Over the units, then over the tokens: one sum over a whole example's units (view(batch, -1)
+    # .sum(1)) is, for a batch of one, a sum to a single value, which torch splits among the
+    # threads once it has 32768 terms, so its rounding would follow the thread count. Summed per
+    # token first, every sum has one owner whatever the threads.
+    mean = (masked.sum(2).sum(1) / count).view(batch, 1, 1)
+    variance = (((masked - mean) * broadcast) ** 2).sum(2).sum(1) / count
     return (h - mean) / torch.sqrt(variance + 1e-12).view(batch, 1, 1)
 
 
@@ -149,4 +155,7 @@ class RegressionNetwork(nn.Module):
 
     def estimate(self, src: torch.Tensor, mt: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
         features = torch.cat((mt, ref, mt * ref, torch.abs(mt - ref), mt * src, torch.abs(mt - src)), dim=1)
-        return self.estimator.ff(features).view(-1)
+        # A batch's few rows through layers that may be narrow (a checkpoint's hidden_sizes): the
+        # products MKL's strict mode leaves depending on its threads (numerics.one_mkl_thread).
+        with one_mkl_thread():
+            return self.estimator.ff(features).view(-1)

@@ -1,0 +1,120 @@
+"""The same CPU bits at any number of threads per process: MKL's strict reproducibility mode.
+
+A float32 GEMM's rounding follows how MKL splits its sums among the threads, so without it a
+run of 1 process with 2 threads and one of 2 processes with 1 thread each differ in their last
+bits (sequence scores, BERTScore, COMET; a beam near a tie may even turn). MKL's strict
+conditional numerical reproducibility mode (MKL_CBWR=...,STRICT) gives the same bits at any
+number of threads. MKL takes the mode once, when it first computes, and keeps it for the life
+of the process: `pin` sets it before the run's first model runs, and says what was in force
+(docs/outputs.md, "What is identical", says where it does not reach).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import ConfigError
+
+logger = logging.getLogger("seq2seq_eval")
+
+ENV = "MKL_CBWR"
+DEFAULT = "AUTO,STRICT"
+# mkl_cbwr.h: the branch is the low bits, STRICT a flag above them; -8 is
+# MKL_CBWR_ERR_MODE_CHANGE_FAILURE, the answer once MKL has computed in another mode.
+_ALL, _AUTO, _STRICT, _TOO_LATE = -1, 2, 0x10000, -8
+OFF = "off: MKL computed before the run could set its strict mode"
+"""What the provenance records where the mode could not be set (evaluate() in a process that had
+computed on the CPU already): the outputs may then depend on the threads per process."""
+
+_state: list[str | None] = []  # what pin() found, once per process (MKL's mode cannot change after)
+
+
+@functools.cache
+def _torch_mkl() -> ctypes.CDLL | None:
+    """torch's own MKL (statically linked into libtorch_cpu), or None where torch has none."""
+    import torch
+
+    name = {"win32": "torch_cpu.dll", "darwin": "libtorch_cpu.dylib"}.get(sys.platform, "libtorch_cpu.so")
+    path = Path(torch.__file__).parent / "lib" / name
+    if not torch.backends.mkl.is_available() or not path.is_file():
+        return None
+    lib = ctypes.CDLL(str(path))  # already loaded by torch: the same handle, the same MKL
+    try:
+        lib.mkl_serv_cbwr_get.restype = lib.mkl_serv_cbwr_set.restype = ctypes.c_int
+        lib.MKL_Set_Num_Threads_Local.restype = ctypes.c_int  # the C interface (by value)
+    except AttributeError:  # a build that does not export MKL's service functions
+        return None
+    return lib
+
+
+def _given() -> str | None:
+    """MKL_CBWR as the user set it, refused where it lacks STRICT."""
+    given = os.environ.get(ENV)
+    if given is not None and "STRICT" not in given.upper().replace(" ", "").split(","):
+        raise ConfigError(f"environment variable {ENV}={given!r} lacks STRICT, so MKL's float sums would depend "
+                          f"on the threads per process; set {ENV}={given},STRICT or leave it unset "
+                          f"(seq2seq_eval then sets {DEFAULT})")
+    return given
+
+
+def pin(device_type: str = "cpu") -> str | None:
+    """Put MKL in strict mode before the process's first MKL call, and return the mode in force
+    (recorded in the provenance): MKL_CBWR's value, `OFF`, or None where torch has no MKL.
+    Warns, once, where the mode could not be set and the run computes on the CPU."""
+    if _state:
+        if _state[0] == OFF and device_type == "cpu":
+            _warn()
+        return _state[0]
+    given = _given()
+    # CTranslate2's MKL (its own, linked into its library) and any subprocess read the variable
+    # when they start, which is after this.
+    os.environ.setdefault(ENV, DEFAULT)
+    lib = _torch_mkl()
+    if lib is None:
+        mode = None
+    elif lib.mkl_serv_cbwr_get(_ALL) & _STRICT:  # MKL read MKL_CBWR from the environment
+        mode = given or DEFAULT
+    elif lib.mkl_serv_cbwr_set(_AUTO | _STRICT) == 0:
+        mode = DEFAULT
+    else:
+        mode = OFF
+    _state.append(mode)
+    if mode == OFF and device_type == "cpu":
+        _warn()
+    return mode
+
+
+@contextlib.contextmanager
+def one_mkl_thread() -> Iterator[None]:
+    """MKL on one thread for the calls this thread makes inside. For the GEMMs whose bits follow
+    MKL's threads even in strict mode: on MKL 2024.2 (AMD EPYC, AVX-512), products with an output
+    of 4 to 20 columns and fewer rows than columns, batched ones of one matrix too
+    (docs/outputs.md); small, so one thread costs nothing that matters."""
+    lib = _torch_mkl()
+    if lib is None:
+        yield
+        return
+    before = lib.MKL_Set_Num_Threads_Local(1)  # 0: this thread followed the global setting
+    try:
+        yield
+    finally:
+        lib.MKL_Set_Num_Threads_Local(before)
+
+
+_warned: list[bool] = []
+
+
+def _warn() -> None:
+    if not _warned:
+        _warned.append(True)
+        logger.warning("MKL computed in this process before seq2seq_eval could set its strict mode (%s=%s), "
+                       "so CPU outputs may differ in their last bits with another number of threads per "
+                       "process; set %s=%s in the environment before the process starts for the same bits "
+                       "at any number of threads", ENV, DEFAULT, ENV, DEFAULT)
