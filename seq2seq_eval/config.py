@@ -9,9 +9,8 @@ from typing import Any
 
 from .errors import ConfigError
 from .model.fields import value_error
-from .scoring.names import parse_metric_names, split_metric_names
 from .scoring import registry
-from .scoring.registry import refuse_unused, resolve_options
+from .scoring.names import parse_metric_names, split_metric_names
 
 TASKS = ("translation", "summarization")
 """Task families: what --task is scored as (BLEU or ROUGE)."""
@@ -224,7 +223,7 @@ class EvalConfig:
                     "sample with --do_sample true for more"
                 )
         # Resolved first: which inputs a model metric reads (so whether the run is scored) depends on its options.
-        object.__setattr__(self, "metric_options", resolve_options(self.metric_options))
+        object.__setattr__(self, "metric_options", registry.resolve_options(self.metric_options))
         if self.compare_to is not None and (not self.scored or self.reference_free):
             raise ConfigError("--compare_to needs a scored run: not --num_return_sequences > 1, and with references")
         if self.pseudo_target and self.num_return_sequences < 2:
@@ -239,7 +238,7 @@ class EvalConfig:
                 raise ConfigError(f"--metrics {self.metrics!r}: {why}; leave --metrics out"
                                   + ("" if self.pseudolabels else ", or name only reference-free metrics"))
             object.__setattr__(self, "metrics", ",".join(names))
-        refuse_unused(dict(self.metric_options), self.model_metric_names,
+        registry.refuse_unused(dict(self.metric_options), self.model_metric_names,
                       f"--metrics {self.metrics!r}" if self.metrics is not None else "the task's default metric")
         if self.shared_tail and self.model_metric_names:
             # The ranks write their slices before rank 0 has the model metrics' values.

@@ -315,7 +315,10 @@ def test_table_output(wmt17, capsys):
     assert lines[1].split() == ["system", "metric", "score", "95%", "CI", "p-value"]
     assert re.match(r"A +bleu +\d+\.\d\d +\[\d+\.\d\d, \d+\.\d\d\] +baseline$", lines[2])
     assert re.match(r"B +bleu +\d+\.\d\d +\[\d+\.\d\d, \d+\.\d\d\] +0\.\d{4}( +\*)?$", lines[3])
-    assert lines[-1].startswith("* p < 0.05")
+    assert lines[-2].startswith("* p < 0.05")
+    # The last line names the system with the highest BLEU (higher is better), read off the table.
+    scores = {line.split()[0]: float(line.split()[2]) for line in lines[2:5]}
+    assert lines[-1] == f"best: bleu {max(scores, key=scores.get)}", (lines[-1], scores)
 
 
 # ---------------------------------------------------------------------------
