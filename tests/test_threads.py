@@ -205,3 +205,26 @@ def test_bertscore_matching_of_one_pair_does_not_follow_the_threads():
     assert torch.equal(out[1], out[2])
     if torch.equal(plain[1], plain[2]):
         pytest.skip("this MKL multiplies 10 x 768 by 768 x 16 the same way at 1 and 2 threads")
+
+
+def test_a_word_level_comet_model_does_not_follow_the_threads():
+    """CometKiwi/XCOMET-style checkpoints: their estimator and tagger are narrow products too
+    (numerics.one_mkl_thread); scores and spans the same at 1 and 2 threads."""
+    import torch
+
+    from seq2seq_eval.scoring.comet import load
+    from seq2seq_eval.scoring.model_metric import score_all
+
+    data = Path(__file__).resolve().parents[1] / "data_samples" / "translation"
+    src = (data / "test.source").read_text(encoding="utf-8").splitlines()[:48]
+    mt = (data / "test.target").read_text(encoding="utf-8").splitlines()[:48]
+    metric = load(str(Path(__file__).resolve().parent / "data" / "comet_tiny" / "unified_spans_like"))
+    before = torch.get_num_threads()
+    try:
+        out = {}
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out[threads] = repr(score_all(metric, src, mt, [(t,) for t in mt[::-1]], max_tokens=4000))
+    finally:
+        torch.set_num_threads(before)
+    assert out[1] == out[2]

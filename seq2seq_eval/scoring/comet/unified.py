@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...numerics import one_mkl_thread
 from ..model_metric import ModelMetric, default_budget
 from . import spans as span_rules
 from .network import LayerMix, encoder_class, feed_forward
@@ -97,8 +98,11 @@ class UnifiedNetwork(nn.Module):
         """(the sentence scores, the label probabilities per token or None)."""
         layers = self.encoder.model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True).hidden_states
         emb = self.layerwise_attention(layers, mask) if self.layerwise_attention is not None else layers[self.sent_layer]
-        scores = self.estimator.ff(emb[:, 0, :]).view(-1)  # the first token's embedding
-        probs = torch.softmax(self.hidden2tag(layers[self.word_layer]), dim=2) if self.word_level else None
+        # The estimator's layers and the tagger (a few labels wide) are the narrow products MKL's
+        # strict mode leaves depending on its threads (numerics.one_mkl_thread), as in network.py.
+        with one_mkl_thread():
+            scores = self.estimator.ff(emb[:, 0, :]).view(-1)  # the first token's embedding
+            probs = torch.softmax(self.hidden2tag(layers[self.word_layer]), dim=2) if self.word_level else None
         return scores, probs
 
 
