@@ -4,6 +4,7 @@ and batch size, for each class in one invocation.
     python benchmarks/comet.py [--n 400] [--bs 16] [--threads 2] [--rounds 3] [--size base]
                                [--classes regression,kiwi,xcomet]
                                [--comet_python /work/venv-cometref/bin/python] [--out bench_comet]
+                               [--device cpu|cuda]
 
 --classes: `regression` (COMET-22's RegressionMetric), `kiwi` (CometKiwi's UnifiedMetric on
 [mt, src], reference-free) and `xcomet` (XCOMETMetric with references: three inputs per example,
@@ -24,7 +25,9 @@ pass, so a pass holds about as many tokens as one of unbabel-comet's (the tool's
 and encode each distinct text once). Both time scoring only (model loaded), with
 torch.set_num_threads(--threads). Prints samples/s, the median ratio over rounds and the
 largest per-example difference; writes {out}/results.json. Without the side environment it
-says so and measures the tool alone.
+says so and measures the tool alone; so it does with --device cuda (unbabel-comet 2.2.7 needs
+numpy < 2 and transformers 4, which a GPU machine with transformers 5 does not have), with
+synchronisation before each clock reading.
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ def main() -> None:
     ap.add_argument("--classes", default="regression,kiwi,xcomet")
     ap.add_argument("--comet_python", default=os.environ.get("COMET_PYTHON", "/work/venv-cometref/bin/python"))
     ap.add_argument("--out", default="bench_comet")
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
     import torch
 
@@ -157,11 +161,13 @@ def main() -> None:
     data = examples(args.n)
     (out / "data.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
     side = Path(args.comet_python)
-    have_side = side.exists() and subprocess.run([str(side), "-c", "import comet"], capture_output=True).returncode == 0
+    have_side = (args.device == "cpu" and side.exists()
+                 and subprocess.run([str(side), "-c", "import comet"], capture_output=True).returncode == 0)
     if not have_side:
         print(f"unbabel-comet's side environment ({side}) is missing: measuring the tool alone "
               "(scripts/make_comet_fixture.py says how to build it)")
-    report = {"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "threads": args.threads,
+    machine = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or platform.machine()
+    report = {"machine": machine, "device": args.device, "cpus": os.cpu_count(), "threads": args.threads,
               "size": args.size, "n": args.n, "bs": args.bs, "classes": {}}
     for kind in args.classes.split(","):
         if kind not in CLASSES:
@@ -180,15 +186,18 @@ def measure(kind: str, args: argparse.Namespace, out: Path, data: dict[str, list
     folder = out / f"comet_{kind}_{args.size}"
     if not (folder / "hparams.yaml").exists():
         make_checkpoint(folder, args.size, kind)
-    metric = load(str(folder))
+    metric = load(str(folder), args.device)
     refs = [(r,) for r in data["ref"]]
     lengths = metric.lengths(data["src"], data["mt"], refs)
     budget = args.bs * math.ceil(statistics.mean(lengths))
     tool_s, comet_s, ratios, tool_values, result = [], [], [], None, None
     tool_cpu, comet_cpu = [], []
     for _ in range(args.rounds):
+        sync(args.device)
         t, c = time.perf_counter(), time.process_time()
-        tool_values = score_all(metric, data["src"], data["mt"], refs, max_tokens=budget)
+        tool_values = score_all(metric, data["src"], data["mt"], refs, max_tokens=budget,
+                                device_type=args.device.split(":")[0])
+        sync(args.device)
         tool_s.append(time.perf_counter() - t)
         tool_cpu.append(time.process_time() - c)
         if side is not None:
@@ -226,6 +235,13 @@ def measure(kind: str, args: argparse.Namespace, out: Path, data: dict[str, list
               f"difference {diff:.2e}" + (f"; {entry['examples_with_other_spans']} of {n} examples with other spans "
                                           f"({entry['spans']} spans)" if "spans" in entry else ""))
     return entry
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
