@@ -149,20 +149,55 @@ def test_a_missing_comet_model_is_refused_in_the_dry_run(tmp_path):
 
 BUDGET = 40  # forward passes of 1 to 4 texts; 20 planned batches of 40 examples, enough to share and steal
 RUN = ["--metrics", "bleu,chrf,comet", "--comet_model", str(TINY), "--n_obs", "40", "--bs", "8", "--comet_max_tokens", str(BUDGET)]
+METRICX = REPO / "tests" / "data" / "metricx_tiny"
+
+
+@pytest.fixture(scope="module")
+def run_args(tmp_path_factory) -> list[str]:
+    """RUN with MetricX beside COMET: the same bytes at any world size and with stolen batches hold
+    for both metrics. A random MetricX-24 checkpoint (the hub's layout: config.json naming
+    MT5ForRegression, model.safetensors without a tokenizer; test_metricx.py's tokenizer) 32 wide:
+    test_metricx.py's parity checkpoint is 16 wide, a product MKL's strict mode leaves to the
+    threads (docs/outputs.md, "Narrow products"), so its bits move between 1 and 2 threads."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import MT5Config, MT5ForConditionalGeneration
+
+    folder = tmp_path_factory.mktemp("metricx")
+    config = json.loads((METRICX / "float32" / "config.json").read_text())
+    config.update(d_model=32, d_ff=64, num_heads=4, d_kv=8)
+    torch.manual_seed(0)
+    model = MT5ForConditionalGeneration(MT5Config(**{k: v for k, v in config.items() if k != "architectures"}))
+    # MetricX's checkpoints have their own output layer (transformers 5's MT5Config ties it).
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 0.05)
+    with torch.no_grad():
+        # The score row along the decoder's mean output: scores inside [0, 25] that vary with
+        # the input (a random row gives clamped zeros, equal at any world size for no reason).
+        ids = torch.randint(5, 600, (8, 12), generator=torch.Generator().manual_seed(1))
+        out = model(input_ids=ids, decoder_input_ids=torch.zeros((8, 1), dtype=torch.long),
+                    output_hidden_states=True).decoder_hidden_states[-1][:, 0]
+        mean = out.mean(0)
+        model.lm_head.weight[250089] = mean / mean.dot(mean) * 12.0
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if "embed_tokens" not in k},
+              str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return [*RUN[:1], "bleu,chrf,comet,metricx", *RUN[2:], "--metricx_model", str(folder),
+            "--metricx_tokenizer", str(METRICX / "tokenizer")]
 
 
 def _outputs(save_dir: Path) -> dict[str, bytes]:
     metric = json.loads((save_dir / "test_bleu.json").read_text())
     return {"examples": (save_dir / "test_examples.jsonl").read_bytes(),
             "generations": (save_dir / "test_generations.txt").read_bytes(),
-            "scores": json.dumps({k: metric[k] for k in ("bleu", "chrf", "comet", "comet_signature")}).encode()}
+            "scores": json.dumps({k: metric.get(k) for k in ("bleu", "chrf", "comet", "comet_signature", "metricx",
+                                                             "metricx_signature")}).encode()}
 
 
 @pytest.fixture(scope="module")
-def one_rank(tmp_path_factory):
+def one_rank(tmp_path_factory, run_args):
     """One process of 2 threads, the ranks below 1 thread each: the same bytes (numerics.py)."""
     out = tmp_path_factory.mktemp("comet1") / "out"
-    assert_ok(single([*RUN, "--save_dir", str(out)], out.parent, env={"OMP_NUM_THREADS": "2"}))
+    assert_ok(single([*run_args, "--save_dir", str(out)], out.parent, env={"OMP_NUM_THREADS": "2"}))
     return out
 
 
@@ -182,10 +217,12 @@ def test_comet_in_the_metric_file_and_examples(one_rank):
     assert not any(p.name.startswith("model_scores") for p in one_rank.parent.rglob("*"))  # cleaned up
 
 
-def test_identical_at_3_ranks(one_rank, tmp_path):
+def test_identical_at_3_ranks(one_rank, tmp_path, run_args):
     out = tmp_path / "out"
-    assert_ok(run_ranks(3, [*RUN, "--save_dir", str(out)], tmp_path))
+    assert_ok(run_ranks(3, [*run_args, "--save_dir", str(out)], tmp_path))
     assert _outputs(out) == _outputs(one_rank)
+    rows = [json.loads(line) for line in (out / "test_examples.jsonl").read_text().splitlines()]
+    assert all(0 <= r["metricx"] <= 25 for r in rows)  # MetricX's scale
 
 
 def test_under_ctranslate2(tmp_path):
@@ -196,34 +233,43 @@ def test_under_ctranslate2(tmp_path):
     assert len(rows) == 40 and all("comet" in r for r in rows)
 
 
-def test_resume_after_a_kill_during_comet_rescoring_nothing_journaled(one_rank, tmp_path):
-    """One example per COMET batch, so scoring lasts long enough to be killed in the middle."""
-    args = [*RUN[:-1], "1", "--save_dir", str(tmp_path / "out"), "--debug"]
+@pytest.mark.parametrize("killed_in", ["comet", "metricx"])
+def test_resume_after_a_kill_during_model_scoring_nothing_journaled(one_rank, tmp_path, run_args, killed_in):
+    """One example per model-metric batch, so scoring lasts long enough to be killed in the
+    middle of either metric's phase; the resumed run scores every batch of each metric once."""
+    budget = run_args.index("--comet_max_tokens") + 1
+    args = [*run_args[:budget], "1", *run_args[budget + 1:], "--save_dir", str(tmp_path / "out"), "--debug"]
     journal = tmp_path / "out_tmp" / "model_scores_rank_0.jsonl"
+
+    def of_killed(data: bytes) -> list[bytes]:
+        return [line for line in data[: data.rfind(b"\n") + 1].splitlines() if json.loads(line)["metric"] == killed_in]
+
     proc = subprocess.Popen([sys.executable, "-m", "seq2seq_eval", *args], cwd=tmp_path, env=_env(None),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
-        while not (journal.exists() and journal.read_bytes().count(b"\n") >= 1):
-            assert proc.poll() is None and time.monotonic() < deadline, "COMET scoring never started"
+        while not (journal.exists() and of_killed(journal.read_bytes())):
+            assert proc.poll() is None and time.monotonic() < deadline, f"{killed_in} scoring never started"
             time.sleep(0.005)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
     before = journal.read_bytes()
     kept = before[: before.rfind(b"\n") + 1].splitlines()
-    assert 1 <= len(kept) < 40, "the kill came after COMET scoring ended"
+    assert 1 <= len(of_killed(before)) < 40, f"the kill came after {killed_in} scoring ended"
     assert_ok(single([*args, "--resume"], tmp_path))
     lines = journal.read_bytes().splitlines()
     assert lines[: len(kept)] == kept
-    batches = [json.loads(line)["batch"] for line in lines]
-    assert sorted(batches) == list(range(40))  # each batch scored once: the journaled ones not again
+    for name in ("comet", "metricx"):
+        batches = [json.loads(line)["batch"] for line in lines if json.loads(line)["metric"] == name]
+        assert sorted(batches) == list(range(40)), name  # each batch scored once: the journaled ones not again
     rows = [json.loads(line) for line in (tmp_path / "out" / "test_examples.jsonl").read_text().splitlines()]
     first = [json.loads(line) for line in (one_rank / "test_examples.jsonl").read_text().splitlines()]
-    assert [r["comet"] for r in rows] == pytest.approx([r["comet"] for r in first], abs=1e-5)
+    for name in ("comet", "metricx"):
+        assert [r[name] for r in rows] == pytest.approx([r[name] for r in first], abs=1e-5), name
 
 
-def test_identical_at_2_ranks_with_a_slow_rank_s_comet_batches_taken_over(one_rank, tmp_path):
+def test_identical_at_2_ranks_with_a_slow_rank_s_comet_batches_taken_over(one_rank, tmp_path, run_args):
     """Rank 1 runs half the time once it has generated (stopped and continued from outside, as
     on a shared node): rank 0 scores COMET batches dealt to rank 1, and the outputs are those of
     one process."""
@@ -231,7 +277,7 @@ def test_identical_at_2_ranks_with_a_slow_rank_s_comet_batches_taken_over(one_ra
 
     out, tag = tmp_path / "out", uuid.uuid4().hex
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "seq2seq_eval",
-           *RUN, "--save_dir", str(out)]
+           *run_args, "--save_dir", str(out)]
     with open(tmp_path / "log", "w+") as log:
         proc = subprocess.Popen(cmd, cwd=tmp_path, env=_env({"S2S_TEST_TAG": tag}), stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
