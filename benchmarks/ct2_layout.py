@@ -3,7 +3,7 @@ batch (the engine's layout, engines/ct2.py `cpu_layout`), against one worker spr
 over all the threads (the layout before), whole runs with start-up, in one invocation.
 
     python benchmarks/ct2_layout.py [--threads 2] [--rounds 2] [--n_translate 300] [--n_prompts 500]
-                                    [--small] [--out bench_ct2_layout]
+                                    [--small] [--jobs translate,causal] [--out bench_ct2_layout]
 
 Two jobs, each `python -m seq2seq_eval --engine ctranslate2` on one process with
 OMP_NUM_THREADS=--threads and the tool's default batches:
@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n_translate", type=int, default=300)
     p.add_argument("--n_prompts", type=int, default=500)
     p.add_argument("--small", action="store_true", help="small models, to check the script")
+    p.add_argument("--jobs", default="translate,causal", help="which of the two jobs to run")
     p.add_argument("--out", default="bench_ct2_layout")
     args = p.parse_args(argv)
     import causal
@@ -66,6 +67,10 @@ def main(argv: list[str] | None = None) -> int:
                       "--max_new_tokens", "64"],
         "causal": ["--model_name", str(llama), "--input_path", str(prompts)],
     }
+    unknown = set(args.jobs.split(",")) - set(jobs)
+    if unknown:
+        p.error(f"--jobs: {', '.join(sorted(unknown))}; expected some of {', '.join(jobs)}")
+    jobs = {job: flags for job, flags in jobs.items() if job in args.jobs.split(",")}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "SEQ2SEQ_EVAL_CACHE": str(out / "ct2_cache"),
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     layouts = {"workers": [sys.executable, "-m", "seq2seq_eval"], "one worker": [sys.executable, "-c", ONE_WORKER]}

@@ -36,7 +36,9 @@ def embedded_runs(request, tmp_path_factory):
     task = request.param
     root = tmp_path_factory.mktemp(f"embedded_{task}")
     saves = {}
-    for n in (1, 2, 3):
+    # Translation's 397 examples on 3 ranks are left out (the suite's time): 3 ranks run here on
+    # the summarization set, and on translation in test_comet.py (40 examples, model metrics too).
+    for n in ((1, 2) if task == "translation" else (1, 2, 3)):
         if (task, n) == ("translation", 2):
             # The quickstart is this run (translation, 2 ranks, through torchrun): one run of the
             # 397 examples serves both, and the quickstart is held to the same outputs.
@@ -66,9 +68,9 @@ def test_identical_across_world_sizes(embedded_runs):
     task, saves = embedded_runs
     name = METRIC_FILE[task]
     gens = {n: (s / "test_generations.txt").read_bytes() for n, s in saves.items()}
-    assert gens[1] == gens[2] == gens[3]
+    assert len(set(gens.values())) == 1 and len(gens) >= 2, sorted(gens)
     values = {n: metric_values(metrics_of(s, name)) for n, s in saves.items()}
-    assert values[1] == values[2] == values[3]
+    assert all(v == values[1] for v in values.values())
     n_lines = len((REPO / "data_samples" / task / "test.target").read_text(encoding="utf-8").splitlines())
     assert values[1]["n_obs"] == n_lines == len(gens[1].decode("utf-8").splitlines())
 
