@@ -233,7 +233,7 @@ def test_cometkiwi_scores_without_references(tmp_path):
     expected = REFERENCE["models"]["kiwi_like"]["no_ref"]["system_score"]
     assert abs(json.loads(proc.stdout)["comet"] - expected) <= TOL
     refused = single([*base, "--metrics", "comet,bleu"], tmp_path)
-    assert refused.returncode != 0 and "bleu needs --references" in refused.stderr
+    assert refused.returncode != 0 and "score --metrics comet,bleu: bleu needs references (pass --references" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
 
 

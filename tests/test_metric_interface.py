@@ -106,7 +106,7 @@ def test_a_reference_free_metric_scores_without_references_and_the_others_are_re
         (lambda: seq2seq_eval.score(PREDS, None, metrics="miss,bleu", sources=SRCS, miss_qe=True),
          "metrics miss,bleu: bleu needs references"),
         (lambda: seq2seq_eval.score(PREDS, None, metrics="miss"), "metrics miss: miss needs references"),
-        (lambda: seq2seq_eval.score(PREDS, None, metrics="miss", miss_qe=True), "metrics miss: needs sources"),
+        (lambda: seq2seq_eval.score(PREDS, None, metrics="miss", miss_qe=True), "metrics miss: miss needs sources (sources=, one per prediction)"),
     ]:
         with pytest.raises(ConfigError) as e:
             call()
@@ -119,8 +119,9 @@ def test_a_reference_free_metric_scores_without_references_and_the_others_are_re
     assert main(["score", "--metrics", "miss,chrf", "--miss_qe", "--sources", str(tmp_path / "s"), "--predictions",
                  str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("seq2seq_eval: error: score --metrics miss,chrf: chrf needs --references (one file per set, "
-                   "line-aligned with --predictions); only a reference-free metric runs without them")
+    assert err == ("seq2seq_eval: error: score --metrics miss,chrf: chrf needs references (pass --references, one "
+                   "file per set, line-aligned with --predictions); only reference-free metrics run without them "
+                   "(docs/metrics.md#model-metrics)")
 
 
 def test_compare_follows_the_direction(miss):
