@@ -123,6 +123,11 @@ def test_inputs_direction_and_refusals(checkpoints, tmp_path):
                                          r"spiece.model \(mT5's, as google/mt5-xl\)$"):
         registry.check("metricx", dict(registry.resolve_options({"metricx_model": checkpoints["float32"],
                                                                  "metricx_tokenizer": str(tmp_path)})))
+    # A tokenizer that does not load is found by the checks too, not after generation.
+    (tmp_path / "tokenizer.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(ModelError, match=r"^--metricx_tokenizer .*: not loaded \("):
+        registry.check("metricx", dict(registry.resolve_options({"metricx_model": checkpoints["float32"],
+                                                                 "metricx_tokenizer": str(tmp_path)})))
 
 
 def test_a_reference_free_run_on_sources_alone_and_the_refusals_beside_it(checkpoints, tmp_path, capsys):

@@ -262,7 +262,7 @@ def missing_inputs(metric_names: Sequence[str], resolved: Mapping[str, Any], sho
         spec = get(name)
         most = spec.most_references(own_options(spec, resolved))
         if most is not None and references > most and reads_references(name, resolved):
-            return (f"{shown}: {_given(spec, resolved)} reads at most {most} reference(s) per example, and "
+            return (f"{shown}: {_given(spec, resolved)} reads at most {most} reference{'s' if most != 1 else ''} per example, and "
                     f"{references_from}; give at most {most}")
     return None
 

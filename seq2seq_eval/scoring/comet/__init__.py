@@ -136,9 +136,10 @@ def _encoder(name_or_path: str, folder: Any, hparams: dict[str, Any]) -> tuple[A
     try:
         # The config class COMET's encoder names (XLM-R or XLM-R-XL), whatever config.json's model_type.
         return encoder_class(hparams)[0].from_pretrained(source), AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # a malformed file raises whatever its parser meets (KeyError, ...)
         raise ModelError(f"--comet_model {name_or_path}: the encoder's config and tokenizer ({source!r}, hparams.yaml's "
-                         f"pretrained_model) were not found; put them in a folder of that name beside hparams.yaml "
+                         f"pretrained_model) were not found or not read ({type(e).__name__}); put them in a folder of that "
+                         f"name beside hparams.yaml "
                          f"(docs/metrics.md#comet)") from e
 
 

@@ -192,7 +192,7 @@ def _tokenizer(options: Mapping[str, Any]) -> Any:
 
     try:
         return AutoTokenizer.from_pretrained(options["metricx_tokenizer"])
-    except (OSError, ValueError) as e:
+    except Exception as e:  # a malformed tokenizer file raises whatever its parser meets (KeyError, ...)
         # transformers 5 turns a spiece.model alone into its tokenizer only with protobuf; without
         # it, it falls back to a tiktoken reader whose error names the wrong cause.
         try:
