@@ -269,15 +269,19 @@ def test_reference_free_classes_in_score_and_compare_without_references(tmp_path
         assert said in err and len(err.splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("name, reads, records", [
-    ("wmt22_like", (True, True), ()), ("kiwi_like", (True, False), ()),
-    ("unified_spans_like", (True, False), ("comet_error_spans",)), ("xcomet_like", (True, False), ("comet_error_spans",)),
+@pytest.mark.parametrize("name, reads, references, records", [
+    ("wmt22_like", (True, True), (True, None), ()), ("kiwi_like", (True, False), (False, None), ()),
+    ("unified_spans_like", (True, False), (True, 1), ("comet_error_spans",)),
+    ("xcomet_like", (True, False), (True, 1), ("comet_error_spans",)),
 ])
-def test_what_comet_reads_and_writes_follows_the_checkpoint_s_class(name, reads, records):
+def test_what_comet_reads_and_writes_follows_the_checkpoint_s_class(name, reads, references, records):
+    """(sources, needs references), (reads references where there are any, the most per example), records."""
     from seq2seq_eval.scoring import registry
 
     options = dict(registry.resolve_options({"comet_model": str(DATA / name)}))
     assert tuple(registry.inputs("comet", options)) == reads
+    spec = registry.get("comet")
+    assert (registry.reads_references("comet", options), spec.most_references(registry.own_options(spec, options))) == references
     assert registry.value_keys("comet", options) == ("comet",)
     assert registry.record_keys("comet", options) == records
 

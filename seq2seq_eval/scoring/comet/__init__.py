@@ -138,9 +138,8 @@ def _encoder(name_or_path: str, folder: Any, hparams: dict[str, Any]) -> tuple[A
         return encoder_class(hparams)[0].from_pretrained(source), AutoTokenizer.from_pretrained(source)
     except Exception as e:  # a malformed file raises whatever its parser meets (KeyError, ...)
         raise ModelError(f"--comet_model {name_or_path}: the encoder's config and tokenizer ({source!r}, hparams.yaml's "
-                         f"pretrained_model) were not found or not read ({type(e).__name__}); put them in a folder of that "
-                         f"name beside hparams.yaml "
-                         f"(docs/metrics.md#comet)") from e
+                         f"pretrained_model) were not found or not read ({type(e).__name__}); put them in a folder of "
+                         "that name beside hparams.yaml (docs/metrics.md#comet)") from e
 
 
 def weights_bytes(hparams: dict[str, Any], config: Any) -> int:
