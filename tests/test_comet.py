@@ -137,7 +137,8 @@ def test_comet_without_references_is_refused_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match=r"^--metrics bleu,comet: bleu, comet need references \(--input_path without "
                                           r"--reference_path gives none\)"):
         EvalConfig(input_path=str(src), metrics="bleu,comet")
-    proc = single(["--input_path", str(src), "--metrics", "comet", "--save_dir", str(tmp_path / "out"), "--dry_run"], tmp_path)
+    proc = single(["--input_path", str(src), "--metrics", "comet", "--comet_model", str(TINY), "--save_dir",
+                   str(tmp_path / "out"), "--dry_run"], tmp_path)
     assert proc.returncode != 0 and "comet needs references (--input_path without --reference_path" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 

@@ -372,3 +372,19 @@ def test_xcomet_in_a_run_on_references_some_examples_have(loaded, tmp_path, caps
     assert main(["--data_dir", str(data), *args[:-1], str(tmp_path / "no"), "--dry_run"]) == 2
     assert capsys.readouterr().err.strip().endswith(
         "reads at most 1 reference per example, and the data has 2 for an example; give at most 1")
+
+
+def test_a_model_not_found_is_named_before_what_it_would_read(tmp_path):
+    """What a COMET model that cannot be read reads is unknown: the run, score and compare say
+    it is not found, not that references (or sources) are missing."""
+    import seq2seq_eval
+    from seq2seq_eval.config import EvalConfig
+
+    src = tmp_path / "src.txt"
+    src.write_text("a b\n", encoding="utf-8")
+    nope = str(tmp_path / "nope")
+    for call in (lambda: EvalConfig(input_path=str(src), metrics="comet", metric_options={"comet_model": nope}),
+                 lambda: seq2seq_eval.score(["a"], None, metrics="comet", comet_model=nope),
+                 lambda: seq2seq_eval.compare({"a": ["a"], "b": ["b"]}, None, metrics="comet", comet_model=nope)):
+        with pytest.raises(ModelError, match=rf"^--comet_model {nope}: no such folder$"):
+            call()

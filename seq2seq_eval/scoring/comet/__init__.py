@@ -9,6 +9,7 @@ and writes follows its class."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..model_metric import ModelMetric, ModelMetricSpec, Option
@@ -221,14 +222,20 @@ class _Declared(NamedTuple):
 
 
 def _declared(name_or_path: str) -> _Declared:
-    """What a model reads and writes, from its hparams.yaml; a regression model's while it cannot
-    be read (the checks before any work then say why, in `check`'s one line, as for any model
-    that is not found). A unified class joins one reference into its inputs: it reads at most one."""
+    """What a model reads and writes, from its hparams.yaml. A hub name that cannot be read (offline,
+    not cached) declares a regression model's, and the checks before any work say why it is not
+    found; a path that cannot be read is refused here, in `check`'s one line, so that nothing is
+    refused for inputs it would not read. A unified class joins one reference into its inputs:
+    it reads at most one."""
     from ...errors import ModelError
 
     try:
         hparams = hparams_of(name_or_path)
     except ModelError:
+        # A hub name is owner/name; anything else is a path.
+        if Path(name_or_path).expanduser().is_absolute() or name_or_path.startswith((".", "~")) \
+                or name_or_path.count("/") > 1:
+            raise
         return _Declared(True, True, True, None, False)
     reads = "ref" in segments(hparams)
     return _Declared("src" in segments(hparams), needs_references(hparams), reads,
