@@ -298,7 +298,7 @@ def test_compare_without_references_and_the_metrics_that_need_them(given, tmp_pa
     assert out["results"]["new"]["miss"]["score"] == direct and out["best"] == {"miss": "new"}
     assert out["n_references"] == 0 and "source length" in (tmp_path / "r.html").read_text(encoding="utf-8")
     assert main([*argv, "--metrics", "miss", "--miss_qe"]) == 0
-    assert "3 examples, no reference(s)" in capsys.readouterr().out
+    assert "3 examples, no references; baseline: base" in capsys.readouterr().out
     # Neither sources nor references (a metric that reads neither): the report's buckets are the baseline's.
     assert main([*argv[:6], "--metrics", "given", "--report", str(tmp_path / "bare.html")]) == 0
     assert "<strong>baseline prediction</strong> length" in (tmp_path / "bare.html").read_text(encoding="utf-8")
