@@ -21,6 +21,18 @@ MODELS = tuple(REFERENCE["models"])  # kiwi_like, unified_spans_like, xcomet_lik
 TOL = 1e-6
 
 
+@pytest.fixture(autouse=True)
+def _cli_logging_restored():
+    """A run through cli.main() in this process sets up the package logger (its handler on this
+    test's captured stderr, no propagation): put it back as it was for the tests after."""
+    import logging
+
+    logger = logging.getLogger("seq2seq_eval")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     import torch
@@ -349,8 +361,6 @@ def test_xcomet_in_a_run_on_references_some_examples_have(loaded, tmp_path, caps
     example's value and spans are those of the model scoring the run's pairs with the same
     inputs (three inputs, or its [mt, src] fallback), and the signature says 2 of 4 had one; two
     reference streams are refused by the dry run."""
-    from conftest import assert_ok, single
-
     from seq2seq_eval.cli import main
     from seq2seq_eval.scoring.model_metric import score_all
 
@@ -360,7 +370,7 @@ def test_xcomet_in_a_run_on_references_some_examples_have(loaded, tmp_path, caps
     data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "out"
     args = ["--metrics", "comet", "--comet_model", str(DATA / "xcomet_like"), "--save_dir", str(out)]
-    assert_ok(single(["--data_dir", str(data), *args], tmp_path))
+    assert main(["--data_dir", str(data), *args]) == 0
     got = [json.loads(line) for line in (out / "test_examples.jsonl").read_text().splitlines()]
     direct = score_all(loaded["xcomet_like"], [r["source"] for r in got], [r["prediction"] for r in got],
                        [tuple(r["references"]) for r in got])
