@@ -359,8 +359,9 @@ def test_layers_above_the_highest_one_read_are_never_run(tmp_path, monkeypatch):
 def test_xcomet_in_a_run_on_references_some_examples_have(loaded, tmp_path, capsys):
     """A run of XCOMET alone on JSON Lines whose examples have a reference or none: each
     example's value and spans are those of the model scoring the run's pairs with the same
-    inputs (three inputs, or its [mt, src] fallback), and the signature says 2 of 4 had one; two
-    reference streams are refused by the dry run."""
+    inputs (three inputs, or its [mt, src] fallback), and the signature says 2 of 4 had one, as
+    compare's of the run folder does; a text metric beside it there, and two reference streams in
+    the dry run, are refused."""
     from seq2seq_eval.cli import main
     from seq2seq_eval.scoring.model_metric import score_all
 
@@ -371,12 +372,25 @@ def test_xcomet_in_a_run_on_references_some_examples_have(loaded, tmp_path, caps
     out = tmp_path / "out"
     args = ["--metrics", "comet", "--comet_model", str(DATA / "xcomet_like"), "--save_dir", str(out)]
     assert main(["--data_dir", str(data), *args]) == 0
+    capsys.readouterr()  # the run's summary
     got = [json.loads(line) for line in (out / "test_examples.jsonl").read_text().splitlines()]
     direct = score_all(loaded["xcomet_like"], [r["source"] for r in got], [r["prediction"] for r in got],
                        [tuple(r["references"]) for r in got])
     assert [len(r["references"]) for r in got] == [0, 1, 0, 1]
     assert [(r["comet"], r["comet_error_spans"]) for r in got] == [tuple(v) for v in direct]
-    assert "|refs:2/4|" in json.loads((out / "test_bleu.json").read_text())["comet_signature"]
+    signature = json.loads((out / "test_bleu.json").read_text())["comet_signature"]
+    assert "|refs:2/4|" in signature
+    # compare reads the run folder's references as they are: XCOMET on the same inputs, a text
+    # metric refused where examples have none.
+    other = tmp_path / "other.txt"
+    other.write_text("".join(r["source"] + "\n" for r in got), encoding="utf-8")
+    compare = ["compare", "--predictions", str(out), str(other), "--n_samples", "10", "--json", *args[:4]]
+    assert main(compare) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["signatures"]["comet"].startswith(signature + "|bs:10")
+    assert abs(result["results"]["out"]["comet"]["score"] - json.loads((out / "test_bleu.json").read_text())["comet"]) < 1e-9
+    assert main([*compare[:-4], "--metrics", "comet,bleu", *args[2:4]]) == 2
+    assert f"bleu needs references (pass --references; 2 of 4 examples of {out} have none)" in capsys.readouterr().err
     data.write_text("".join(json.dumps({**r, "target": [r.get("target", "x"), "y"]}) + "\n" for r in rows),
                     encoding="utf-8")
     assert main(["--data_dir", str(data), *args[:-1], str(tmp_path / "no"), "--dry_run"]) == 2
