@@ -2,7 +2,9 @@
 metric defined outside the package (a script's own, registered before it calls the tool on every
 rank). Everything else reads them here: the metric names --metrics takes, EvalConfig's
 metric_options and their checks, the run's, `score`'s and `compare`'s flags, the keywords of
-score(), compare() and evaluate(), the summary, compare's lists and decimals, the docs' list."""
+score(), compare() and evaluate(), the summary, compare's lists and decimals, the docs' list,
+and the one rule every entry point holds its inputs to (`check_inputs`: sources, references,
+the most references per example), with what each metric is given of them and its signature."""
 
 from __future__ import annotations
 
