@@ -83,16 +83,18 @@ def _score(predictions: Sequence[str], references: Sequence[str] | Sequence[Sequ
     model_names = split_metric_names(parsed, family_of(task) or "translation")[1]
     registry.refuse_unused(options, model_names, f"metrics={metrics!r}")
     names = tuple(n for n in parsed if n not in model_names)  # with a model metric alone, nothing else
-    if registry.needing_sources(model_names, options) and sources is None:
-        raise ConfigError(f"metrics {','.join(registry.needing_sources(model_names, options))}: needs sources, one per "
-                          "prediction")
-    if references is None and registry.needing_references(parsed, options):
-        raise ConfigError(f"metrics {','.join(parsed)}: {','.join(registry.needing_references(parsed, options))} needs "
-                          "references, one or more per prediction; only a reference-free metric runs without them")
+    shown = f"metrics {','.join(parsed)}"
+    # The run's, `score`'s and compare's rule, before any model loads.
+    registry.check_inputs(parsed, options, shown, no_sources=None if sources is not None else "sources=, one per "
+                          "prediction", no_references=None if references is not None else "references=, one or more "
+                          "per prediction")
     preds = texts(predictions, "predictions")
     if not preds:
         raise DataError("predictions: empty; expected one prediction per example")
     rows = per_example(references, len(preds), reference_layout) if references is not None else [()] * len(preds)
+    most = max(len(r) for r in rows)
+    registry.check_inputs(parsed, options, shown, references=most, references_from=f"references= gives {most} for an "
+                          "example")
     srcs = source_texts(sources, len(preds)) if sources is not None else None
     refs = [r[0] for r in rows] if all(len(r) == 1 for r in rows) else [tuple(r) for r in rows]
     result = metric_fns.score_metrics(names, preds, refs) if names else {}

@@ -67,14 +67,13 @@ def score_main(argv: Sequence[str], env: DistEnv | None = None) -> dict:
     names = parse_metric_names(args.metrics, args.task)
     _, options = registry.split_options(vars(args))
     resolved = dict(registry.resolve_options(options, "score: "))
-    # Before any file is read: what the metrics read under their options.
-    if registry.needing_sources(names, resolved) and not args.sources:
-        raise ConfigError(f"score --metrics {','.join(registry.needing_sources(names, resolved))} needs --sources "
-                          "(one source per prediction line)")
-    if registry.needing_references(names, resolved) and not args.references:
-        raise ConfigError(f"score --metrics {','.join(names)}: {','.join(registry.needing_references(names, resolved))} "
-                          "needs --references (one file per set, line-aligned with --predictions); only a "
-                          "reference-free metric runs without them")
+    # Before any file is read: what the metrics read under their options (the run's and compare's rule).
+    registry.check_inputs(names, resolved, f"score --metrics {','.join(names)}",
+                          no_sources=None if args.sources else "pass --sources, one per prediction line",
+                          no_references=None if args.references else "pass --references, one file per set, "
+                                                                     "line-aligned with --predictions",
+                          references=len(args.references or ()),
+                          references_from=f"--references gives {len(args.references or ())} per prediction")
     preds = read_lines(Path(args.predictions))
     if not preds:
         raise DataError(f"{args.predictions}: no lines; expected one prediction per line")

@@ -230,13 +230,12 @@ class EvalConfig:
             raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")
         if self.metrics is not None:
             names = parse_metric_names(self.metrics, self.task_family)  # '' is refused, never the default
-            if not self.scored:
-                needing = ",".join(registry.needing_references(names, dict(self.metric_options)))
-                why = ("pseudolabels (--num_return_sequences > 1) are not scored" if self.pseudolabels
-                       else f"--input_path without --reference_path has no references to score against, and "
-                            f"{needing} needs them")
-                raise ConfigError(f"--metrics {self.metrics!r}: {why}; leave --metrics out"
-                                  + ("" if self.pseudolabels else ", or name only reference-free metrics"))
+            if self.pseudolabels:
+                raise ConfigError(f"--metrics {self.metrics!r}: pseudolabels (--num_return_sequences > 1) are not "
+                                  "scored; leave --metrics out")
+            if not self.scored:  # the rule `score` and `compare` follow too
+                registry.check_inputs(names, dict(self.metric_options), f"--metrics {','.join(names)}",
+                                      no_references="--input_path without --reference_path gives none")
             object.__setattr__(self, "metrics", ",".join(names))
         registry.refuse_unused(dict(self.metric_options), self.model_metric_names,
                       f"--metrics {self.metrics!r}" if self.metrics is not None else "the task's default metric")

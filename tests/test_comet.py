@@ -134,10 +134,12 @@ def test_comet_without_references_is_refused_before_any_work(tmp_path):
     src.write_text("a b c\n", encoding="utf-8")
     from seq2seq_eval.config import EvalConfig
 
-    with pytest.raises(ConfigError, match="--input_path without --reference_path has no references to score against"):
+    with pytest.raises(ConfigError, match=r"^--metrics bleu,comet: bleu, comet need references \(--input_path without "
+                                          r"--reference_path gives none\)"):
         EvalConfig(input_path=str(src), metrics="bleu,comet")
-    proc = single(["--input_path", str(src), "--metrics", "comet", "--save_dir", str(tmp_path / "out"), "--dry_run"], tmp_path)
-    assert proc.returncode != 0 and "has no references to score against" in proc.stderr
+    proc = single(["--input_path", str(src), "--metrics", "comet", "--comet_model", str(TINY), "--save_dir",
+                   str(tmp_path / "out"), "--dry_run"], tmp_path)
+    assert proc.returncode != 0 and "comet needs references (--input_path without --reference_path" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
@@ -320,7 +322,7 @@ def test_score_and_compare_over_files(one_rank, tmp_path):
     assert json.loads(two.stdout) == printed
     refused = single(["score", "--metrics", "comet", "--predictions", str(tmp_path / "pred"), "--references",
                       str(tmp_path / "ref")], tmp_path)
-    assert refused.returncode != 0 and "needs --sources" in refused.stderr
+    assert refused.returncode != 0 and "comet needs sources (pass --sources" in refused.stderr
     proc = single(["compare", "--task", "translation", "--metrics", "comet", "--predictions", str(tmp_path / "pred"),
                    str(tmp_path / "other"), "--references", str(tmp_path / "ref"), "--sources", str(tmp_path / "src"),
                    "--comet_model", str(TINY), "--json", "--report", str(tmp_path / "r.html")], tmp_path)

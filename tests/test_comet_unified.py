@@ -21,6 +21,18 @@ MODELS = tuple(REFERENCE["models"])  # kiwi_like, unified_spans_like, xcomet_lik
 TOL = 1e-6
 
 
+@pytest.fixture(autouse=True)
+def _cli_logging_restored():
+    """A run through cli.main() in this process sets up the package logger (its handler on this
+    test's captured stderr, no propagation): put it back as it was for the tests after."""
+    import logging
+
+    logger = logging.getLogger("seq2seq_eval")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     import torch
@@ -157,11 +169,24 @@ def test_xcomet_reads_one_reference_per_example(loaded):
     ({"word_layer": 9}, "word_layer 9: expected 'mix' or a layer in 0..3"),
 ])
 def test_refused_in_one_line(tmp_path, hparams, message):
-    from seq2seq_eval.scoring.comet import load
+    """By loading, and before any work by the checks (which read no weights)."""
+    from seq2seq_eval.scoring.comet import check, load
 
-    with pytest.raises(ModelError, match=message) as e:
-        load(str(_copy(tmp_path, "xcomet_like", **hparams)))
-    assert "\n" not in str(e.value)
+    folder = str(_copy(tmp_path, "xcomet_like", **hparams))
+    for call in (load, check):
+        with pytest.raises(ModelError, match=message) as e:
+            call(folder)
+        assert "\n" not in str(e.value)
+
+
+def test_an_encoder_without_its_tokenizer_is_refused_before_any_work(tmp_path):
+    from seq2seq_eval.scoring.comet import check
+
+    folder = _copy(tmp_path, "kiwi_like")
+    encoder = next(p for p in folder.iterdir() if p.is_dir() and p.name != "checkpoints")
+    shutil.rmtree(encoder)
+    with pytest.raises(ModelError, match="the encoder's config and tokenizer .* were not found"):
+        check(str(folder))
 
 
 XCOMET_RUN = ["--metrics", "comet,bleu", "--comet_model", str(DATA / "xcomet_like"), "--n_obs", "24", "--bs", "8",
@@ -219,33 +244,56 @@ def test_xcomet_on_the_ranks_writes_its_spans_per_example(loaded, tmp_path):
     assert list(rows[0]["comet_error_spans"][0]) == ["text", "confidence", "severity", "start", "end"]
 
 
-def test_cometkiwi_scores_without_references(tmp_path):
-    """`score` with a CometKiwi model and no --references: the values of the fixture's no-reference
-    run; a BLEU beside it is refused in one line."""
-    from conftest import assert_ok, single
+def test_reference_free_classes_in_score_and_compare_without_references(tmp_path, capsys):
+    """`score` and `compare` with no --references: CometKiwi's system score and XCOMET's are the
+    fixture's no-reference ones, XCOMET's signature says it had none (refs:all with them); a
+    metric that needs references beside them, or XCOMET given two streams, is refused in one line."""
+    from seq2seq_eval.cli import main
 
-    for name, lines in (("src", SAMPLES["src"]), ("pred", SAMPLES["mt"])):
+    files = {"src": SAMPLES["src"], "pred": SAMPLES["mt"], "ref": SAMPLES["ref"], "other": SAMPLES["mt"][1:] + SAMPLES["mt"][:1],
+             "ref2": SAMPLES["ref"][1:] + SAMPLES["ref"][:1]}
+    for name, lines in files.items():
         (tmp_path / name).write_text("".join(x.replace("\n", " ") + "\n" for x in lines), encoding="utf-8")
-    base = ["score", "--predictions", str(tmp_path / "pred"), "--sources", str(tmp_path / "src"),
-            "--comet_model", str(DATA / "kiwi_like")]
-    proc = single([*base, "--metrics", "comet"], tmp_path)
-    assert_ok(proc)
-    expected = REFERENCE["models"]["kiwi_like"]["no_ref"]["system_score"]
-    assert abs(json.loads(proc.stdout)["comet"] - expected) <= TOL
-    refused = single([*base, "--metrics", "comet,bleu"], tmp_path)
-    assert refused.returncode != 0 and "bleu needs --references" in refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1
+    base = ["--sources", str(tmp_path / "src")]
+    scored = {}
+    for name, refs in (("kiwi_like", []), ("xcomet_like", []), ("xcomet_like", ["--references", str(tmp_path / "ref")])):
+        assert main(["score", "--metrics", "comet", "--predictions", str(tmp_path / "pred"), *base, "--comet_model",
+                     str(DATA / name), *refs]) == 0
+        got = json.loads(capsys.readouterr().out)
+        expected = REFERENCE["models"][name]["with_ref" if refs else "no_ref"]["system_score"]
+        assert abs(got["comet"] - expected) <= TOL
+        scored[name, bool(refs)] = got["comet_signature"]
+    assert "refs:" not in scored["kiwi_like", False]
+    assert "|refs:none|" in scored["xcomet_like", False] and "|refs:all|" in scored["xcomet_like", True]
+    compare = ["compare", "--task", "translation", "--predictions", str(tmp_path / "other"), str(tmp_path / "pred"),
+               *base, "--n_samples", "20", "--json"]
+    assert main([*compare, "--metrics", "comet", "--comet_model", str(DATA / "xcomet_like")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert abs(out["results"]["pred"]["comet"]["score"] - REFERENCE["models"]["xcomet_like"]["no_ref"]["system_score"]) <= TOL
+    assert out["signatures"]["comet"].startswith(scored["xcomet_like", False]) and out["n_references"] == 0
+    two = ["--references", str(tmp_path / "ref"), str(tmp_path / "ref2")]
+    for argv, said in (
+            (["score", "--metrics", "comet,bleu", "--predictions", str(tmp_path / "pred"), *base], "bleu needs references"),
+            ([*compare, "--metrics", "comet,chrf"], "chrf needs references (pass --references; a prediction is a bare file)"),
+            ([*compare, "--metrics", "comet", *two], "reads at most 1 reference per example, and --references gives 2")):
+        assert main([*argv, "--comet_model", str(DATA / "xcomet_like" if "comet," not in argv[2] else DATA / "kiwi_like")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and len(err.splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("name, reads, records", [
-    ("wmt22_like", (True, True), ()), ("kiwi_like", (True, False), ()),
-    ("unified_spans_like", (True, False), ("comet_error_spans",)), ("xcomet_like", (True, False), ("comet_error_spans",)),
+@pytest.mark.parametrize("name, reads, references, records", [
+    ("wmt22_like", (True, True), (True, None), ()), ("kiwi_like", (True, False), (False, None), ()),
+    ("unified_spans_like", (True, False), (True, 1), ("comet_error_spans",)),
+    ("xcomet_like", (True, False), (True, 1), ("comet_error_spans",)),
 ])
-def test_what_comet_reads_and_writes_follows_the_checkpoint_s_class(name, reads, records):
+def test_what_comet_reads_and_writes_follows_the_checkpoint_s_class(name, reads, references, records):
+    """(sources, needs references), (reads references where there are any, the most per example), records."""
     from seq2seq_eval.scoring import registry
 
     options = dict(registry.resolve_options({"comet_model": str(DATA / name)}))
     assert tuple(registry.inputs("comet", options)) == reads
+    spec = registry.get("comet")
+    assert (registry.reads_references("comet", options), spec.most_references(registry.own_options(spec, options))) == references
     assert registry.value_keys("comet", options) == ("comet",)
     assert registry.record_keys("comet", options) == records
 
@@ -308,19 +356,59 @@ def test_layers_above_the_highest_one_read_are_never_run(tmp_path, monkeypatch):
     assert load(str(DATA / "xcomet_like")).network.drop_unused_layers() == 3
 
 
-def test_cometkiwi_in_a_run_on_sources_alone(loaded, tmp_path):
-    """--input_path without --reference_path: CometKiwi scores the translations, each example's
-    value that of the model scoring the run's pairs directly."""
-    from conftest import assert_ok, single
-
+def test_xcomet_in_a_run_on_references_some_examples_have(loaded, tmp_path, capsys):
+    """A run of XCOMET alone on JSON Lines whose examples have a reference or none: each
+    example's value and spans are those of the model scoring the run's pairs with the same
+    inputs (three inputs, or its [mt, src] fallback), and the signature says 2 of 4 had one, as
+    compare's of the run folder does; a text metric beside it there, and two reference streams in
+    the dry run, are refused."""
+    from seq2seq_eval.cli import main
     from seq2seq_eval.scoring.model_metric import score_all
 
-    src = tmp_path / "src.txt"
-    src.write_text("".join(s + "\n" for s in SAMPLES["src"][:4]), encoding="utf-8")
+    rows = [{"source": s, **({"target": r} if i % 2 else {})} for i, (s, r) in
+            enumerate(zip(SAMPLES["src"][:4], SAMPLES["ref"][:4]))]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "out"
-    assert_ok(single(["--input_path", str(src), "--metrics", "comet", "--comet_model", str(DATA / "kiwi_like"),
-                      "--save_dir", str(out)], tmp_path))
-    rows = [json.loads(line) for line in (out / "test_examples.jsonl").read_text().splitlines()]
-    direct = score_all(loaded["kiwi_like"], [r["source"] for r in rows], [r["prediction"] for r in rows],
-                       [() for _ in rows])
-    assert [r["comet"] for r in rows] == direct and len(rows) == 4
+    args = ["--metrics", "comet", "--comet_model", str(DATA / "xcomet_like"), "--save_dir", str(out)]
+    assert main(["--data_dir", str(data), *args]) == 0
+    capsys.readouterr()  # the run's summary
+    got = [json.loads(line) for line in (out / "test_examples.jsonl").read_text().splitlines()]
+    direct = score_all(loaded["xcomet_like"], [r["source"] for r in got], [r["prediction"] for r in got],
+                       [tuple(r["references"]) for r in got])
+    assert [len(r["references"]) for r in got] == [0, 1, 0, 1]
+    assert [(r["comet"], r["comet_error_spans"]) for r in got] == [tuple(v) for v in direct]
+    signature = json.loads((out / "test_bleu.json").read_text())["comet_signature"]
+    assert "|refs:2/4|" in signature
+    # compare reads the run folder's references as they are: XCOMET on the same inputs, a text
+    # metric refused where examples have none.
+    other = tmp_path / "other.txt"
+    other.write_text("".join(r["source"] + "\n" for r in got), encoding="utf-8")
+    compare = ["compare", "--predictions", str(out), str(other), "--n_samples", "10", "--json", *args[:4]]
+    assert main(compare) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["signatures"]["comet"].startswith(signature + "|bs:10")
+    assert abs(result["results"]["out"]["comet"]["score"] - json.loads((out / "test_bleu.json").read_text())["comet"]) < 1e-9
+    assert main([*compare[:-4], "--metrics", "comet,bleu", *args[2:4]]) == 2
+    assert f"bleu needs references (pass --references; 2 of 4 examples of {out} have none)" in capsys.readouterr().err
+    data.write_text("".join(json.dumps({**r, "target": [r.get("target", "x"), "y"]}) + "\n" for r in rows),
+                    encoding="utf-8")
+    assert main(["--data_dir", str(data), *args[:-1], str(tmp_path / "no"), "--dry_run"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "reads at most 1 reference per example, and the data has 2 for an example; give at most 1")
+
+
+def test_a_model_not_found_is_named_before_what_it_would_read(tmp_path):
+    """What a COMET model that cannot be read reads is unknown: the run, score and compare say
+    it is not found, not that references (or sources) are missing."""
+    import seq2seq_eval
+    from seq2seq_eval.config import EvalConfig
+
+    src = tmp_path / "src.txt"
+    src.write_text("a b\n", encoding="utf-8")
+    nope = str(tmp_path / "nope")
+    for call in (lambda: EvalConfig(input_path=str(src), metrics="comet", metric_options={"comet_model": nope}),
+                 lambda: seq2seq_eval.score(["a"], None, metrics="comet", comet_model=nope),
+                 lambda: seq2seq_eval.compare({"a": ["a"], "b": ["b"]}, None, metrics="comet", comet_model=nope)):
+        with pytest.raises(ModelError, match=rf"^--comet_model {nope}: no such folder$"):
+            call()

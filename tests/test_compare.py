@@ -448,7 +448,8 @@ def test_bad_options_are_one_line(tmp_path, legacy, capsys, extra, fragments, co
 
 def test_bare_files_need_references_and_task(tmp_path, legacy, capsys):
     a, b = _write(tmp_path / "a.txt", SYS_A), _write(tmp_path / "b.txt", SYS_B)
-    _one_line_error(capsys, ["compare", "--predictions", str(a), str(b), "--task", "translation"], "--references is required")
+    _one_line_error(capsys, ["compare", "--predictions", str(a), str(b), "--task", "translation"],
+                    "compare --metrics bleu: bleu needs references (pass --references; a prediction is a bare file)")
     _one_line_error(capsys, ["compare", "--predictions", str(a), str(b), "--references", str(legacy / "test.target")],
                     "--task is required")
     _one_line_error(capsys, ["compare", "--predictions", str(a), "--references", str(legacy / "test.target"),

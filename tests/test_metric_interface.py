@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -14,6 +15,18 @@ import seq2seq_eval
 from seq2seq_eval.errors import ConfigError
 from seq2seq_eval.scoring import registry
 from seq2seq_eval.scoring.model_metric import ModelMetric, ModelMetricSpec, Option, columns, forward_passes, model_batches
+
+
+@pytest.fixture(autouse=True)
+def _cli_logging_restored():
+    """A run through cli.main() in this process sets up the package logger (its handler on this
+    test's captured stderr, no propagation): put it back as it was for the tests after."""
+    import logging
+
+    logger = logging.getLogger("seq2seq_eval")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
 
 
 class Miss(ModelMetric):
@@ -106,7 +119,7 @@ def test_a_reference_free_metric_scores_without_references_and_the_others_are_re
         (lambda: seq2seq_eval.score(PREDS, None, metrics="miss,bleu", sources=SRCS, miss_qe=True),
          "metrics miss,bleu: bleu needs references"),
         (lambda: seq2seq_eval.score(PREDS, None, metrics="miss"), "metrics miss: miss needs references"),
-        (lambda: seq2seq_eval.score(PREDS, None, metrics="miss", miss_qe=True), "metrics miss: needs sources"),
+        (lambda: seq2seq_eval.score(PREDS, None, metrics="miss", miss_qe=True), "metrics miss: miss needs sources (sources=, one per prediction)"),
     ]:
         with pytest.raises(ConfigError) as e:
             call()
@@ -119,8 +132,9 @@ def test_a_reference_free_metric_scores_without_references_and_the_others_are_re
     assert main(["score", "--metrics", "miss,chrf", "--miss_qe", "--sources", str(tmp_path / "s"), "--predictions",
                  str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("seq2seq_eval: error: score --metrics miss,chrf: chrf needs --references (one file per set, "
-                   "line-aligned with --predictions); only a reference-free metric runs without them")
+    assert err == ("seq2seq_eval: error: score --metrics miss,chrf: chrf needs references (pass --references, one "
+                   "file per set, line-aligned with --predictions); only reference-free metrics run without them "
+                   "(docs/metrics.md#model-metrics)")
 
 
 def test_compare_follows_the_direction(miss):
@@ -176,7 +190,7 @@ def test_batches_count_what_an_example_costs_beyond_its_tokens(lengths, budget, 
     assert passes == [[1], [0, 2], [3]] and all(len(p) * ([2, 7, 2, 1][p[0]] + 3) <= 10 or len(p) == 1 for p in passes)
 
 
-def test_a_run_without_references_writes_the_records(miss, tmp_path):
+def test_a_run_without_references_writes_the_records(miss, tmp_path, capsys):
     """evaluate() with sources alone (--input_path without references) and a reference-free
     metric: each example's value and record are the metric's own, and no text metric is added."""
     from seq2seq_eval.config import EMBEDDED_MODEL
@@ -190,3 +204,129 @@ def test_a_run_without_references_writes_the_records(miss, tmp_path):
     assert all(r["references"] == [] for r in rows) and any(s for _, s in direct)
     assert result.metrics["miss"] == math.fsum(v for v, _ in direct) / 3
     assert "miss_spans" not in result.metrics and "bleu" not in result.metrics
+    # compare reads the run folder's sources and finds no references there: the metric runs, one
+    # that needs references is refused saying where none were found.
+    from seq2seq_eval.cli import main
+
+    other = tmp_path / "other.txt"
+    other.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
+    argv = ["compare", "--predictions", str(tmp_path / "out"), str(other), "--n_samples", "10", "--metrics", "miss"]
+    assert main([*argv, "--miss_qe", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["results"]["out"]["miss"]["score"] == result.metrics["miss"] and out["n_references"] == 0
+    assert main(argv) == 2
+    assert "miss needs references (pass --references; none found for the runs: " in capsys.readouterr().err
+
+
+class Given(ModelMetric):
+    """Per example, how many references it was given (what the framework passes it)."""
+
+    name = "given"
+    signature = "given|seq2seq_eval:x"
+
+    def lengths(self, sources, predictions, references) -> list[int]:
+        return [1] * len(predictions)
+
+    def score(self, sources, predictions, references, max_tokens=None) -> list[float]:
+        return [float(len(r)) for r in references]
+
+
+LOADS: list[str] = []
+GIVEN = ModelMetricSpec(
+    name="given", what="references given", load=lambda options, device: LOADS.append("given") or Given(),
+    check=lambda options: None,
+    options=(Option("given_refs", "optional", "needed, optional (at most one) or never",
+                    valid=lambda v: v in ("needed", "optional", "never")),),
+    needs_references=lambda o: o["given_refs"] == "needed", reads_references=lambda o: o["given_refs"] != "never",
+    max_references=lambda o: 1 if o["given_refs"] == "optional" else None)
+
+
+@pytest.fixture
+def given(monkeypatch, miss):
+    registry.register(GIVEN)
+    LOADS.clear()
+    return GIVEN
+
+
+def test_a_metric_is_given_what_it_reads_and_its_signature_says_which_examples_had_references(given):
+    from seq2seq_eval.scoring.model_metric import with_references
+
+    two = [[r, r + " z"] for r in REFS]
+    assert seq2seq_eval.score(PREDS, REFS, metrics="given") == {"given": 1.0, "given_signature":
+                                                                "given|refs:all|seq2seq_eval:x"}
+    assert seq2seq_eval.score(PREDS, None, metrics="given")["given_signature"] == "given|refs:none|seq2seq_eval:x"
+    # Never: given none, whatever the inputs hold; needed: all of them, and the signature is its own.
+    assert seq2seq_eval.score(PREDS, two, metrics="given", given_refs="never") == {"given": 0.0, "given_signature":
+                                                                                   "given|seq2seq_eval:x"}
+    assert seq2seq_eval.score(PREDS, two, metrics="given", given_refs="needed")["given"] == 2.0
+    assert with_references("m|seq2seq_eval:1", [("a",), (), ("b", "c")]) == "m|refs:2/3|seq2seq_eval:1"
+    out = seq2seq_eval.compare({"a": PREDS, "b": PREDS[::-1]}, None, metrics="given", n_samples=10)
+    assert out["signatures"]["given"].startswith("given|refs:none|seq2seq_eval:x|bs:10") and out["n_references"] == 0
+
+
+def test_more_references_than_a_metric_reads_are_refused_before_any_model_loads(given, tmp_path, capsys):
+    """The run (its dry run), score, compare and their Python forms: one line each, nothing loaded."""
+    from seq2seq_eval.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name, lines in (("test.source", SRCS), ("test.target", REFS), ("test.target.1", PREDS), ("p", PREDS)):
+        (data / name).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    said = "given reads at most 1 reference per example, and "
+    for call in (lambda: seq2seq_eval.score(PREDS, [REFS, PREDS], metrics="given", reference_layout="streams"),
+                 lambda: seq2seq_eval.compare({"a": PREDS, "b": REFS}, [REFS, PREDS], metrics="given,bleu")):
+        with pytest.raises(ConfigError, match=re.escape(said + "references= gives 2 for an example; give at most 1")):
+            call()
+    refs = ["--references", str(data / "test.target"), str(data / "test.target.1")]
+    for argv, where in (
+            (["--data_dir", str(data), "--metrics", "given", "--dry_run", "--save_dir", str(tmp_path / "o")],
+             "--metrics given: " + said + "the data has 2 for an example"),
+            (["score", "--metrics", "given", "--predictions", str(data / "p"), *refs],
+             "score --metrics given: " + said + "--references gives 2 per prediction"),
+            (["compare", "--metrics", "given", "--task", "translation", "--predictions", str(data / "p"),
+              str(data / "test.target"), *refs], "compare --metrics given: " + said + "--references gives 2")):
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip().startswith("seq2seq_eval: error: " + where)
+    assert main(["score", "--metrics", "given", "--given_refs", "never", "--predictions", str(data / "p"), *refs]) == 0
+    assert json.loads(capsys.readouterr().out)["given"] == 0.0
+    assert LOADS == ["given"] and not (tmp_path / "o").exists()
+
+
+def test_compare_without_references_and_the_metrics_that_need_them(given, tmp_path, capsys):
+    """compare on bare files with sources alone: a reference-free metric is tested in its direction;
+    beside a metric that needs references, or alone where it needs them, one line before any model
+    loads. The run, score and compare say it alike."""
+    from seq2seq_eval.cli import main
+    from seq2seq_eval.config import EvalConfig
+
+    worse = ["x y c", "q r s t", "m n"]
+    for name, lines in (("base", worse), ("new", PREDS), ("src", SRCS)):
+        (tmp_path / name).write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    argv = ["compare", "--task", "translation", "--predictions", str(tmp_path / "base"), str(tmp_path / "new"),
+            "--sources", str(tmp_path / "src"), "--n_samples", "20"]
+    assert main([*argv, "--metrics", "miss", "--miss_qe", "--json", "--report", str(tmp_path / "r.html")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    direct = seq2seq_eval.score(PREDS, None, metrics="miss", sources=SRCS, miss_qe=True)["miss"]
+    assert out["results"]["new"]["miss"]["score"] == direct and out["best"] == {"miss": "new"}
+    assert out["n_references"] == 0 and "source length" in (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert main([*argv, "--metrics", "miss", "--miss_qe"]) == 0
+    assert "3 examples, no references; baseline: base" in capsys.readouterr().out
+    # Neither sources nor references (a metric that reads neither): the report's buckets are the baseline's.
+    assert main([*argv[:6], "--metrics", "given", "--report", str(tmp_path / "bare.html")]) == 0
+    assert "<strong>baseline prediction</strong> length" in (tmp_path / "bare.html").read_text(encoding="utf-8")
+    LOADS.clear()
+    ending = "only reference-free metrics run without them (docs/metrics.md#model-metrics)"
+    for extra, needing in ((["--metrics", "given,bleu"], "bleu needs"), (["--metrics", "given", "--given_refs", "needed"],
+                                                                         "given needs")):
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"seq2seq_eval: error: compare --metrics {extra[1]}: {needing} references (pass "
+                              "--references; a prediction is a bare file)") and err.endswith(ending), err
+    assert LOADS == []
+    for call in (lambda: EvalConfig(input_path=str(tmp_path / "src"), metrics="given,chrf"),
+                 lambda: seq2seq_eval.score(PREDS, None, metrics="given,chrf"),
+                 lambda: seq2seq_eval.compare({"a": PREDS, "b": worse}, None, metrics="given,chrf")):
+        with pytest.raises(ConfigError) as e:
+            call()
+        assert ": chrf needs references (" in str(e.value) and str(e.value).endswith(ending)
+    assert LOADS == []

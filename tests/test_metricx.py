@@ -123,6 +123,11 @@ def test_inputs_direction_and_refusals(checkpoints, tmp_path):
                                          r"spiece.model \(mT5's, as google/mt5-xl\)$"):
         registry.check("metricx", dict(registry.resolve_options({"metricx_model": checkpoints["float32"],
                                                                  "metricx_tokenizer": str(tmp_path)})))
+    # A tokenizer that does not load is found by the checks too, not after generation.
+    (tmp_path / "tokenizer.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(ModelError, match=r"^--metricx_tokenizer .*: not loaded \("):
+        registry.check("metricx", dict(registry.resolve_options({"metricx_model": checkpoints["float32"],
+                                                                 "metricx_tokenizer": str(tmp_path)})))
 
 
 def test_a_reference_free_run_on_sources_alone_and_the_refusals_beside_it(checkpoints, tmp_path, capsys):
@@ -153,9 +158,9 @@ def test_a_reference_free_run_on_sources_alone_and_the_refusals_beside_it(checkp
     assert re.search(rf"^lowest metricx ids +{worst} \(", proc.stdout, flags=re.M), proc.stdout
     proc = single(["--data_dir", str(data), "--metrics", "metricx,bleu", "--metricx_qe", *flags, "--dry_run",
                    "--save_dir", str(tmp_path / "no")], tmp_path)
-    assert proc.returncode != 0 and proc.stderr.strip().endswith(
-        "test.target: file not found; expected references to score against (--metrics bleu reads them; a "
-        "reference-free metric alone runs without)") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.returncode != 0 and proc.stderr.strip() == (
+        f"seq2seq_eval: error: --metrics metricx,bleu: bleu needs references ({data / 'test.target'}: file not found); "
+        "only reference-free metrics run without them (docs/metrics.md#model-metrics)"), proc.stderr
     assert EvalConfig(input_path=str(data / "test.source"), metrics="metricx",
                       metric_options={"metricx_qe": True}).metric_names == ()
     from seq2seq_eval.legacy import build_legacy
@@ -164,8 +169,8 @@ def test_a_reference_free_run_on_sources_alone_and_the_refusals_beside_it(checkp
     assert build_legacy(["m", str(data / "test.source"), str(tmp_path / "o.txt"), "--metrics", "metricx",
                          "--metricx_qe"])[1].score_path is not None
     assert build_legacy(["m", str(data / "test.source"), str(tmp_path / "o.txt")])[1].score_path is None
-    with pytest.raises(ConfigError, match=r"^--metrics 'metricx': --input_path without --reference_path has no "
-                                          r"references to score against, and metricx needs them"):
+    with pytest.raises(ConfigError, match=r"^--metrics metricx: metricx needs references \(--input_path without "
+                                          r"--reference_path gives none\); only reference-free metrics run without"):
         EvalConfig(input_path=str(data / "test.source"), metrics="metricx")
     (tmp_path / "p").write_text("".join(r["prediction"] + "\n" for r in rows), encoding="utf-8")
     assert main(["score", "--metrics", "metricx", "--metricx_qe", *flags, "--sources", str(data / "test.source"),

@@ -22,7 +22,8 @@ STREAMS = [[PER_EXAMPLE[0][0], PER_EXAMPLE[1][0]], [PER_EXAMPLE[0][1], PER_EXAMP
     ({"metrics": "chrf", "num_return_sequences": 2, "generate_kwargs": (("num_beams", 2),)},
      "--metrics 'chrf': pseudolabels (--num_return_sequences > 1) are not scored"),
     ({"metrics": "bleu", "input_path": "sources.txt"},
-     "--metrics 'bleu': --input_path without --reference_path has no references to score against"),
+     "--metrics bleu: bleu needs references (--input_path without --reference_path gives none); only "
+     "reference-free metrics run without them"),
     ({"metrics": ""}, "--metrics '': no metric given"),
     ({"metrics": "bleu,comet", "shared_tail": True},
      "--shared_tail with --metrics comet: the ranks' slices cannot hold the model metrics' values"),

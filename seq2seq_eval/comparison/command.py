@@ -117,35 +117,46 @@ def _task(arg: str | None, runs: Sequence[Run]) -> str:
     return tasks.pop()
 
 
-def _references(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[list[list[str]], str]:
+def _references(args: argparse.Namespace, runs: Sequence[Run]) -> tuple[list[list[str | None]], str, str | None]:
+    """(the reference streams, where they come from, None or why some example has none): no
+    stream where there are none, which only reference-free metrics accept (registry.check_inputs)."""
     if args.references:
         # Each line a reference, as score and a run read them (inputs.checks).
-        return [check_lines(Path(r), read_lines(Path(r)), "reference") for r in args.references], " ".join(args.references)
+        return ([check_lines(Path(r), read_lines(Path(r)), "reference") for r in args.references],
+                " ".join(args.references), None)
     known = [r for r in runs if r.references is not None]
     if not known:
         why = "; ".join(f"{r.path}: {r.references_note}" for r in runs)
-        reason = f"no references found for the runs ({why})" if runs else "a prediction is a bare file"
-        raise ConfigError(f"--references is required: {reason}")
-    # The first run's; compare_main checks that the other runs' agree.
-    return known[0].references, str(known[0].path)  # type: ignore[return-value]
+        return [], "", ("pass --references; " + (f"none found for the runs: {why}" if runs else
+                                                 "a prediction is a bare file"))
+    # The first run's; compare_main checks that the other runs' agree. A run without references
+    # for some examples (a reference-free run on data that holds some) leaves them None.
+    refs, origin = known[0].references, str(known[0].path)
+    lacking = sum(1 for i in range(len(refs[0])) if refs[0][i] is None)  # type: ignore[index]
+    return refs, origin, (f"pass --references; {lacking} of {len(refs[0])} examples of {origin} "  # type: ignore[arg-type]
+                          "have none") if lacking else None
 
 
-def _check_lengths(named: Mapping[str, _System], refs: Sequence[Sequence[str]], ref_names: Sequence[str],
+def _check_lengths(named: Mapping[str, _System], refs: Sequence[Sequence[str | None]], ref_names: Sequence[str],
                    sources: Sequence[str] | None, source_name: str) -> None:
-    n = len(refs[0])
+    """Every file holds one line per example: as many as the first reference file (without
+    references, the baseline's predictions)."""
+    first = next(iter(named.values()))
+    base = ref_names[0] if refs else str(first.path / f"{first.run.type_path}_generations.txt" if first.run
+                                         else first.path)
+    n = len(refs[0]) if refs else len(first.predictions)
     if n == 0:
-        raise DataError(f"{ref_names[0]}: no lines; expected one reference per example")
+        raise DataError(f"{base}: no lines; expected one {'reference' if refs else 'prediction'} per example")
     for stream, name in zip(refs[1:], ref_names[1:]):
         if len(stream) != n:
             raise DataError(f"{name}: {len(stream)} lines but {ref_names[0]} has {n}")
     for system in named.values():
         if len(system.predictions) != n:
             what = system.path / f"{system.run.type_path}_generations.txt" if system.run else system.path
-            raise DataError(
-                f"{what}: {len(system.predictions)} lines but {ref_names[0]} has {n}; expected one prediction per reference"
-            )
+            raise DataError(f"{what}: {len(system.predictions)} lines but {base} has {n}; expected one prediction per "
+                            + ("reference" if refs else "example"))
     if sources is not None and len(sources) != n:
-        raise DataError(f"{source_name}: {len(sources)} lines but {ref_names[0]} has {n}")
+        raise DataError(f"{source_name}: {len(sources)} lines but {base} has {n}")
 
 
 def _check_report_path(args: argparse.Namespace) -> None:
@@ -185,7 +196,7 @@ def compare_main(argv: Sequence[str]) -> str:
                            else "the task's default metric")
     n_samples = _check_samples(args.paired_test, args.n_samples)
     _check_seed(args.seed)
-    refs, ref_origin = _references(args, runs)
+    refs, ref_origin, no_references = _references(args, runs)
     ref_names = list(args.references) if args.references else [ref_origin] * len(refs)
     sources: list[str] | None = None
     source_name = ""
@@ -195,6 +206,12 @@ def compare_main(argv: Sequence[str]) -> str:
         with_sources = [r for r in runs if r.sources is not None]
         if with_sources:
             sources, source_name = with_sources[0].sources, str(with_sources[0].path)
+    # The run's and score's rule, before any model loads: what each metric reads is there.
+    registry.check_inputs(metrics, options, f"compare --metrics {','.join(metrics)}",
+                          no_sources=None if sources is not None else "pass --sources, or run folders that hold them",
+                          no_references=no_references, references=len(refs),
+                          references_from=f"{'--references gives' if args.references else ref_origin + ' has'} "
+                                          f"{len(refs)} per example")
     _check_lengths(named, refs, ref_names, sources, source_name)
     # Every run folder whose data could be read must list the same ids in the same order, and
     # (unless --references replaces them) the same references.
@@ -202,14 +219,13 @@ def compare_main(argv: Sequence[str]) -> str:
     ids = with_ids[0].ids if with_ids else None
     for run in runs:
         check_same_examples(run, ids, str(with_ids[0].path) if with_ids else "")
-        if not args.references:
+        if not args.references and refs:
             check_same_examples(run, None, ref_origin, refs[0])
 
     predictions = {name: s.predictions for name, s in named.items()}
     rouge_keys = [m for m in metrics if m in ROUGE_KEYS]
     rouge_rows = {name: _rouge_matrix(preds, refs) for name, preds in predictions.items()} if rouge_keys else None
-    example_scores = model_metric_values(metrics, options, sources, predictions, refs, "--metrics {} needs the "
-                                         "sources: pass --sources (or run folders that hold them)")
+    example_scores = model_metric_values(metrics, options, sources, predictions, refs)
     # The files are reference streams already (a run's may end in None where it had fewer).
     comparison = compare_systems(predictions, refs, metrics, args.paired_test, n_samples, args.seed,
                                  rouge_scores=rouge_rows, example_scores=example_scores)

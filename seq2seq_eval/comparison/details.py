@@ -71,14 +71,16 @@ def report_details(
     examples whose sentence score (first metric) differs most from the baseline's.
 
     Lengths are whitespace tokens of the sources, or of the first reference stream when there
-    are no sources (``length_basis`` says which). Bucket scores are corpus scores of the bucket
+    are no sources, or of the baseline's predictions when there is neither (``length_basis``
+    says which). Bucket scores are corpus scores of the bucket
     (ROUGE: the mean).
     """
     names = list(comparison["systems"])
     metrics = list(comparison["metrics"])
     n = comparison["n_examples"]
-    basis = "source" if sources is not None else "reference"
-    lengths = [len(t.split()) for t in (sources if sources is not None else refs[0])]
+    basis = "source" if sources is not None else "reference" if refs else "prediction"
+    texts = sources if sources is not None else refs[0] if refs else systems[names[0]]
+    lengths = [len(t.split()) if t is not None else 0 for t in texts]
     buckets = _length_buckets(lengths)
     per_sentence: dict[str, dict[str, list[float]]] = {m: {} for m in metrics}
     by_bucket: dict[str, dict[str, list[float]]] = {m: {} for m in metrics}
@@ -125,7 +127,7 @@ def report_details(
                 "index": i,
                 "id": ids[i] if ids is not None else i,
                 "source": sources[i] if sources is not None else None,
-                "references": [stream[i] for stream in refs],
+                "references": [stream[i] for stream in refs if stream[i] is not None],
                 "baseline": systems[base][i],
                 "system": systems[name][i],
                 "baseline_score": per_sentence[primary][base][i],

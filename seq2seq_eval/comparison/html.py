@@ -192,7 +192,8 @@ def render_report(comparison: Mapping[str, Any], details: Mapping[str, Any]) -> 
                     "each bar is the system's corpus score on the bucket's examples.</p>")
     else:
         body.append('<p class="note"><strong>No sources were given</strong> (pass --sources, or compare run folders): '
-                    "buckets are quintiles of the <strong>reference</strong> length (whitespace tokens) instead.</p>")
+                    f"buckets are quintiles of the <strong>{'reference' if basis == 'reference' else 'baseline prediction'}"
+                    "</strong> length (whitespace tokens) instead.</p>")
     body.append(_legend(names) + '<div class="charts">')
     x_label = f"{basis} length (tokens)"
     for metric in metrics:

@@ -153,12 +153,15 @@ def load_run(save_dir: str | Path, complete: bool = True) -> Run:
         if len(rows) != len(preds):
             raise DataError(f"{gen_path}: {len(preds)} lines but {examples_file} has {len(rows)}")
         k = max(len(r["references"]) for r in rows)
+        # A reference-free run's examples hold none: no reference streams, and the note says why.
         return Run(
             predictions=preds,
-            references=[[r["references"][j] if j < len(r["references"]) else None for r in rows] for j in range(k)],
+            references=[[r["references"][j] if j < len(r["references"]) else None for r in rows]
+                        for j in range(k)] if k else None,
             sources=[r["source"] for r in rows], ids=[r["id"] for r in rows],
             task=config.get("task") if config else None, type_path=type_path, path=save_dir,
-            references_note=str(examples_file), references_sha256=data_info.get("references_sha256"),
+            references_note=str(examples_file) if k else f"{examples_file} holds no references",
+            references_sha256=data_info.get("references_sha256"),
         )
     examples: Examples | None = None
     note = "no metric file with provenance"

@@ -41,26 +41,32 @@ def _rouge_matrix(preds: Sequence[str], refs: Sequence[Sequence[str]]) -> list[d
     return [{key: max(s[i][key] for s in per_stream) for key in ROUGE_KEYS} for i in range(len(preds))]
 
 
-def _check_inputs(systems: Mapping[str, Sequence[str]], refs: Sequence[Sequence[str]]) -> int:
+def _check_inputs(systems: Mapping[str, Sequence[str]], refs: Sequence[Sequence[str | None]],
+                  metrics: Sequence[str]) -> int:
     if len(systems) < 2:
         raise ConfigError(f"--predictions needs at least 2 systems (the first is the baseline), got {len(systems)}")
-    if isinstance(refs, str) or not refs or isinstance(refs[0], str):
+    if isinstance(refs, str) or (refs and isinstance(refs[0], str)):
         raise ConfigError("references must be a list of reference streams (a list of lists of strings)")
-    n = len(refs[0])
+    # The text metrics are scored here, on every example's references; the model metrics' values are given.
+    registry.check_inputs([m for m in metrics if m not in example_mean_metrics()], {}, f"metrics {','.join(metrics)}",
+                          no_references=None if refs and all(r is not None for r in refs[0]) else
+                          "no reference streams given" if not refs else "an example has no reference")
+    n = len(refs[0]) if refs else len(next(iter(systems.values())))
     if n == 0:
-        raise DataError("the references hold no examples")
+        raise DataError(f"the {'references' if refs else 'predictions'} hold no examples")
     for k, stream in enumerate(refs[1:], start=2):
         if len(stream) != n:
             raise DataError(f"reference stream {k} has {len(stream)} lines but stream 1 has {n}")
     for name, hyps in systems.items():
         if len(hyps) != n:
-            raise DataError(f"system {name}: {len(hyps)} predictions but the references have {n} lines")
+            raise DataError(f"system {name}: {len(hyps)} predictions but the {'references have' if refs else 'baseline has'} "
+                            f"{n} lines")
     return n
 
 
 def compare_systems(
     systems: Mapping[str, Sequence[str]],
-    refs: Sequence[Sequence[str]],
+    refs: Sequence[Sequence[str | None]] | None,
     metrics: Sequence[str] = ("bleu",),
     paired_test: str = "bs",
     n_samples: int | None = None,
@@ -71,7 +77,8 @@ def compare_systems(
     """Score every system and test each against the first (the baseline).
 
     ``systems``: name -> predictions, in example order, baseline first. ``refs``: reference
-    streams (``[refs]`` for one reference per example). ``rouge_scores`` optionally gives
+    streams (``[refs]`` for one reference per example; none, ``[]`` or None, where every metric is
+    a model metric whose values are given). ``rouge_scores`` optionally gives
     per-example ROUGE already computed (name -> ``rouge_example_scores`` rows, e.g. a run's
     ``metric_stats``), so they are not computed again. ``example_scores`` gives the per-example
     main values of the model metrics (paired.example_mean_metrics): metric -> ``{"values":
@@ -82,8 +89,9 @@ def compare_systems(
     ``results[system][metric]`` is ``{"score", "ci_low", "ci_high", "p_value", "significant"}``
     (``p_value`` None and ``significant`` False for the baseline).
     """
-    n = _check_inputs(systems, refs)
     metrics = metric_names(metrics)
+    refs = list(refs or [])
+    n = _check_inputs(systems, refs, metrics)
     n_samples = _check_samples(paired_test, n_samples)
     _check_seed(seed)
     names = list(systems)
@@ -184,7 +192,7 @@ def _rouge_signature(n_refs: int, paired_test: str, n_samples: int, seed: int) -
 
 def compare(
     systems: Mapping[str, Sequence[str]],
-    references: Sequence[str] | Sequence[Sequence[str]],
+    references: Sequence[str] | Sequence[Sequence[str]] | None,
     *,
     task: str | None = "translation",
     metrics: str | Sequence[str] | None = None,
@@ -201,8 +209,8 @@ def compare(
     system scored, each tested against the first (the baseline). ``systems``: a dict (any
     mapping) of name -> predictions in example order, baseline first. ``references``: as
     `score` takes them (one text or list of texts per example, or reference streams;
-    ``reference_layout`` for the shape that fits both). ``metrics``: default the task's; a model
-    metric scores every system here, as ``compare --metrics comet`` does, with its options by
+    ``reference_layout`` for the shape that fits both; None where every metric is reference-free,
+    as `score` takes it). ``metrics``: default the task's; a model metric scores every system here, as ``compare --metrics comet`` does, with its options by
     name (``comet_model=...``, as `score` takes them) and ``sources`` (one per example) where it
     needs them; ``example_scores`` gives its values instead. Returns what ``compare --json``
     prints, less "inputs" (see compare_systems). ``sources``, when given, are checked as a run
@@ -228,7 +236,7 @@ def compare(
     names = metric_names(parse_metric_names(metrics, task))  # "rouge": its four keys
     registry.refuse_unused(options, names, f"metrics={metrics!r}")
     n = len(next(iter(systems.values()))) if systems else 0
-    rows = per_example(references, n, reference_layout) if n else None
+    rows = per_example(references, n, reference_layout) if n and references is not None else None
     if rows is None:
         streams: list[list[Any]] = [list(references)] if isinstance(references, Sequence) else []
     else:
@@ -236,8 +244,12 @@ def compare(
         streams = [[r[j] if j < len(r) else None for r in rows] for j in range(k)]
     srcs = source_texts(sources, n) if sources is not None else None
     if example_scores is None:
-        example_scores = model_metric_values(names, options, srcs, systems, streams, "compare(metrics={}): needs "
-                                             "sources, one per example")
+        # The run's, score's and the command's rule, before any model loads.
+        registry.check_inputs(names, options, f"compare(metrics={','.join(names)})",
+                              no_sources=None if srcs is not None else "sources=, one per example",
+                              no_references=None if references is not None else "references=, one or more per example",
+                              references=len(streams), references_from=f"references= gives {len(streams)} for an example")
+        example_scores = model_metric_values(names, options, srcs, systems, streams)
     comparison = compare_systems(systems, streams, names, paired_test, n_samples, seed, rouge_scores=rouge_scores,
                                  example_scores=example_scores)
     comparison["task"] = task
@@ -245,17 +257,12 @@ def compare(
 
 
 def model_metric_values(metrics: Sequence[str], options: Mapping[str, Any], sources: Sequence[str] | None,
-                        predictions: Mapping[str, Sequence[str]], refs: Sequence[Sequence[str | None]],
-                        no_sources: str) -> dict[str, Any] | None:
+                        predictions: Mapping[str, Sequence[str]], refs: Sequence[Sequence[str | None]]) -> dict[str, Any] | None:
     """Every model metric among `metrics` scored on every system (registry.example_values), or
-    None when there is none; `no_sources` is the error (with {} for the metric) where one needs
-    sources that are not given."""
+    None when there is none; the inputs are checked first (registry.check_inputs)."""
     wanted = [m for m in metrics if m in example_mean_metrics()]
     if not wanted:
         return None
-    needing = registry.needing_sources(wanted, options)
-    if needing and sources is None:
-        raise ConfigError(no_sources.format(",".join(needing)))
     n = len(next(iter(predictions.values()))) if predictions else 0
     texts = sources if sources is not None else [""] * n
     return {m: registry.example_values(m, options, texts, predictions, refs) for m in wanted}

@@ -22,7 +22,8 @@ def describe_test(comparison: Mapping[str, Any]) -> str:
         what += f", intervals from {AR_CONFIDENCE_SAMPLES} bootstrap resamples"
     return (
         f"{_TEST_NAMES[test]} ({what}, seed {comparison['seed']}); {comparison['n_examples']} examples, "
-        f"{comparison['n_references']} reference(s); baseline: {comparison['baseline']}"
+        f"{str(comparison['n_references']) + ' reference(s)' if comparison['n_references'] else 'no references'}; "
+        f"baseline: {comparison['baseline']}"
     )
 
 

@@ -5,7 +5,7 @@ Read as streams of blocks, with errors that name the file and the line."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,9 +182,10 @@ def load_legacy(data_dir: Path, type_path: str, need_targets: bool) -> Examples:
 
 
 def iter_legacy(data_dir: Path, type_path: str, need_targets: bool, rows: int = BLOCK_ROWS,
-                needed_by: str = "") -> Iterator[Block]:
+                missing: Callable[[str], str | None] | None = None) -> Iterator[Block]:
     """The legacy layout as a stream of blocks of `rows` examples; the id is the 0-based line
-    number. Every file is checked (it exists, the line counts agree) before the first block."""
+    number. Every file is checked (it exists, the line counts agree) before the first block.
+    `missing`: the run's error where the references are missing (given why), or None."""
     if not data_dir.exists():
         raise DataError(f"--data_dir {data_dir}: no such directory")
     if not data_dir.is_dir():
@@ -197,9 +198,8 @@ def iter_legacy(data_dir: Path, type_path: str, need_targets: bool, rows: int = 
     if tgt_path.exists():
         ref_paths = [tgt_path, *extra_reference_files(data_dir, type_path)]
     elif need_targets:
-        raise DataError(f"{tgt_path}: file not found; expected references to score against"
-                        + (f" (--metrics {needed_by} reads them; a reference-free metric alone runs without)"
-                           if needed_by else ""))
+        why = f"{tgt_path}: file not found"
+        raise DataError((missing(why) if missing is not None else None) or f"{why}; expected references to score against")
     return iter_files(src_path, ref_paths, rows)
 
 

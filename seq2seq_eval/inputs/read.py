@@ -72,11 +72,20 @@ def _blocks(cfg: EvalConfig, rows: int) -> tuple[Iterator[Block], str]:
         check_columns(("target",), str(path), cfg.allow_reference_in_prompt, template)
         blocks = blocks_of(iter_jsonl(path, need_targets, fields), rows)
     else:
-        blocks = iter_legacy(path, cfg.type_path, need_targets, rows,
-                             ",".join(cfg.reference_readers) if cfg.metrics is not None else "")
+        blocks = iter_legacy(path, cfg.type_path, need_targets, rows, lambda why: _missing_references(cfg, why))
     if cfg.n_obs is not None:
         blocks = _first(blocks, cfg.n_obs)
     return blocks, str(path)
+
+
+def _missing_references(cfg: EvalConfig, why: str) -> str | None:
+    """The run's metrics against data without references: the rule `score` and `compare` follow."""
+    from ..scoring import registry
+    from ..scoring.names import parse_metric_names
+
+    names = parse_metric_names(cfg.metrics, cfg.task_family)
+    shown = f"--metrics {','.join(names)}" + ("" if cfg.metrics is not None else " (the task's metric)")
+    return registry.missing_inputs(names, dict(cfg.metric_options), shown, no_references=why)
 
 
 def _starts_as_json(path: Path) -> bool:

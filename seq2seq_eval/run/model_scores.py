@@ -19,7 +19,7 @@ from typing import Any
 from ..config import EvalConfig
 from ..errors import SyncTimeoutError
 from ..scoring import registry
-from ..scoring.model_metric import MAX_TOKENS, ModelMetric, columns, default_budget, model_batches
+from ..scoring.model_metric import MAX_TOKENS, ModelMetric, columns, default_budget, given_references, model_batches
 from .dist import DistEnv
 from .journal import Journal
 from .plan import Batch, assign_batches, plan_digest
@@ -39,9 +39,15 @@ def journal_path(tmp_dir: Path, rank: int) -> Path:
     return tmp_dir / f"model_scores_rank_{rank}.jsonl"
 
 
-def check_model_metrics(cfg: EvalConfig) -> None:
-    """Before any work: every model metric's model can be found and is of a supported kind."""
-    for name in cfg.model_metric_names:
+def check_model_metrics(cfg: EvalConfig, max_references: int) -> None:
+    """Before any work (once the data is read, before any model loads): the inputs give every
+    model metric what it reads (registry.check_inputs: at most the references per example it
+    takes; the data has up to `max_references`), and its model can be found and is of a
+    supported kind."""
+    names = cfg.model_metric_names
+    registry.check_inputs(names, dict(cfg.metric_options), f"--metrics {cfg.metrics}", references=max_references,
+                          references_from=f"the data has {max_references} for an example")
+    for name in names:
         registry.check(name, dict(cfg.metric_options))
 
 
@@ -98,7 +104,7 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
     n = len(prep.store)
     examples = prep.store.examples(range(n))
     sources = [e.source for e in examples]
-    refs = [e.references for e in examples]
+    every_ref = [e.references for e in examples]
     options = dict(cfg.metric_options)
     out: dict[str, Any] = {"stats": {}}
     for name in names:
@@ -106,6 +112,7 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
             break
         t0 = time.perf_counter()
         spec = registry.get(name)
+        refs = given_references(registry.reads_references(name, options), every_ref)
         metric = loader(name, options, device)
         budget = default_budget(options[MAX_TOKENS.name], getattr(device, "type", str(device)))
         metric.prepare(sources, preds, refs)
@@ -148,7 +155,8 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
             # The model goes with this loop; what finish needs of it is kept. The records (not
             # numbers) go per example into the examples file only.
             out[name] = {"values": values, "scores": {k: spec.system_score(values[k]) for k in keys},
-                         "higher_is_better": spec.higher_is_better, "signature": metric.signature}
+                         "higher_is_better": spec.higher_is_better,
+                         "signature": registry.signature(name, options, metric, refs)}
             out["stats"][name] = {"options": registry.own_options(spec, options), "batches": len(batches),
                                   "max_tokens": budget, "resumed_batches": len(done),
                                   "rank0_planned_batches": len(shares[env.rank]), "rank0_scored_batches": scored,

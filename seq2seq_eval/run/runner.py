@@ -105,7 +105,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             if not removed_first:
                 check_tmp_dir(tmp_dir, prep.manifest, cfg.resume)
             earlier_run(cfg, prep)
-            check_model_metrics(cfg)
+            check_model_metrics(cfg, prep.store.max_references)
             return Outcome(plan_text=describe_plan(prep, env.world_size))
     if model is not None:
         device = next(model.parameters()).device  # the caller's: its current device is set
@@ -137,7 +137,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             _agree(env, pg, lambda: _check_manifest(cfg, env, tmp_dir, prep.manifest))
             earlier: list[Any] = []  # --compare_to's run, checked before any generation
             _agree(env, pg, lambda: earlier.append(earlier_run(cfg, prep)))
-            _agree(env, pg, lambda: check_model_metrics(cfg))  # a model metric's model is found before any generation
+            _agree(env, pg, lambda: check_model_metrics(cfg, n_refs))  # a model metric's model is found before any generation
             if not env.is_main:
                 # Before this rank's rank file, without which rank 0 cannot finish: rank 0 removes
                 # the temp dir only once this rank has let it go (presence.py).

@@ -11,7 +11,11 @@ same options its `load` gets), so that one module can hold a family whose varian
   paired tests and report, the summary and the lowest-scoring examples follow it.
 * inputs: `needs_sources` and `needs_references` (a reference-free variant, such as MetricX's
   --metricx_qe or a CometKiwi checkpoint, says False); a metric that needs no reference runs on
-  inputs that have none, one that needs sources is refused without them.
+  inputs that have none, one that needs sources is refused without them. `reads_references`
+  (default: as `needs_references`): whether it reads references where there are any; a metric
+  that reads none is given none, and one that reads them without needing them (XCOMET) has
+  its signature say which examples had them. `max_references`: the most it reads per example
+  (None: any number); more are refused before any work (registry.check_inputs).
 * keys: `keys`, its numeric per-example keys, the main one first (default: the name alone). Each
   goes into the examples file per example and, aggregated, into the metric file; compare tests
   the main one.
@@ -107,6 +111,14 @@ class ModelMetricSpec:
     needs_references: bool | Callable[[Mapping[str, Any]], bool] = True
     """Whether it reads each example's references: False for a reference-free (quality
     estimation) metric or variant, which then runs on inputs that have none."""
+    reads_references: bool | Callable[[Mapping[str, Any]], bool] | None = None
+    """Whether it reads an example's references where there are any (None: as needs_references).
+    False: it is given none, whatever the inputs hold. True beside needs_references False: they are
+    optional (XCOMET falls back to [mt, src] on an example without one), and its signature says
+    which examples had them (`refs:all`, `refs:none`, `refs:K/N`)."""
+    max_references: int | Callable[[Mapping[str, Any]], int | None] | None = None
+    """The most references per example it reads (None: any number); inputs with more are refused
+    before any work."""
     keys: tuple[str, ...] | Callable[[Mapping[str, Any]], tuple[str, ...]] = ()
     """Its numeric per-example keys, the main one first (default: the name alone). Each goes into
     the examples file per example and, aggregated, into the metric file; compare tests the main one."""
@@ -125,6 +137,16 @@ class ModelMetricSpec:
     def inputs(self, options: Mapping[str, Any]) -> Inputs:
         """What it reads of each example under these (its own) options."""
         return Inputs(bool(_declared(self.needs_sources, options)), bool(_declared(self.needs_references, options)))
+
+    def reads_refs(self, options: Mapping[str, Any]) -> bool:
+        """Whether it reads references where there are any, under these (its own) options."""
+        declared = self.needs_references if self.reads_references is None else self.reads_references
+        return bool(_declared(declared, options))
+
+    def most_references(self, options: Mapping[str, Any]) -> int | None:
+        """The most references per example it reads under these (its own) options (None: any)."""
+        most = _declared(self.max_references, options)
+        return None if most is None else int(most)
 
     def value_keys(self, options: Mapping[str, Any]) -> tuple[str, ...]:
         """Its numeric keys under these (its own) options, the main one first."""
@@ -197,6 +219,22 @@ FORWARDS_PER_BATCH = 4
 """A planned batch (what is dealt, stolen and journaled) holds the examples of about this many
 forward passes per input kind: within it the metric sorts all texts by length and pads little,
 while a run still has batches enough to share among ranks."""
+
+
+def given_references(reads: bool, references: Sequence[Sequence[str | None]]) -> list[tuple[str, ...]]:
+    """What a metric is given of each example's references: its texts (a stream's None past an
+    example's last dropped) where it reads them, else none."""
+    return [tuple(r for r in refs if r is not None) if reads else () for refs in references]
+
+
+def with_references(signature: str, references: Sequence[Sequence[str]]) -> str:
+    """The signature of a metric whose references are optional, with which examples had them:
+    `refs:all`, `refs:none` or `refs:K/N` (K of N examples), before the tool's version."""
+    had = sum(1 for r in references if r)
+    part = "refs:all" if had == len(references) and had else "refs:none" if not had else f"refs:{had}/{len(references)}"
+    parts = signature.split("|")
+    at = next((i for i, p in enumerate(parts) if p.startswith("seq2seq_eval:")), len(parts))
+    return "|".join([*parts[:at], part, *parts[at:]])
 
 
 def default_budget(max_tokens: int | None, device_type: str) -> int:

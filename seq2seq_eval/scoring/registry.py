@@ -2,7 +2,9 @@
 metric defined outside the package (a script's own, registered before it calls the tool on every
 rank). Everything else reads them here: the metric names --metrics takes, EvalConfig's
 metric_options and their checks, the run's, `score`'s and `compare`'s flags, the keywords of
-score(), compare() and evaluate(), the summary, compare's lists and decimals, the docs' list."""
+score(), compare() and evaluate(), the summary, compare's lists and decimals, the docs' list,
+and the one rule every entry point holds its inputs to (`check_inputs`: sources, references,
+the most references per example), with what each metric is given of them and its signature."""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ from .model_metric import (
     Option,
     Ranks,
     columns,
+    given_references,
     score_all,
+    with_references,
 )
 
 BUILTIN = (
@@ -211,6 +215,70 @@ def needing_references(metric_names: Sequence[str], resolved: Mapping[str, Any])
     return tuple(n for n in metric_names if n not in specs() or inputs(n, resolved).references)
 
 
+def reads_references(name: str, resolved: Mapping[str, Any]) -> bool:
+    """Whether a model metric reads references where there are any, under the options."""
+    spec = get(name)
+    return spec.reads_refs(own_options(spec, resolved))
+
+
+def _given(spec: ModelMetricSpec, resolved: Mapping[str, Any]) -> str:
+    """The metric with its options set to other than their defaults, as flags."""
+    flags = [f"--{o.name}" + ("" if o.kind is bool else f" {resolved[o.name]}")
+             for o in spec.options if resolved[o.name] != o.default]
+    return " ".join([spec.name, "with", *flags]) if flags else spec.name
+
+
+def _need(names: Sequence[str]) -> str:
+    return f"{', '.join(names)} {'needs' if len(names) == 1 else 'need'}"
+
+
+def check_inputs(metric_names: Sequence[str], resolved: Mapping[str, Any], shown: str, *,
+                 no_sources: str | None = None, no_references: str | None = None,
+                 references: int = 0, references_from: str = "") -> None:
+    """The one rule every entry point (the run, `score`, `compare`, evaluate(), score(),
+    compare()) holds its inputs to before any model loads, as a one-line ConfigError: a metric
+    that reads sources is refused where there are none, one that needs references where there
+    are none, and one that reads at most k references per example where an example has more.
+    `no_sources`, `no_references`: None where the inputs hold them, else why they do not (or how
+    to give them), in the entry point's words; `references`: the most references an example has,
+    `references_from`: where they come from (`--references gives 2 per example`)."""
+    problem = missing_inputs(metric_names, resolved, shown, no_sources=no_sources, no_references=no_references,
+                             references=references, references_from=references_from)
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def missing_inputs(metric_names: Sequence[str], resolved: Mapping[str, Any], shown: str, *,
+                   no_sources: str | None = None, no_references: str | None = None,
+                   references: int = 0, references_from: str = "") -> str | None:
+    """check_inputs' one line, or None where the inputs give every metric what it reads (for a
+    reader that raises its own error type with it)."""
+    needing = needing_sources(metric_names, resolved)
+    if needing and no_sources is not None:
+        return f"{shown}: {_need(needing)} sources ({no_sources})"
+    needing = needing_references(metric_names, resolved)
+    if needing and no_references is not None:
+        return (f"{shown}: {_need(needing)} references ({no_references}); only reference-free metrics run without "
+                "them (docs/metrics.md#model-metrics)")
+    for name in (n for n in metric_names if n in specs()):
+        spec = get(name)
+        most = spec.most_references(own_options(spec, resolved))
+        if most is not None and references > most and reads_references(name, resolved):
+            return (f"{shown}: {_given(spec, resolved)} reads at most {most} reference{'s' if most != 1 else ''} per example, and "
+                    f"{references_from}; give at most {most}")
+    return None
+
+
+def signature(name: str, resolved: Mapping[str, Any], metric: ModelMetric, references: Sequence[Sequence[str]]) -> str:
+    """The signature of a model metric's scores on these (given) references: its own, and for a
+    metric whose references are optional (read where there are any, needed nowhere: XCOMET)
+    which examples had them (model_metric.with_references)."""
+    spec = get(name)
+    own = own_options(spec, resolved)
+    optional = spec.reads_refs(own) and not spec.inputs(own).references
+    return with_references(metric.signature, references) if optional else metric.signature
+
+
 def higher_is_better(metric: str) -> bool:
     """A model metric's direction (False: an error scale, lower is better)."""
     return get(metric).higher_is_better
@@ -247,10 +315,10 @@ def corpus_scores(metric_names: Sequence[str], resolved: Mapping[str, Any], sour
         raise DataError(f"sources: {len(sources)} texts but {len(predictions)} predictions; expected one source per prediction")
     device = ranks.device if ranks is not None else "cuda" if torch.cuda.is_available() else "cpu"
     device_type = torch.device(device).type
-    per_example = [tuple(r) for r in references]
     out: dict[str, Any] = {}
     for name in metric_names:
         spec = get(name)
+        per_example = given_references(reads_references(name, resolved), references)
         metric = load(name, resolved, device)
         values = score_all(metric, sources, predictions, per_example, resolved[MAX_TOKENS.name],
                            device_type=device_type, ranks=ranks)
@@ -258,7 +326,7 @@ def corpus_scores(metric_names: Sequence[str], resolved: Mapping[str, Any], sour
         for key, column in columns(value_keys(name, resolved), values, record_keys(name, resolved)).items():
             if key not in record_keys(name, resolved):
                 out[key] = spec.system_score(column)
-        out[f"{name}_signature"] = metric.signature
+        out[f"{name}_signature"] = signature(name, resolved, metric, per_example)
     return out
 
 
@@ -271,9 +339,9 @@ def example_values(name: str, resolved: Mapping[str, Any], sources: Sequence[str
     spec = get(name)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     metric = load(name, resolved, device)
-    per_example = [tuple(s[i] for s in refs if s[i] is not None) for i in range(len(sources))]
+    per_example = given_references(reads_references(name, resolved), [[s[i] for s in refs] for i in range(len(sources))])
     keys, records = value_keys(name, resolved), record_keys(name, resolved)
     values = {system: columns(keys, score_all(metric, sources, preds, per_example, resolved[MAX_TOKENS.name],
                                               device_type=device), records)[spec.name]
               for system, preds in predictions.items()}
-    return {"values": values, "signature": metric.signature}
+    return {"values": values, "signature": signature(name, resolved, metric, per_example)}

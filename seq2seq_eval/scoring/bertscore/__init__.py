@@ -132,7 +132,8 @@ class BERTScore(ModelMetric):
 
 
 def check(options: Mapping[str, Any]) -> None:
-    """Before any work: the layer is known, the baseline can be read, the model's config is found."""
+    """Before any work: the layer is known, the baseline can be read, the model's config is found,
+    its tokenizer loads and sets the length texts are cut to (as load() reads them)."""
     from transformers import AutoConfig
 
     from ...errors import ModelError
@@ -150,6 +151,9 @@ def check(options: Mapping[str, Any]) -> None:
     if count is not None and layers > count:
         raise ConfigError(f"--bertscore_num_layers {layers}: {options['bertscore_model']} has {count} layers; "
                           f"expected 0 to {count}")
+    from .encoder import load_tokenizer
+
+    load_tokenizer(options["bertscore_model"])  # so that it fails here, not after generation
 
 
 def _baseline(options: Mapping[str, Any], layers: int) -> tuple[tuple[float, float, float] | None, str | None]:

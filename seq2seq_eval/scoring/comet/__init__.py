@@ -9,7 +9,8 @@ and writes follows its class."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from ..model_metric import ModelMetric, ModelMetricSpec, Option
 from .checkpoint import (DEFAULT_MODEL, REGRESSION, encoder_source, hparams_of, load_state_dict, model_folder,
@@ -104,27 +105,42 @@ class Comet(ModelMetric):
 
 
 def check(name_or_path: str = DEFAULT_MODEL) -> None:
-    """The model's folder (or hub files) and its hparams.yaml, read and checked without loading
-    it; on a GPU, also that its weights fit the GPU's memory (XCOMET-XXL's 40 GiB of float32
-    weights do not fit a 40 GB one), before any work."""
+    """Everything load() reads but the weights, read and checked without loading them, before any
+    work: the model's folder (or hub files) and its hparams.yaml, the encoder's config and
+    tokenizer, the network hparams.yaml describes (built on the meta device); on a GPU, also that
+    its weights fit the GPU's memory (XCOMET-XXL's 40 GiB of float32 weights do not fit a 40 GB one)."""
     import torch
+
+    from ...errors import ModelError
 
     folder = model_folder(name_or_path)
     hparams = read_hparams(folder, name_or_path)
+    config, _ = _encoder(name_or_path, folder, hparams)
+    try:
+        needed = weights_bytes(hparams, config)
+    except ValueError as e:
+        raise ModelError(f"--comet_model {name_or_path}: {folder / 'hparams.yaml'}: {e}") from e
     if torch.cuda.is_available():
-        from .network import encoder_class
-
-        try:
-            config = encoder_class(hparams)[0].from_pretrained(encoder_source(folder, hparams))
-        except (OSError, ValueError):
-            return  # load() says where the encoder's config was looked for
         device = torch.device("cuda", torch.cuda.current_device())
-        try:
-            needed = weights_bytes(hparams, config)
-        except ValueError:
-            return  # load() says what in hparams.yaml is wrong
         refuse_oversized(name_or_path, needed, torch.cuda.get_device_properties(device).total_memory,
                          f"{torch.cuda.get_device_name(device)} has in all")
+
+
+def _encoder(name_or_path: str, folder: Any, hparams: dict[str, Any]) -> tuple[Any, Any]:
+    """(the encoder's config, its tokenizer), from where hparams.yaml's pretrained_model says."""
+    from transformers import AutoTokenizer
+
+    from ...errors import ModelError
+    from .network import encoder_class
+
+    source = encoder_source(folder, hparams)
+    try:
+        # The config class COMET's encoder names (XLM-R or XLM-R-XL), whatever config.json's model_type.
+        return encoder_class(hparams)[0].from_pretrained(source), AutoTokenizer.from_pretrained(source)
+    except Exception as e:  # a malformed file raises whatever its parser meets (KeyError, ...)
+        raise ModelError(f"--comet_model {name_or_path}: the encoder's config and tokenizer ({source!r}, hparams.yaml's "
+                         f"pretrained_model) were not found or not read ({type(e).__name__}); put them in a folder of "
+                         "that name beside hparams.yaml (docs/metrics.md#comet)") from e
 
 
 def weights_bytes(hparams: dict[str, Any], config: Any) -> int:
@@ -160,23 +176,13 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
     """A COMET model from a folder or hub name in COMET's published layout, of the class its
     hparams.yaml names: regression (COMET-22/20), unified (CometKiwi) or XCOMET."""
     import torch
-    from transformers import AutoTokenizer
 
     from ...errors import ModelError
-    from .network import encoder_class
     from .unified import UnifiedComet
 
     folder = model_folder(name_or_path)
     hparams = read_hparams(folder, name_or_path)
-    source = encoder_source(folder, hparams)
-    try:
-        # The config class COMET's encoder names (XLM-R or XLM-R-XL), whatever config.json's model_type.
-        config = encoder_class(hparams)[0].from_pretrained(source)
-        tokenizer = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"--comet_model {name_or_path}: the encoder's config and tokenizer ({source!r}, hparams.yaml's "
-                         f"pretrained_model) were not found; put them in a folder of that name beside hparams.yaml "
-                         f"(docs/metrics.md#comet)") from e
+    config, tokenizer = _encoder(name_or_path, folder, hparams)
     kind = hparams["class_identifier"]
     try:
         network = _network(hparams, config, tokenizer.pad_token_id)
@@ -207,17 +213,33 @@ SPANS = "comet_error_spans"
 """The per-example record of a model that tags words (XCOMET): predict()'s metadata.error_spans."""
 
 
-def _declared(name_or_path: str) -> tuple[bool, bool, bool]:
-    """(reads sources, needs references, writes spans) of a model, from its hparams.yaml; a
-    regression model's while it cannot be read (the checks before any work then say why, in
-    `check`'s one line, as for any model that is not found)."""
+class _Declared(NamedTuple):
+    sources: bool
+    needs_references: bool
+    reads_references: bool
+    max_references: int | None
+    spans: bool
+
+
+def _declared(name_or_path: str) -> _Declared:
+    """What a model reads and writes, from its hparams.yaml. A hub name that cannot be read (offline,
+    not cached) declares a regression model's, and the checks before any work say why it is not
+    found; a path that cannot be read is refused here, in `check`'s one line, so that nothing is
+    refused for inputs it would not read. A unified class joins one reference into its inputs:
+    it reads at most one."""
     from ...errors import ModelError
 
     try:
         hparams = hparams_of(name_or_path)
     except ModelError:
-        return True, True, False
-    return "src" in segments(hparams), needs_references(hparams), tags_words(hparams)
+        # A hub name is owner/name; anything else is a path.
+        if Path(name_or_path).expanduser().is_absolute() or name_or_path.startswith((".", "~")) \
+                or name_or_path.count("/") > 1:
+            raise
+        return _Declared(True, True, True, None, False)
+    reads = "ref" in segments(hparams)
+    return _Declared("src" in segments(hparams), needs_references(hparams), reads,
+                     None if hparams["class_identifier"] == REGRESSION or not reads else 1, tags_words(hparams))
 
 
 METRIC = ModelMetricSpec(
@@ -229,8 +251,10 @@ METRIC = ModelMetricSpec(
     options=(Option("comet_model", DEFAULT_MODEL, "with --metrics comet: a COMET model (regression, CometKiwi or "
                     "XCOMET), as a hub name or a folder in COMET's layout (hparams.yaml, checkpoints/model.ckpt)"),),
     # What the model reads and writes follows its class (hparams.yaml), as unbabel-comet's predict.
-    needs_sources=lambda options: _declared(options["comet_model"])[0],
-    needs_references=lambda options: _declared(options["comet_model"])[1],
-    records=lambda options: (SPANS,) if _declared(options["comet_model"])[2] else (),
+    needs_sources=lambda options: _declared(options["comet_model"]).sources,
+    needs_references=lambda options: _declared(options["comet_model"]).needs_references,
+    reads_references=lambda options: _declared(options["comet_model"]).reads_references,
+    max_references=lambda options: _declared(options["comet_model"]).max_references,
+    records=lambda options: (SPANS,) if _declared(options["comet_model"]).spans else (),
     decimals=4,  # COMET lives on [0, 1]-ish, the text metrics on [0, 100]
 )

@@ -184,11 +184,30 @@ def check(options: Mapping[str, Any]) -> None:
     if not any((tokenizer / f).exists() for f in TOKENIZER_FILES):
         raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: no tokenizer in {tokenizer}; expected "
                          f"one of {', '.join(TOKENIZER_FILES)} (mT5's, as google/mt5-xl)")
+    _tokenizer(options)  # what load() reads of it, so that it fails here, not after generation
+
+
+def _tokenizer(options: Mapping[str, Any]) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(options["metricx_tokenizer"])
+    except Exception as e:  # a malformed tokenizer file raises whatever its parser meets (KeyError, ...)
+        # transformers 5 turns a spiece.model alone into its tokenizer only with protobuf; without
+        # it, it falls back to a tiktoken reader whose error names the wrong cause.
+        try:
+            import google.protobuf  # noqa: F401
+
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        except ImportError:
+            why = "transformers 5 reads a spiece.model alone only with protobuf installed"
+        raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: not loaded ({why}); expected mT5's "
+                         "tokenizer (google/mt5-xl) or a folder with its tokenizer.json") from e
 
 
 def load(options: Mapping[str, Any], device: Any = "cpu") -> MetricX:
     import torch
-    from transformers import AutoTokenizer, MT5Config, MT5Model
+    from transformers import MT5Config, MT5Model
 
     name = options["metricx_model"]
     folder = _folder(name, "metricx_model", ["config.json", "*.safetensors", "*.json", "*.bin"])
@@ -211,19 +230,7 @@ def load(options: Mapping[str, Any], device: Any = "cpu") -> MetricX:
         raise ModelError(f"--metricx_model {name}: the weights do not match MT5ForRegression (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     network.eval().to(device)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(options["metricx_tokenizer"])
-    except (OSError, ValueError) as e:
-        # transformers 5 turns a spiece.model alone into its tokenizer only with protobuf; without
-        # it, it falls back to a tiktoken reader whose error names the wrong cause.
-        try:
-            import google.protobuf  # noqa: F401
-
-            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        except ImportError:
-            why = "transformers 5 reads a spiece.model alone only with protobuf installed"
-        raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: not loaded ({why}); expected mT5's "
-                         "tokenizer (google/mt5-xl) or a folder with its tokenizer.json") from e
+    tokenizer = _tokenizer(options)
     scale = config.d_model ** -0.5 if tied else 1.0
     return MetricX(options, network, row.to(device=device, dtype=dtype), scale, tokenizer,
                    int(raw.get("pad_token_id") or 0), torch.device(device))
