@@ -459,3 +459,63 @@ def test_the_dry_run_says_once_per_folder_and_tries_every_name(e2e, tmp_path):
     assert dry.stderr.count("holds a publish cut short") == 1, dry.stderr
     long = single([*args, "--type_path", "t" * 240, "--dry_run"], cwd=tmp_path)
     assert long.returncode == 2 and "File name too long" in long.stderr and "Traceback" not in long.stderr, long.stderr
+
+
+# ---------------------------------------------------------------- evaluate()'s inputs with its outputs
+
+
+def _evaluate_set(folder: Path) -> dict[str, object]:
+    """What a reader of evaluate()'s save folder compares: every file's bytes, the metric file's
+    scores and data (its timings and dates differ from run to run)."""
+    view: dict[str, object] = dict(visible(folder))
+    if "test_bleu.json" in view:
+        metric = json.loads(view["test_bleu.json"])
+        data = metric["provenance"]["data"]
+        view["test_bleu.json"] = (metric["bleu"], metric["n_obs"], data["sha256"], Path(data["path"]).name)
+    return view
+
+
+def test_evaluate_publishes_its_in_memory_inputs_with_its_outputs(tiny_model, tmp_path):
+    """evaluate() with in-memory examples into a folder holding another evaluation's set, killed
+    before each change of the save folder in turn, found by counting them. Once the next command
+    has run (a recovery of the folder), the folder holds the earlier evaluation's inputs and
+    outputs, or the new one's, never inputs of one beside outputs of the other."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from seq2seq_eval import evaluate
+
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model)
+    data = {"one": (["one two three", "four five"], ["a b", "c d"]), "two": (["six seven", "eight", "nine ten"], ["e", "f g", "h"])}
+
+    def evaluation(save: Path, tag: str) -> None:
+        torch.set_num_threads(1)
+        evaluate(model, tokenizer, sources=data[tag][0], references=data[tag][1], save_dir=str(save),
+                 tmp_dir=str(save.parent / "t"), bs=4, metrics="bleu", num_beams=1, max_new_tokens=3)
+
+    whole = {}
+    for tag in ("one", "two"):
+        evaluation(tmp_path / tag / "out", tag)
+        whole[tag] = _evaluate_set(tmp_path / tag / "out")
+    assert whole["one"] != whole["two"] and "test_inputs.jsonl" in whole["one"]
+    assert not (tmp_path / "one" / "t").exists()  # the scratch copy went with the temp dir
+    # A file of the user's where the copy goes is refused before any work, and kept.
+    (tmp_path / "user" / "out").mkdir(parents=True)
+    (tmp_path / "user" / "out" / "test_inputs.jsonl").write_bytes(b"mine\n")
+    with pytest.raises(OutputError, match=r"test_inputs\.jsonl \(the examples evaluate\(\) was given\): exists and "):
+        evaluation(tmp_path / "user" / "out", "one")
+    assert everything(tmp_path / "user") == {"out/test_inputs.jsonl": b"mine\n"}
+    for k in range(1, 200):
+        save = tmp_path / f"{k}" / "out"
+        shutil.copytree(tmp_path / "one" / "out", save)  # a copy is the tool's: the same bytes
+        status, said = in_child(lambda: evaluation(save, "two"), save, k)
+        if not os.WIFSIGNALED(status):
+            assert k > 2 and said["changes"] == k - 1, (k, status, said)  # every step was tried
+            return
+        recover(save)
+        now = _evaluate_set(save)
+        assert now in (whole["one"], whole["two"]), (k, sorted(now))
+        assert leftovers(save) == [], (k, leftovers(save))
+    raise AssertionError("the evaluation never ended")
