@@ -2,7 +2,9 @@
 what the tool removes or adopts is known by a token, never by a name; the checks before work try
 every name in its folder, once per folder, free of races. The publishes run in forked children
 (no model): killed (SIGKILL) or signalled (SIGTERM, with the run's handler) before each change of
-the folders in turn, found by counting them, not listed by hand."""
+the folders in turn, found by counting them, not listed by hand; so do evaluate() with in-memory
+examples and a run's model-metric phase (a tiny model and a tiny COMET), and `score` is watched
+for any change at all."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 import os
 import random
 import signal
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -91,16 +94,23 @@ def tool_view(folders: list[Path]) -> list[dict[str, bytes]]:
     return [visible(f) for f in folders]
 
 
-def _watch(root: Path, at: int | None, action: Callable[[], None]) -> list[int]:
-    """In a forked child: every rename and removal under `root` counted; `action` runs just
-    before the at-th."""
+def _watch(root: Path, at: int | None, action: Callable[[], None], folders: bool = False) -> list[int]:
+    """In a forked child: every rename and removal under `root` counted (with `folders`, only
+    those of a file in `root`'s folders, as tests/publish_faults.py's tree mode counts them);
+    `action` runs just before the at-th."""
     count = [0]
+
+    def counted(path: str) -> bool:
+        if folders:
+            return os.path.dirname(os.path.dirname(os.path.abspath(path))) == str(root)
+        return os.path.abspath(path).startswith(f"{root}{os.sep}")
+
     for name in ("rename", "replace", "unlink"):
         real = getattr(os, name)
 
         def wrapped(*args, _real=real, _name=name, **kwargs):
             paths = args[:1] if _name == "unlink" else args[:2]
-            if any(os.path.abspath(p).startswith(f"{root}{os.sep}") for p in paths):
+            if any(counted(p) for p in paths):
                 count[0] += 1
                 if count[0] == at:
                     action()
@@ -110,7 +120,8 @@ def _watch(root: Path, at: int | None, action: Callable[[], None]) -> list[int]:
     return count
 
 
-def in_child(work: Callable[[], object], root: Path, at: int | None = None, sig: int = signal.SIGKILL) -> tuple[int, dict]:
+def in_child(work: Callable[[], object], root: Path, at: int | None = None, sig: int = signal.SIGKILL,
+             folders: bool = False) -> tuple[int, dict]:
     """`work` in a forked child, `sig` sent to itself before its at-th change under `root`, with
     the run's SIGINT/SIGTERM handler in place. Returns its wait status and what it reported:
     its change count, or the Interrupted it raised."""
@@ -123,7 +134,7 @@ def in_child(work: Callable[[], object], root: Path, at: int | None = None, sig:
         return status, data
     code = 1
     try:
-        count = _watch(root, at, lambda: os.kill(os.getpid(), sig))
+        count = _watch(root, at, lambda: os.kill(os.getpid(), sig), folders)
         try:
             with _Signals():
                 work()
@@ -405,16 +416,17 @@ def test_the_legacy_form_publishes_its_three_folders_as_one_transaction(e2e, tmp
     """`MODEL in.txt out/preds.txt --reference_path ref.txt --score_path sc/metrics.json
     --save_dir S`, killed once SAVE_PATH is in place and before SCORE_PATH is: any next command on
     one of the folders completes all three, and SCORE_PATH's scores are those of --save_dir's."""
-    from conftest import single
+    from seq2seq_eval.cli import main
 
     root, model = e2e
-    args = [model, str(root / "in.txt"), "w/out/preds.txt", "--reference_path", str(root / "ref.txt"),
-            "--score_path", "w/sc/metrics.json", "--save_dir", "w/S", "--tmp_dir", "t", "--bs", "4", "--task", "translation"]
+    w = tmp_path / "w"
+    args = [model, str(root / "in.txt"), str(w / "out" / "preds.txt"), "--reference_path", str(root / "ref.txt"),
+            "--score_path", str(w / "sc" / "metrics.json"), "--save_dir", str(w / "S"), "--tmp_dir", str(tmp_path / "t"),
+            "--bs", "4", "--task", "translation"]
     # Changes in w's folders: the three intents (SCORE_PATH's, SAVE_PATH's, --save_dir's last:
     # the commit point), then SAVE_PATH's folder's move into place (the 4th), then SCORE_PATH's.
-    killed = single([str(tmp_path / "w"), "kill:5:tree", *args], cwd=tmp_path, script=Path(__file__).parent / "publish_faults.py")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    w = tmp_path / "w"
+    status, _ = in_child(lambda: main(args), w, 5, folders=True)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
     intents = [json.loads((w / f / INTENT).read_text()) for f in ("S", "out", "sc")]
     assert len({i["txn"]["token"] for i in intents}) == 1 and (w / "out" / "preds.txt").exists()
     assert not (w / "sc" / "metrics.json").exists() and not (w / "S" / "test_bleu.json").exists()
@@ -519,3 +531,178 @@ def test_evaluate_publishes_its_in_memory_inputs_with_its_outputs(tiny_model, tm
         assert now in (whole["one"], whole["two"]), (k, sorted(now))
         assert leftovers(save) == [], (k, leftovers(save))
     raise AssertionError("the evaluation never ended")
+
+
+# ---------------------------------------------------------------- a model metric's phase, and score
+
+
+COMET = Path(__file__).parent / "data" / "comet_tiny" / "wmt22_like"
+_CHANGES = ("rename", "replace", "unlink", "open", "fsync")
+
+
+def _path_of(name: str, args: tuple) -> list[str]:
+    if name == "fsync":
+        try:
+            return [os.readlink(f"/proc/self/fd/{args[0] if isinstance(args[0], int) else args[0].fileno()}")]
+        except OSError:
+            return []
+    if name == "open" and not (len(args) > 1 and args[1] & os.O_CREAT):
+        return []  # only a file created is a change
+    return [os.path.abspath(p) for p in (args[:2] if name in ("rename", "replace") else args[:1])]
+
+
+def _fork_at_each_step(work: Callable[[], object], roots: list[Path], start: str, stop: Path, sig: int,
+                       keep: Callable[[int], None]) -> int:
+    """`work` in a forked child up to the first change under `roots` whose path holds `start`;
+    from there, for k = 1, 2, ...: a grandchild goes on and sends itself `sig` before its k-th
+    change (a file renamed, replaced, removed or created, or made durable by fsync) under `roots`,
+    with the run's handler in place. Once it is gone, `keep(k)` saves what it left, and `roots`
+    are put back as they were at the fork point for the next. Ends when a grandchild reaches its
+    first change under `stop` before its k-th. Returns the number of steps."""
+    report = stop.parent / "steps.json"
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        said = json.loads(report.read_text()) if report.exists() else {}
+        assert "steps" in said, said
+        return said["steps"]
+    state = {"count": 0, "at": 0, "child": False}
+
+    def fork_tree() -> None:
+        import shutil
+
+        snap = stop.parent / "fork_point"
+        for r in roots:
+            if r.exists():
+                shutil.copytree(r, snap / r.name, symlinks=True)
+        for k in range(1, 1000):
+            reached = stop.parent / "reached"
+            child = os.fork()
+            if child == 0:
+                state.update(count=0, at=k, child=True)
+                return
+            os.waitpid(child, 0)
+            keep(k)
+            for r in roots:
+                shutil.rmtree(r, ignore_errors=True)
+                if (snap / r.name).exists():
+                    shutil.copytree(snap / r.name, r, symlinks=True)
+            if reached.exists():
+                report.write_text(json.dumps({"steps": k - 1}))
+                os._exit(0)
+        os._exit(1)
+
+    def wrap(name: str) -> None:
+        real = getattr(os, name)
+
+        def wrapped(*args, _real=real, _name=name, **kwargs):
+            paths = _path_of(_name, args)
+            if any(p.startswith(f"{stop}{os.sep}") for p in paths) and state["child"]:
+                (stop.parent / "reached").write_text("")
+                os._exit(0)
+            if any(p.startswith(f"{r}{os.sep}") for p in paths for r in roots):
+                if state["at"] == 0 and any(start in p for p in paths):
+                    fork_tree()
+                if state["at"]:
+                    state["count"] += 1
+                    if state["count"] == state["at"]:
+                        os.kill(os.getpid(), sig)
+            return _real(*args, **kwargs)
+
+        setattr(os, name, wrapped)
+
+    try:
+        for name in _CHANGES:
+            wrap(name)
+        with _Signals():
+            work()
+    except BaseException:
+        if not state["child"]:
+            traceback.print_exc()
+    os._exit(0)
+
+
+def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_same_bytes(tiny_model, tmp_path, capfd):
+    """A run scoring with a model metric (a tiny COMET) after generation, killed (SIGKILL) or
+    signalled (SIGTERM) before each change of its temp dir and save folder in turn, from the
+    model metric's first claim to its publish: --resume then leaves the outputs of an
+    uninterrupted run, byte for byte, and the save folder holds nothing else."""
+    import shutil
+
+    from seq2seq_eval.cli import main
+
+    samples = json.loads((COMET.parent / "reference_scores.json").read_text())["samples"]
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "source": s, "target": t}) + "\n"
+                            for i, (s, t) in enumerate(zip(samples["src"][:3], samples["ref"][:3]))))
+    args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--metrics", "bleu,comet", "--comet_model", str(COMET),
+            "--comet_max_tokens", "40", "--bs", "4", "--num_beams", "1", "--max_new_tokens", "4"]
+
+    def outputs(save: Path) -> dict[str, object]:
+        view: dict[str, object] = dict(visible(save))
+        metric = json.loads(view.pop("test_bleu.json"))
+        view["scores"] = {k: metric[k] for k in ("bleu", "comet", "comet_signature", "n_obs")}
+        return view
+
+    assert main([*args, "--save_dir", str(tmp_path / "whole" / "out"), "--tmp_dir", str(tmp_path / "whole" / "t")]) == 0
+    capfd.readouterr()
+    whole = outputs(tmp_path / "whole" / "out")
+    assert '"comet": ' in whole["test_examples.jsonl"].decode()
+    # `score` with the same metrics over those files, as a whole command, changes no file at all:
+    # a kill at any point of it leaves every folder as it was, nothing for a next command to do.
+    files = {}
+    for name, key in (("p.txt", "mt"), ("r.txt", "ref"), ("s.txt", "src")):
+        files[name] = tmp_path / name
+        files[name].write_text("".join(t + "\n" for t in samples[key][:3]))
+    code, changes = _changes_made(lambda: main(["score", "--predictions", str(files["p.txt"]), "--references",
+                                                str(files["r.txt"]), "--sources", str(files["s.txt"]), "--metrics",
+                                                "bleu,comet", "--comet_model", str(COMET)]))
+    assert code == 0 and changes == [], changes
+    assert set(json.loads(capfd.readouterr().out)) >= {"bleu", "comet"}  # what it prints: the scores
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        base = tmp_path / signal.Signals(sig).name
+        save, tmp = base / "out", base / "t"
+
+        def keep(k: int) -> None:
+            for r in (save, tmp):
+                if r.exists():
+                    shutil.copytree(r, base / f"{k}" / r.name, symlinks=True)
+
+        steps = _fork_at_each_step(lambda: main([*args, "--save_dir", str(save), "--tmp_dir", str(tmp)]),
+                                   [save, tmp], "/claims/comet_", save, sig, keep)
+        assert steps >= 4, steps  # a claim, the journal made, a line made durable, ... for each batch
+        for k in range(1, steps + 1):
+            out = base / f"{k}" / "out"
+            assert main([*args, "--save_dir", str(out), "--tmp_dir", str(base / f"{k}" / "t"), "--resume"]) == 0, k
+            assert outputs(out) == whole, (sig, k)
+            # The temp dir's files are gone (its folder stays: a copy the run did not make).
+            assert leftovers(out) == [] and not [p for p in (base / f"{k}" / "t").rglob("*") if not p.is_dir()], k
+
+
+
+def _changes_made(work: Callable[[], int]) -> tuple[int, list[list[str]]]:
+    """`work` in a forked child with every change to a file anywhere (renamed, replaced, removed,
+    created, or made durable by fsync; not a device's) recorded: its exit code and the changes."""
+    report = Path(os.path.abspath("changes.json"))
+    pid = os.fork()
+    if pid:
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        changes = json.loads(report.read_text())
+        report.unlink()
+        return code, changes
+    changes: list[list[str]] = []
+    code = 1
+    try:
+        for name in _CHANGES:
+            def wrapped(*args, _real=getattr(os, name), _name=name, **kwargs):
+                paths = [p for p in _path_of(_name, args) if not p.startswith("/dev/")]
+                if paths:
+                    changes.append([_name, *paths])
+                return _real(*args, **kwargs)
+
+            setattr(os, name, wrapped)
+        code = work()
+    finally:
+        report.write_text(json.dumps(changes))
+        sys.stdout.flush()
+        os._exit(code)
