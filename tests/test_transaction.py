@@ -706,3 +706,34 @@ def _changes_made(work: Callable[[], int]) -> tuple[int, list[list[str]]]:
         report.write_text(json.dumps(changes))
         sys.stdout.flush()
         os._exit(code)
+
+
+@pytest.mark.parametrize("environ, tries", [
+    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, True),
+    ({"RANK": "5", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, False),
+    ({"RANK": "0", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, True),
+    ({"SLURM_PROCID": "4", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "8"}, False),
+], ids=["rank0", "rank5-local0", "rank0-local3", "srun-rank4-local0"])
+def test_only_the_global_rank_0_tries_the_folders_of_a_dry_run(e2e, tmp_path, monkeypatch, environ, tries):
+    """Every rank of a torchrun (or srun) dry run runs the checks, on every node; the folders are
+    tried by the process whose global rank is 0, whatever its local rank (the first process of
+    another node is not rank 0), so that nodes sharing one folder never probe it at once."""
+    from seq2seq_eval.run.dist import dist_env
+    from seq2seq_eval.run.runner import run
+
+    root, model = e2e
+    save = tmp_path / "new" / "save"
+    made: list[str] = []
+    real = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        made.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    cfg = EvalConfig(model_name=model, input_path=str(root / "in.txt"), reference_path=str(root / "ref.txt"),
+                     save_dir=str(save), task="translation", bs=4, dry_run=True)
+    run(cfg, dist_env(environ))
+    probes = [p for p in made if ".seq2seq_eval_probe." in p]
+    assert sorted({str(Path(p).parent) for p in probes}) == ([str(save), f"{save}_tmp"] if tries else [])
+    assert not (tmp_path / "new").exists()  # tried, then removed: a dry run writes nothing
