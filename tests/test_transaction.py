@@ -552,19 +552,20 @@ def _path_of(name: str, args: tuple) -> list[str]:
 
 
 def _fork_at_each_step(work: Callable[[], object], roots: list[Path], start: str, stop: Path, sig: int,
-                       keep: Callable[[int], None]) -> int:
+                       keep: Callable[[int, int], None]) -> int:
     """`work` in a forked child up to the first change under `roots` whose path holds `start`;
     from there, for k = 1, 2, ...: a grandchild goes on and sends itself `sig` before its k-th
     change (a file renamed, replaced, removed or created, or made durable by fsync) under `roots`,
-    with the run's handler in place. Once it is gone, `keep(k)` saves what it left, and `roots`
-    are put back as they were at the fork point for the next. Ends when a grandchild reaches its
-    first change under `stop` before its k-th. Returns the number of steps."""
+    with the run's handler in place. Once it is gone, `keep(k, its wait status)` checks and saves
+    what it left, and `roots` are put back as they were at the fork point for the next. Ends when
+    a grandchild reaches its first change under `stop` before its k-th. Returns the number of
+    steps."""
     report = stop.parent / "steps.json"
     pid = os.fork()
     if pid:
         os.waitpid(pid, 0)
         said = json.loads(report.read_text()) if report.exists() else {}
-        assert "steps" in said, said
+        assert "steps" in said, said.get("error", said)
         return said["steps"]
     state = {"count": 0, "at": 0, "child": False}
 
@@ -581,16 +582,16 @@ def _fork_at_each_step(work: Callable[[], object], roots: list[Path], start: str
             if child == 0:
                 state.update(count=0, at=k, child=True)
                 return
-            os.waitpid(child, 0)
-            keep(k)
+            status = os.waitpid(child, 0)[1]
+            if reached.exists():
+                report.write_text(json.dumps({"steps": k - 1}))
+                os._exit(0)
+            keep(k, status)
             for r in roots:
                 shutil.rmtree(r, ignore_errors=True)
                 if (snap / r.name).exists():
                     shutil.copytree(snap / r.name, r, symlinks=True)
-            if reached.exists():
-                report.write_text(json.dumps({"steps": k - 1}))
-                os._exit(0)
-        os._exit(1)
+        raise AssertionError("the steps never ended")
 
     def wrap(name: str) -> None:
         real = getattr(os, name)
@@ -611,15 +612,17 @@ def _fork_at_each_step(work: Callable[[], object], roots: list[Path], start: str
 
         setattr(os, name, wrapped)
 
+    code = 0
     try:
         for name in _CHANGES:
             wrap(name)
         with _Signals():
-            work()
+            code = work()
     except BaseException:
         if not state["child"]:
-            traceback.print_exc()
-    os._exit(0)
+            report.write_text(json.dumps({"error": traceback.format_exc()}))
+        code = 1
+    os._exit(code if isinstance(code, int) else 0)
 
 
 def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_same_bytes(tiny_model, tmp_path, capfd):
@@ -663,7 +666,10 @@ def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_sam
         base = tmp_path / signal.Signals(sig).name
         save, tmp = base / "out", base / "t"
 
-        def keep(k: int) -> None:
+        def keep(k: int, status: int) -> None:
+            # Killed, or stopped by its handler: the run's one line, exit 130.
+            assert (os.WIFSIGNALED(status) and os.WTERMSIG(status) == sig if sig == signal.SIGKILL
+                    else os.waitstatus_to_exitcode(status) == 130), (k, status)
             for r in (save, tmp):
                 if r.exists():
                     shutil.copytree(r, base / f"{k}" / r.name, symlinks=True)
