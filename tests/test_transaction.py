@@ -677,12 +677,19 @@ def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_sam
         steps = _fork_at_each_step(lambda: main([*args, "--save_dir", str(save), "--tmp_dir", str(tmp)]),
                                    [save, tmp], "/claims/comet_", save, sig, keep)
         assert steps >= 4, steps  # a claim, the journal made, a line made durable, ... for each batch
+        journaled = []
         for k in range(1, steps + 1):
-            out = base / f"{k}" / "out"
+            out, journal = base / f"{k}" / "out", base / f"{k}" / "t" / "model_scores_rank_0.jsonl"
+            lines = journal.read_bytes().count(b"\n") if journal.exists() else 0
+            journaled.append(lines)
             assert main([*args, "--save_dir", str(out), "--tmp_dir", str(base / f"{k}" / "t"), "--resume"]) == 0, k
             assert outputs(out) == whole, (sig, k)
+            # Each batch scored once: the journaled ones are taken, only the others scored again.
+            comet = json.loads((out / "test_bleu.json").read_text())["throughput"]["model_metrics"]["comet"]
+            assert (comet["resumed_batches"], comet["rank0_scored_batches"]) == (lines, comet["batches"] - lines), k
             # The temp dir's files are gone (its folder stays: a copy the run did not make).
             assert leftovers(out) == [] and not [p for p in (base / f"{k}" / "t").rglob("*") if not p.is_dir()], k
+        assert journaled[0] == 0 and journaled[-1] == 2 and 1 in journaled, journaled  # before, between, after
 
 
 
