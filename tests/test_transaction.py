@@ -491,7 +491,8 @@ def test_evaluate_publishes_its_in_memory_inputs_with_its_outputs(tiny_model, tm
     """evaluate() with in-memory examples into a folder holding another evaluation's set, killed
     before each change of the save folder in turn, found by counting them. Once the next command
     has run (a recovery of the folder), the folder holds the earlier evaluation's inputs and
-    outputs, or the new one's, never inputs of one beside outputs of the other."""
+    outputs, or the new one's, never inputs of one beside outputs of the other. A SIGTERM in
+    the publish ends evaluate() with the new set in place, and its Interrupted says so."""
     import shutil
 
     import torch
@@ -525,12 +526,19 @@ def test_evaluate_publishes_its_in_memory_inputs_with_its_outputs(tiny_model, tm
         status, said = in_child(lambda: evaluation(save, "two"), save, k)
         if not os.WIFSIGNALED(status):
             assert k > 2 and said["changes"] == k - 1, (k, status, said)  # every step was tried
-            return
+            break
         recover(save)
         now = _evaluate_set(save)
         assert now in (whole["one"], whole["two"]), (k, sorted(now))
         assert leftovers(save) == [], (k, leftovers(save))
-    raise AssertionError("the evaluation never ended")
+    else:
+        raise AssertionError("the evaluation never ended")
+    # SIGTERM in the publish: it completes first, and evaluate() raises Interrupted saying so.
+    save = tmp_path / "term" / "out"
+    shutil.copytree(tmp_path / "one" / "out", save)
+    status, said = in_child(lambda: evaluation(save, "two"), save, k // 2, signal.SIGTERM)
+    assert said["published"] and "after the outputs were published" in said["interrupted"], said
+    assert _evaluate_set(save) == whole["two"] and leftovers(save) == []
 
 
 # ---------------------------------------------------------------- a model metric's phase, and score
