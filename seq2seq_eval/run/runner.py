@@ -14,6 +14,7 @@ from typing import Any
 from .. import engines, numerics
 from ..config import EvalConfig
 from ..errors import EvalError, Interrupted, RunFailed, RunStateError
+from ..inputs.memory import InMemoryInputs
 from ..outputs.locations import Role, check_output_locations, run_inputs, try_folders
 from ..outputs.intent import recovered
 from ..outputs.publish import pending
@@ -69,14 +70,14 @@ class _Signals:
 
 def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGroup | None = None,
         model: Any = None, tokenizer: Any = None, also_writes: tuple[Role, ...] = (),
-        also_folders: tuple[tuple[str, Path], ...] = (), also: Any = None, inputs: Any = None) -> Outcome:
+        also_folders: tuple[tuple[str, Path], ...] = (), also: Any = None, inputs: InMemoryInputs | None = None) -> Outcome:
     """One rank's run. The command line passes the config alone; api.evaluate also passes the
     job's group (`process_group`, kept open: the caller closes it) and may pass a model and its
     tokenizer already in memory, which run where they are, as they are. `also_writes` and
     `also_folders`: files (and their folders) the caller writes from the outputs afterwards
     (the legacy form's SAVE_PATH), checked with the run's own before any work; `also` stages
     them, published with the run's outputs as one transaction (outputs.write.write_outputs).
-    `inputs` (inputs.memory.InMemoryInputs): evaluate()'s in-memory examples, read from the temp
+    `inputs`: evaluate()'s in-memory examples, read from the temp
     dir and published with the outputs, in the same transaction."""
     env = env or dist_env()
     t_start = time.perf_counter()
@@ -262,7 +263,7 @@ def _agree(env: DistEnv, pg: ProcessGroup, check: Any) -> None:
 
 
 def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Path, also_writes: tuple[Role, ...],
-                   also_folders: tuple[tuple[str, Path], ...], inputs: Any) -> RunLock | None:
+                   also_folders: tuple[tuple[str, Path], ...], inputs: InMemoryInputs | None) -> RunLock | None:
     """Rank 0 tries the output folders, then creates and locks the temp dir before anything is
     written there (evaluate()'s in-memory examples, then the examples cache), and refuses an
     earlier run's files unless resuming."""
@@ -308,14 +309,14 @@ def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Pat
 _COPY_ROLE = "the examples evaluate() was given"
 
 
-def _check_copy(cfg: EvalConfig, inputs: Any) -> None:
+def _check_copy(cfg: EvalConfig, inputs: InMemoryInputs) -> None:
     """Before any work: the copy of evaluate()'s examples replaces only the tool's file of this
     prefix in --save_dir (again under the folder's lock as it is published)."""
     if Path(cfg.save_dir).is_dir():
         OutputRecord(Path(cfg.save_dir)).check_writable([inputs.path], cfg.output_prefix, {inputs.path: _COPY_ROLE})
 
 
-def _with_copy(inputs: Any, also: Any) -> Any:
+def _with_copy(inputs: InMemoryInputs, also: Any) -> Any:
     """The publish's hook (outputs.write.write_outputs) that stages the copy of evaluate()'s
     examples beside the outputs, owned as an input of the run's prefix (never a stale result)."""
 
