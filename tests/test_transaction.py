@@ -520,6 +520,18 @@ def test_evaluate_publishes_its_in_memory_inputs_with_its_outputs(tiny_model, tm
     with pytest.raises(OutputError, match=r"test_inputs\.jsonl \(the examples evaluate\(\) was given\): exists and "):
         evaluation(tmp_path / "user" / "out", "one")
     assert everything(tmp_path / "user") == {"out/test_inputs.jsonl": b"mine\n"}
+    # A later run of the prefix from other data removes the copy with the other stale results (it
+    # would be one run's inputs beside another's outputs); one that reads the copy keeps it.
+    torch.set_num_threads(1)
+    for name, kept in (("other", False), ("copy", True)):
+        later = tmp_path / name / "out"
+        shutil.copytree(tmp_path / "one" / "out", later)
+        data_dir = later / "test_inputs.jsonl" if kept else tmp_path / "two" / "out" / "test_inputs.jsonl"
+        evaluate(model, tokenizer, data_dir=str(data_dir), save_dir=str(later), tmp_dir=str(later.parent / "t"), bs=4,
+                 metrics="bleu", num_beams=1, max_new_tokens=3)
+        assert sorted(visible(later)) == sorted(set(whole["one"]) - ({"test_inputs.jsonl"} if not kept else set()))
+        assert ("test_inputs.jsonl" in json.loads((later / "test_bleu.json").read_text())["provenance"]
+                ["removed_stale_outputs"]) != kept
     for k in range(1, 200):
         save = tmp_path / f"{k}" / "out"
         shutil.copytree(tmp_path / "one" / "out", save)  # a copy is the tool's: the same bytes
