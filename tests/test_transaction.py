@@ -679,7 +679,7 @@ def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_sam
         files[name].write_text("".join(t + "\n" for t in samples[key][:3]))
     code, changes = _changes_made(lambda: main(["score", "--predictions", str(files["p.txt"]), "--references",
                                                 str(files["r.txt"]), "--sources", str(files["s.txt"]), "--metrics",
-                                                "bleu,comet", "--comet_model", str(COMET)]))
+                                                "bleu,comet", "--comet_model", str(COMET)]), tmp_path / "changes.json")
     assert code == 0 and changes == [], changes
     assert set(json.loads(capfd.readouterr().out)) >= {"bleu", "comet"}  # what it prints: the scores
     for sig in (signal.SIGKILL, signal.SIGTERM):
@@ -713,10 +713,13 @@ def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_sam
 
 
 
-def _changes_made(work: Callable[[], int]) -> tuple[int, list[list[str]]]:
-    """`work` in a forked child with every change to a file anywhere (renamed, replaced, removed,
-    created, or made durable by fsync; not a device's) recorded: its exit code and the changes."""
-    report = Path(os.path.abspath("changes.json"))
+def _changes_made(work: Callable[[], int], report: Path) -> tuple[int, list[list[str]]]:
+    """`work` in a forked child with every change to a file or folder anywhere recorded (made,
+    opened for writing by os.open or open, renamed, replaced, removed, truncated,
+    linked, or made durable by fsync; not a device's): its exit code and the changes."""
+    import builtins
+    import io
+
     pid = os.fork()
     if pid:
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
@@ -724,18 +727,40 @@ def _changes_made(work: Callable[[], int]) -> tuple[int, list[list[str]]]:
         report.unlink()
         return code, changes
     changes: list[list[str]] = []
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    real_open = builtins.open
+
+    def record(name: str, *paths: object) -> None:
+        found = [os.path.abspath(p) for p in paths if isinstance(p, (str, bytes, os.PathLike))]
+        if found and not all(str(p).startswith("/dev/") for p in found):
+            changes.append([name, *map(str, found)])
+
+    def wrap(name: str) -> None:
+        real = getattr(os, name)
+
+        def wrapped(*args, **kwargs):
+            if name == "fsync":
+                fd = args[0] if isinstance(args[0], int) else args[0].fileno()
+                record(name, os.readlink(f"/proc/self/fd/{fd}"))
+            elif name != "open" or (len(args) > 1 and args[1] & writing):
+                record(name, *(args[:2] if name in ("rename", "replace", "link", "symlink") else args[:1]))
+            return real(*args, **kwargs)
+
+        setattr(os, name, wrapped)
+
+    def opened(file, mode="r", *args, **kwargs):
+        if any(c in mode for c in "wax+"):
+            record("open", file)
+        return real_open(file, mode, *args, **kwargs)
+
     code = 1
     try:
-        for name in _CHANGES:
-            def wrapped(*args, _real=getattr(os, name), _name=name, **kwargs):
-                paths = [p for p in _path_of(_name, args) if not p.startswith("/dev/")]
-                if paths:
-                    changes.append([_name, *paths])
-                return _real(*args, **kwargs)
-
-            setattr(os, name, wrapped)
+        for name in ("rename", "replace", "unlink", "rmdir", "mkdir", "open", "fsync", "truncate", "link", "symlink"):
+            wrap(name)
+        builtins.open = io.open = opened  # pathlib's write_text and write_bytes call io.open
         code = work()
     finally:
+        builtins.open = io.open = real_open
         report.write_text(json.dumps(changes))
         sys.stdout.flush()
         os._exit(code)
