@@ -655,43 +655,61 @@ def _fork_at_each_step(work: Callable[[], object], roots: list[Path], start: str
     os._exit(code if isinstance(code, int) else 0)
 
 
-def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_same_bytes(tiny_model, tmp_path, capfd):
-    """A run scoring with a model metric (a tiny COMET) after generation, killed (SIGKILL) or
-    signalled (SIGTERM) before each change of its temp dir and save folder in turn, from the
-    model metric's first claim to its publish: --resume then leaves the outputs of an
-    uninterrupted run, byte for byte, and the save folder holds nothing else."""
+BERTSCORE = Path(__file__).parent / "data" / "bertscore_tiny"
+# Each model metric's options (a budget that cuts three examples into two batches or more) and
+# the metric file's keys it writes.
+MODEL_METRICS = {
+    "comet": (["--comet_model", str(COMET), "--comet_max_tokens", "40"], ("comet", "comet_signature")),
+    "bertscore": (["--bertscore_model", str(BERTSCORE / "roberta"), "--bertscore_num_layers",
+                   str(json.loads((BERTSCORE / "reference_scores.json").read_text())["layers"]), "--bertscore_idf",
+                   "--model_metric_max_tokens", "24"],
+                  ("bertscore", "bertscore_precision", "bertscore_recall", "bertscore_signature")),
+}
+
+
+@pytest.mark.parametrize("metric", MODEL_METRICS)
+def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_same_bytes(tiny_model, tmp_path, capfd,
+                                                                                     metric):
+    """A run scoring with a model metric after generation (a tiny COMET; a tiny BERTScore with
+    idf and two references per example), killed (SIGKILL) or signalled (SIGTERM) before each
+    change of its temp dir in turn, from the model metric's first claim to its publish: --resume
+    then takes the journaled batches, scores only the others and leaves the outputs of an
+    uninterrupted run, byte for byte, and nothing else. `score` with COMET changes no file."""
     import shutil
 
     from seq2seq_eval.cli import main
 
     samples = json.loads((COMET.parent / "reference_scores.json").read_text())["samples"]
     data = tmp_path / "test.jsonl"
+    refs = [t if metric == "comet" else [t, " ".join(t.split()[1:] + t.split()[:1])] for t in samples["ref"][:3]]
     data.write_text("".join(json.dumps({"id": i, "source": s, "target": t}) + "\n"
-                            for i, (s, t) in enumerate(zip(samples["src"][:3], samples["ref"][:3]))))
-    args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--metrics", "bleu,comet", "--comet_model", str(COMET),
-            "--comet_max_tokens", "40", "--bs", "4", "--num_beams", "1", "--max_new_tokens", "4"]
+                            for i, (s, t) in enumerate(zip(samples["src"][:3], refs))))
+    options, keys = MODEL_METRICS[metric]
+    args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--metrics", f"bleu,{metric}", *options,
+            "--bs", "4", "--num_beams", "1", "--max_new_tokens", "4"]
 
     def outputs(save: Path) -> dict[str, object]:
         view: dict[str, object] = dict(visible(save))
-        metric = json.loads(view.pop("test_bleu.json"))
-        view["scores"] = {k: metric[k] for k in ("bleu", "comet", "comet_signature", "n_obs")}
+        scores = json.loads(view.pop("test_bleu.json"))
+        view["scores"] = {k: scores[k] for k in ("bleu", "n_obs", *keys)}
         return view
 
     assert main([*args, "--save_dir", str(tmp_path / "whole" / "out"), "--tmp_dir", str(tmp_path / "whole" / "t")]) == 0
     capfd.readouterr()
     whole = outputs(tmp_path / "whole" / "out")
-    assert '"comet": ' in whole["test_examples.jsonl"].decode()
-    # `score` with the same metrics over those files, as a whole command, changes no file at all:
-    # a kill at any point of it leaves every folder as it was, nothing for a next command to do.
-    files = {}
-    for name, key in (("p.txt", "mt"), ("r.txt", "ref"), ("s.txt", "src")):
-        files[name] = tmp_path / name
-        files[name].write_text("".join(t + "\n" for t in samples[key][:3]))
-    code, changes = _changes_made(lambda: main(["score", "--predictions", str(files["p.txt"]), "--references",
-                                                str(files["r.txt"]), "--sources", str(files["s.txt"]), "--metrics",
-                                                "bleu,comet", "--comet_model", str(COMET)]), tmp_path / "changes.json")
-    assert code == 0 and changes == [], changes
-    assert set(json.loads(capfd.readouterr().out)) >= {"bleu", "comet"}  # what it prints: the scores
+    assert f'"{metric}": ' in whole["test_examples.jsonl"].decode()
+    if metric == "comet":
+        # `score` with the same metrics over those files, as a whole command, changes no file at
+        # all: a kill at any point of it leaves every folder as it was, nothing for a next command.
+        files = {}
+        for name, key in (("p.txt", "mt"), ("r.txt", "ref"), ("s.txt", "src")):
+            files[name] = tmp_path / name
+            files[name].write_text("".join(t + "\n" for t in samples[key][:3]))
+        code, changes = _changes_made(lambda: main(["score", "--predictions", str(files["p.txt"]), "--references",
+                                                    str(files["r.txt"]), "--sources", str(files["s.txt"]), "--metrics",
+                                                    "bleu,comet", "--comet_model", str(COMET)]), tmp_path / "changes.json")
+        assert code == 0 and changes == [], changes
+        assert set(json.loads(capfd.readouterr().out)) >= {"bleu", "comet"}  # what it prints: the scores
     for sig in (signal.SIGKILL, signal.SIGTERM):
         base = tmp_path / signal.Signals(sig).name
         save, tmp = base / "out", base / "t"
@@ -705,7 +723,7 @@ def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_sam
                     shutil.copytree(r, base / f"{k}" / r.name, symlinks=True)
 
         steps = _fork_at_each_step(lambda: main([*args, "--save_dir", str(save), "--tmp_dir", str(tmp)]),
-                                   [save, tmp], "/claims/comet_", save, sig, keep)
+                                   [save, tmp], f"/claims/{metric}_", save, sig, keep)
         assert steps >= 4, steps  # a claim, the journal made, a line made durable, ... for each batch
         journaled = []
         for k in range(1, steps + 1):
@@ -715,12 +733,12 @@ def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_sam
             assert main([*args, "--save_dir", str(out), "--tmp_dir", str(base / f"{k}" / "t"), "--resume"]) == 0, k
             assert outputs(out) == whole, (sig, k)
             # Each batch scored once: the journaled ones are taken, only the others scored again.
-            comet = json.loads((out / "test_bleu.json").read_text())["throughput"]["model_metrics"]["comet"]
-            assert (comet["resumed_batches"], comet["rank0_scored_batches"]) == (lines, comet["batches"] - lines), k
+            stats = json.loads((out / "test_bleu.json").read_text())["throughput"]["model_metrics"][metric]
+            assert (stats["resumed_batches"], stats["rank0_scored_batches"]) == (lines, stats["batches"] - lines), k
             # The temp dir's files are gone (its folder stays: a copy the run did not make).
             assert leftovers(out) == [] and not [p for p in (base / f"{k}" / "t").rglob("*") if not p.is_dir()], k
-        assert journaled[0] == 0 and journaled[-1] == 2 and 1 in journaled, journaled  # before, between, after
-
+        # Stopped before any batch was journaled, between two, and after the last.
+        assert journaled[0] == 0 and 0 < journaled[len(journaled) // 2] < stats["batches"] == journaled[-1], journaled
 
 
 def _changes_made(work: Callable[[], int], report: Path) -> tuple[int, list[list[str]]]:
