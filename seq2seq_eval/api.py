@@ -129,9 +129,9 @@ def evaluate(
     The data: the command line's options (data_dir, dataset and its columns, input_path and
     reference_path, type_path, n_obs), or in-memory `sources` with optional `references` (one
     text, or a list of texts, per source; or reference streams, as `score` reads them, with
-    `reference_layout` for the one shape that fits both) and `ids`; these are written to
-    {save_dir}/{type_path}_inputs.jsonl (or _sources.txt without references), which the command
-    line can evaluate again.
+    `reference_layout` for the one shape that fits both) and `ids`; these are published with the
+    outputs, in the same transaction, as {save_dir}/{type_path}_inputs.jsonl (or _sources.txt
+    without references), which the command line can evaluate again.
 
     `options`: EvalConfig's fields by their command-line names, with the same defaults (task,
     metrics, bs, max_tokens, save_dir, tmp_dir, sync_timeout, seed, ...); None for any of them
@@ -145,7 +145,7 @@ def evaluate(
     every rank gets the metrics, and the examples with `return_examples=True`."""
     import torch.distributed as tdist
 
-    from .inputs.memory import write_inputs
+    from .inputs.memory import in_memory_inputs
     from .run.agree import digest, settings_of, what_ranks_run
     from .run.dist import DistEnv, ProcessGroup, dist_env
 
@@ -184,15 +184,17 @@ def evaluate(
         # main_first gives rank 0's failure to every rank itself.
         if in_memory:
             pg.main_first(lambda: _clear_failed_run(Path(cfg.tmp_dir)), EvalError)
-        if sources is not None:
-            pg.main_first(lambda: write_inputs(cfg, sources, references, ids, reference_layout), DataError)
+        # Read by the run from its temp dir; their copy in save_dir is published with the outputs.
+        inputs = pg.main_first(lambda: in_memory_inputs(cfg, sources, references, ids, reference_layout),
+                               DataError) if sources is not None else None
         from .run.runner import run
 
         failure: BaseException | None = None
         payload: Any = None
         try:
             with untouched(model if in_memory else None), _own_forward(model if in_memory else None):
-                outcome = run(cfg, env, process_group=pg, model=model if in_memory else None, tokenizer=tokenizer)
+                outcome = run(cfg, env, process_group=pg, model=model if in_memory else None, tokenizer=tokenizer,
+                              inputs=inputs)
             if env.is_main:
                 payload = _payload(cfg, outcome, return_examples)
         except BaseException as e:

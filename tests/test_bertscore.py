@@ -2,7 +2,8 @@
 BERT-style and a tiny RoBERTa-style encoder (scripts/make_bertscore_fixture.py made them and
 their scores; a live test runs bert-score itself where it is installed), its options and
 refusals, and `--metrics bertscore` on the ranks: identical at 1 rank of 2 threads and at 2 and 3
-ranks of 1 thread, resumed after a kill without rescoring, through `score` and `compare`."""
+ranks of 1 thread, through `score` and `compare`. (A run stopped at each step of its BERTScore
+phase and resumed without rescoring what was journaled: tests/test_transaction.py.)"""
 
 from __future__ import annotations
 
@@ -10,14 +11,12 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, _env, assert_ok, run_ranks, single
+from conftest import REPO, assert_ok, run_ranks, single
 
 from seq2seq_eval.errors import ConfigError
 
@@ -346,49 +345,6 @@ def test_identical_at_2_and_3_ranks(one_rank, two_refs, tmp_path, ranks):
     out = tmp_path / "out"
     assert_ok(run_ranks(ranks, [*_run(two_refs), "--save_dir", str(out)], tmp_path))
     assert _outputs(out) == _outputs(one_rank)
-
-
-SLOW = '''
-import sys, time
-from seq2seq_eval.scoring.bertscore import BERTScore
-
-real = BERTScore.score
-
-
-def slow(self, *args, **kwargs):
-    time.sleep(0.15)  # each batch lasts long enough to be killed among them
-    return real(self, *args, **kwargs)
-
-
-BERTScore.score = slow
-from seq2seq_eval.cli import main
-
-sys.exit(main(sys.argv[1:]))
-'''
-
-
-def test_resume_after_a_kill_during_bertscore_is_byte_identical(one_rank, two_refs, tmp_path):
-    script = tmp_path / "slow.py"
-    script.write_text(SLOW, encoding="utf-8")
-    args = [*_run(two_refs), "--save_dir", str(tmp_path / "out")]
-    journal = tmp_path / "out_tmp" / "model_scores_rank_0.jsonl"
-    proc = subprocess.Popen([sys.executable, str(script), *args], cwd=tmp_path, env=_env(None),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while not (journal.exists() and journal.read_bytes().count(b"\n") >= 1):
-            assert proc.poll() is None and time.monotonic() < deadline, "BERTScore scoring never started"
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-    before = journal.read_bytes()
-    kept = before[: before.rfind(b"\n") + 1].splitlines()
-    batches = json.loads((one_rank / "test_bleu.json").read_text())["throughput"]["model_metrics"]["bertscore"]["batches"]
-    assert 1 <= len(kept) < batches, "the kill came after BERTScore scoring ended"
-    assert_ok(single([*args, "--resume"], tmp_path))
-    assert _outputs(tmp_path / "out") == _outputs(one_rank)
-    assert not journal.exists()  # the resumed run finished and cleaned up
 
 
 def test_score_and_compare_over_files(one_rank, tmp_path):

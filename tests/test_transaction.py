@@ -2,7 +2,9 @@
 what the tool removes or adopts is known by a token, never by a name; the checks before work try
 every name in its folder, once per folder, free of races. The publishes run in forked children
 (no model): killed (SIGKILL) or signalled (SIGTERM, with the run's handler) before each change of
-the folders in turn, found by counting them, not listed by hand."""
+the folders in turn, found by counting them, not listed by hand; so do evaluate() with in-memory
+examples and a run's model-metric phase (a tiny model and a tiny COMET), and `score` is watched
+for any change at all."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import logging
 import os
 import random
 import signal
+import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +34,16 @@ from seq2seq_eval.run.runner import _Signals
 def no_fsync(monkeypatch):
     """What a killed process leaves is in the page cache whether or not it was flushed."""
     monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+@pytest.fixture(autouse=True)
+def package_logger_kept():
+    """The command line run in-process (cli.main) sets up the package logger (a handler on this
+    test's stderr, no propagation): put back as it was, for the tests after this one."""
+    logger = logging.getLogger("seq2seq_eval")
+    state = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = state
 
 
 def visible(folder: Path) -> dict[str, bytes]:
@@ -91,16 +104,23 @@ def tool_view(folders: list[Path]) -> list[dict[str, bytes]]:
     return [visible(f) for f in folders]
 
 
-def _watch(root: Path, at: int | None, action: Callable[[], None]) -> list[int]:
-    """In a forked child: every rename and removal under `root` counted; `action` runs just
-    before the at-th."""
+def _watch(root: Path, at: int | None, action: Callable[[], None], folders: bool = False) -> list[int]:
+    """In a forked child: every rename and removal under `root` counted (with `folders`, only
+    those of a file in `root`'s folders, as tests/publish_faults.py's tree mode counts them);
+    `action` runs just before the at-th."""
     count = [0]
+
+    def counted(path: str) -> bool:
+        if folders:
+            return os.path.dirname(os.path.dirname(os.path.abspath(path))) == str(root)
+        return os.path.abspath(path).startswith(f"{root}{os.sep}")
+
     for name in ("rename", "replace", "unlink"):
         real = getattr(os, name)
 
         def wrapped(*args, _real=real, _name=name, **kwargs):
             paths = args[:1] if _name == "unlink" else args[:2]
-            if any(os.path.abspath(p).startswith(f"{root}{os.sep}") for p in paths):
+            if any(counted(p) for p in paths):
                 count[0] += 1
                 if count[0] == at:
                     action()
@@ -110,7 +130,8 @@ def _watch(root: Path, at: int | None, action: Callable[[], None]) -> list[int]:
     return count
 
 
-def in_child(work: Callable[[], object], root: Path, at: int | None = None, sig: int = signal.SIGKILL) -> tuple[int, dict]:
+def in_child(work: Callable[[], object], root: Path, at: int | None = None, sig: int = signal.SIGKILL,
+             folders: bool = False) -> tuple[int, dict]:
     """`work` in a forked child, `sig` sent to itself before its at-th change under `root`, with
     the run's SIGINT/SIGTERM handler in place. Returns its wait status and what it reported:
     its change count, or the Interrupted it raised."""
@@ -123,7 +144,7 @@ def in_child(work: Callable[[], object], root: Path, at: int | None = None, sig:
         return status, data
     code = 1
     try:
-        count = _watch(root, at, lambda: os.kill(os.getpid(), sig))
+        count = _watch(root, at, lambda: os.kill(os.getpid(), sig), folders)
         try:
             with _Signals():
                 work()
@@ -405,16 +426,17 @@ def test_the_legacy_form_publishes_its_three_folders_as_one_transaction(e2e, tmp
     """`MODEL in.txt out/preds.txt --reference_path ref.txt --score_path sc/metrics.json
     --save_dir S`, killed once SAVE_PATH is in place and before SCORE_PATH is: any next command on
     one of the folders completes all three, and SCORE_PATH's scores are those of --save_dir's."""
-    from conftest import single
+    from seq2seq_eval.cli import main
 
     root, model = e2e
-    args = [model, str(root / "in.txt"), "w/out/preds.txt", "--reference_path", str(root / "ref.txt"),
-            "--score_path", "w/sc/metrics.json", "--save_dir", "w/S", "--tmp_dir", "t", "--bs", "4", "--task", "translation"]
+    w = tmp_path / "w"
+    args = [model, str(root / "in.txt"), str(w / "out" / "preds.txt"), "--reference_path", str(root / "ref.txt"),
+            "--score_path", str(w / "sc" / "metrics.json"), "--save_dir", str(w / "S"), "--tmp_dir", str(tmp_path / "t"),
+            "--bs", "4", "--task", "translation"]
     # Changes in w's folders: the three intents (SCORE_PATH's, SAVE_PATH's, --save_dir's last:
     # the commit point), then SAVE_PATH's folder's move into place (the 4th), then SCORE_PATH's.
-    killed = single([str(tmp_path / "w"), "kill:5:tree", *args], cwd=tmp_path, script=Path(__file__).parent / "publish_faults.py")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    w = tmp_path / "w"
+    status, _ = in_child(lambda: main(args), w, 5, folders=True)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
     intents = [json.loads((w / f / INTENT).read_text()) for f in ("S", "out", "sc")]
     assert len({i["txn"]["token"] for i in intents}) == 1 and (w / "out" / "preds.txt").exists()
     assert not (w / "sc" / "metrics.json").exists() and not (w / "S" / "test_bleu.json").exists()
@@ -459,3 +481,345 @@ def test_the_dry_run_says_once_per_folder_and_tries_every_name(e2e, tmp_path):
     assert dry.stderr.count("holds a publish cut short") == 1, dry.stderr
     long = single([*args, "--type_path", "t" * 240, "--dry_run"], cwd=tmp_path)
     assert long.returncode == 2 and "File name too long" in long.stderr and "Traceback" not in long.stderr, long.stderr
+
+
+# ---------------------------------------------------------------- evaluate()'s inputs with its outputs
+
+
+def _evaluate_set(folder: Path) -> dict[str, object]:
+    """What a reader of evaluate()'s save folder compares: every file's bytes, the metric file's
+    scores and data (its timings and dates differ from run to run)."""
+    view: dict[str, object] = dict(visible(folder))
+    if "test_bleu.json" in view:
+        metric = json.loads(view["test_bleu.json"])
+        data = metric["provenance"]["data"]
+        view["test_bleu.json"] = (metric["bleu"], metric["n_obs"], data["sha256"], Path(data["path"]).name)
+    return view
+
+
+def test_evaluate_publishes_its_in_memory_inputs_with_its_outputs(tiny_model, tmp_path):
+    """evaluate() with in-memory examples into a folder holding another evaluation's set, killed
+    before each change of the save folder in turn, found by counting them. Once the next command
+    has run (a recovery of the folder), the folder holds the earlier evaluation's inputs and
+    outputs, or the new one's, never inputs of one beside outputs of the other. A SIGTERM in
+    the publish ends evaluate() with the new set in place, and its Interrupted says so."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from seq2seq_eval import evaluate
+
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(tiny_model), AutoTokenizer.from_pretrained(tiny_model)
+    data = {"one": (["one two three", "four five"], ["a b", "c d"]), "two": (["six seven", "eight", "nine ten"], ["e", "f g", "h"])}
+
+    def evaluation(save: Path, tag: str) -> None:
+        torch.set_num_threads(1)
+        evaluate(model, tokenizer, sources=data[tag][0], references=data[tag][1], save_dir=str(save),
+                 tmp_dir=str(save.parent / "t"), bs=4, metrics="bleu", num_beams=1, max_new_tokens=3)
+
+    whole = {}
+    for tag in ("one", "two"):
+        evaluation(tmp_path / tag / "out", tag)
+        whole[tag] = _evaluate_set(tmp_path / tag / "out")
+    assert whole["one"] != whole["two"] and "test_inputs.jsonl" in whole["one"]
+    assert not (tmp_path / "one" / "t").exists()  # the scratch copy went with the temp dir
+    # A file of the user's where the copy goes is refused before any work, and kept.
+    (tmp_path / "user" / "out").mkdir(parents=True)
+    (tmp_path / "user" / "out" / "test_inputs.jsonl").write_bytes(b"mine\n")
+    with pytest.raises(OutputError, match=r"test_inputs\.jsonl \(the examples evaluate\(\) was given\): exists and "):
+        evaluation(tmp_path / "user" / "out", "one")
+    assert everything(tmp_path / "user") == {"out/test_inputs.jsonl": b"mine\n"}
+    # A later run of the prefix from other data removes the copy with the other stale results (it
+    # would be one run's inputs beside another's outputs); one that reads the copy keeps it.
+    torch.set_num_threads(1)
+    for name, kept in (("other", False), ("copy", True)):
+        later = tmp_path / name / "out"
+        shutil.copytree(tmp_path / "one" / "out", later)
+        data_dir = later / "test_inputs.jsonl" if kept else tmp_path / "two" / "out" / "test_inputs.jsonl"
+        evaluate(model, tokenizer, data_dir=str(data_dir), save_dir=str(later), tmp_dir=str(later.parent / "t"), bs=4,
+                 metrics="bleu", num_beams=1, max_new_tokens=3)
+        assert sorted(visible(later)) == sorted(set(whole["one"]) - ({"test_inputs.jsonl"} if not kept else set()))
+        assert ("test_inputs.jsonl" in json.loads((later / "test_bleu.json").read_text())["provenance"]
+                ["removed_stale_outputs"]) != kept
+    for k in range(1, 200):
+        save = tmp_path / f"{k}" / "out"
+        shutil.copytree(tmp_path / "one" / "out", save)  # a copy is the tool's: the same bytes
+        status, said = in_child(lambda: evaluation(save, "two"), save, k)
+        if not os.WIFSIGNALED(status):
+            assert k > 2 and said["changes"] == k - 1, (k, status, said)  # every step was tried
+            break
+        recover(save)
+        now = _evaluate_set(save)
+        assert now in (whole["one"], whole["two"]), (k, sorted(now))
+        assert leftovers(save) == [], (k, leftovers(save))
+    else:
+        raise AssertionError("the evaluation never ended")
+    # SIGTERM in the publish: it completes first, and evaluate() raises Interrupted saying so.
+    save = tmp_path / "term" / "out"
+    shutil.copytree(tmp_path / "one" / "out", save)
+    status, said = in_child(lambda: evaluation(save, "two"), save, k // 2, signal.SIGTERM)
+    assert said["published"] and "after the outputs were published" in said["interrupted"], said
+    assert _evaluate_set(save) == whole["two"] and leftovers(save) == []
+
+
+# ---------------------------------------------------------------- a model metric's phase, and score
+
+
+COMET = Path(__file__).parent / "data" / "comet_tiny" / "wmt22_like"
+_CHANGES = ("rename", "replace", "unlink", "open", "fsync")
+
+
+def _path_of(name: str, args: tuple) -> list[str]:
+    if name == "fsync":
+        try:
+            return [os.readlink(f"/proc/self/fd/{args[0] if isinstance(args[0], int) else args[0].fileno()}")]
+        except OSError:
+            return []
+    if name == "open" and not (len(args) > 1 and args[1] & os.O_CREAT):
+        return []  # only a file created is a change
+    return [os.path.abspath(p) for p in (args[:2] if name in ("rename", "replace") else args[:1])]
+
+
+def _fork_at_each_step(work: Callable[[], object], roots: list[Path], start: str, stop: Path, sig: int,
+                       keep: Callable[[int, int], None]) -> int:
+    """`work` in a forked child up to the first change under `roots` whose path holds `start`;
+    from there, for k = 1, 2, ...: a grandchild goes on and sends itself `sig` before its k-th
+    change (a file renamed, replaced, removed or created, or made durable by fsync) under `roots`,
+    with the run's handler in place. Once it is gone, `keep(k, its wait status)` checks and saves
+    what it left, and `roots` are put back as they were at the fork point for the next. Ends when
+    a grandchild reaches its first change under `stop` before its k-th. Returns the number of
+    steps."""
+    report = stop.parent / "steps.json"
+    pid = os.fork()
+    if pid:
+        os.waitpid(pid, 0)
+        said = json.loads(report.read_text()) if report.exists() else {}
+        assert "steps" in said, said.get("error", said)
+        return said["steps"]
+    state = {"count": 0, "at": 0, "child": False}
+
+    def fork_tree() -> None:
+        import shutil
+
+        snap = stop.parent / "fork_point"
+        for r in roots:
+            if r.exists():
+                shutil.copytree(r, snap / r.name, symlinks=True)
+        for k in range(1, 1000):
+            reached = stop.parent / "reached"
+            child = os.fork()
+            if child == 0:
+                state.update(count=0, at=k, child=True)
+                return
+            status = os.waitpid(child, 0)[1]
+            if reached.exists():
+                report.write_text(json.dumps({"steps": k - 1}))
+                os._exit(0)
+            keep(k, status)
+            for r in roots:
+                shutil.rmtree(r, ignore_errors=True)
+                if (snap / r.name).exists():
+                    shutil.copytree(snap / r.name, r, symlinks=True)
+        raise AssertionError("the steps never ended")
+
+    def wrap(name: str) -> None:
+        real = getattr(os, name)
+
+        def wrapped(*args, _real=real, _name=name, **kwargs):
+            paths = _path_of(_name, args)
+            if any(p.startswith(f"{stop}{os.sep}") for p in paths) and state["child"]:
+                (stop.parent / "reached").write_text("")
+                os._exit(0)
+            if any(p.startswith(f"{r}{os.sep}") for p in paths for r in roots):
+                if state["at"] == 0 and any(start in p for p in paths):
+                    fork_tree()
+                if state["at"]:
+                    state["count"] += 1
+                    if state["count"] == state["at"]:
+                        os.kill(os.getpid(), sig)
+            return _real(*args, **kwargs)
+
+        setattr(os, name, wrapped)
+
+    code = 0
+    try:
+        for name in _CHANGES:
+            wrap(name)
+        with _Signals():
+            code = work()
+    except BaseException:
+        if not state["child"]:
+            report.write_text(json.dumps({"error": traceback.format_exc()}))
+        code = 1
+    os._exit(code if isinstance(code, int) else 0)
+
+
+BERTSCORE = Path(__file__).parent / "data" / "bertscore_tiny"
+# Each model metric's options (a budget that cuts three examples into two batches or more) and
+# the metric file's keys it writes.
+MODEL_METRICS = {
+    "comet": (["--comet_model", str(COMET), "--comet_max_tokens", "40"], ("comet", "comet_signature")),
+    "bertscore": (["--bertscore_model", str(BERTSCORE / "roberta"), "--bertscore_num_layers",
+                   str(json.loads((BERTSCORE / "reference_scores.json").read_text())["layers"]), "--bertscore_idf",
+                   "--model_metric_max_tokens", "24"],
+                  ("bertscore", "bertscore_precision", "bertscore_recall", "bertscore_signature")),
+}
+
+
+@pytest.mark.parametrize("metric", MODEL_METRICS)
+def test_a_run_stopped_at_each_step_of_its_model_metric_phase_resumes_to_the_same_bytes(tiny_model, tmp_path, capfd,
+                                                                                     metric):
+    """A run scoring with a model metric after generation (a tiny COMET; a tiny BERTScore with
+    idf and two references per example), killed (SIGKILL) or signalled (SIGTERM) before each
+    change of its temp dir in turn, from the model metric's first claim to its publish: --resume
+    then takes the journaled batches, scores only the others and leaves the outputs of an
+    uninterrupted run, byte for byte, and nothing else. `score` with COMET changes no file."""
+    import shutil
+
+    from seq2seq_eval.cli import main
+
+    samples = json.loads((COMET.parent / "reference_scores.json").read_text())["samples"]
+    data = tmp_path / "test.jsonl"
+    refs = [t if metric == "comet" else [t, " ".join(t.split()[1:] + t.split()[:1])] for t in samples["ref"][:3]]
+    data.write_text("".join(json.dumps({"id": i, "source": s, "target": t}) + "\n"
+                            for i, (s, t) in enumerate(zip(samples["src"][:3], refs))))
+    options, keys = MODEL_METRICS[metric]
+    args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--metrics", f"bleu,{metric}", *options,
+            "--bs", "4", "--num_beams", "1", "--max_new_tokens", "4"]
+
+    def outputs(save: Path) -> dict[str, object]:
+        view: dict[str, object] = dict(visible(save))
+        scores = json.loads(view.pop("test_bleu.json"))
+        view["scores"] = {k: scores[k] for k in ("bleu", "n_obs", *keys)}
+        return view
+
+    assert main([*args, "--save_dir", str(tmp_path / "whole" / "out"), "--tmp_dir", str(tmp_path / "whole" / "t")]) == 0
+    capfd.readouterr()
+    whole = outputs(tmp_path / "whole" / "out")
+    assert f'"{metric}": ' in whole["test_examples.jsonl"].decode()
+    if metric == "comet":
+        # `score` with the same metrics over those files, as a whole command, changes no file at
+        # all: a kill at any point of it leaves every folder as it was, nothing for a next command.
+        files = {}
+        for name, key in (("p.txt", "mt"), ("r.txt", "ref"), ("s.txt", "src")):
+            files[name] = tmp_path / name
+            files[name].write_text("".join(t + "\n" for t in samples[key][:3]))
+        code, changes = _changes_made(lambda: main(["score", "--predictions", str(files["p.txt"]), "--references",
+                                                    str(files["r.txt"]), "--sources", str(files["s.txt"]), "--metrics",
+                                                    "bleu,comet", "--comet_model", str(COMET)]), tmp_path / "changes.json")
+        assert code == 0 and changes == [], changes
+        assert set(json.loads(capfd.readouterr().out)) >= {"bleu", "comet"}  # what it prints: the scores
+    for sig in (signal.SIGKILL, signal.SIGTERM):
+        base = tmp_path / signal.Signals(sig).name
+        save, tmp = base / "out", base / "t"
+
+        def keep(k: int, status: int) -> None:
+            # Killed, or stopped by its handler: the run's one line, exit 130.
+            assert (os.WIFSIGNALED(status) and os.WTERMSIG(status) == sig if sig == signal.SIGKILL
+                    else os.waitstatus_to_exitcode(status) == 130), (k, status)
+            for r in (save, tmp):
+                if r.exists():
+                    shutil.copytree(r, base / f"{k}" / r.name, symlinks=True)
+
+        steps = _fork_at_each_step(lambda: main([*args, "--save_dir", str(save), "--tmp_dir", str(tmp)]),
+                                   [save, tmp], f"/claims/{metric}_", save, sig, keep)
+        assert steps >= 4, steps  # a claim, the journal made, a line made durable, ... for each batch
+        journaled = []
+        for k in range(1, steps + 1):
+            out, journal = base / f"{k}" / "out", base / f"{k}" / "t" / "model_scores_rank_0.jsonl"
+            lines = journal.read_bytes().count(b"\n") if journal.exists() else 0
+            journaled.append(lines)
+            assert main([*args, "--save_dir", str(out), "--tmp_dir", str(base / f"{k}" / "t"), "--resume"]) == 0, k
+            assert outputs(out) == whole, (sig, k)
+            # Each batch scored once: the journaled ones are taken, only the others scored again.
+            stats = json.loads((out / "test_bleu.json").read_text())["throughput"]["model_metrics"][metric]
+            assert (stats["resumed_batches"], stats["rank0_scored_batches"]) == (lines, stats["batches"] - lines), k
+            # The temp dir's files are gone (its folder stays: a copy the run did not make).
+            assert leftovers(out) == [] and not [p for p in (base / f"{k}" / "t").rglob("*") if not p.is_dir()], k
+        # Stopped before any batch was journaled, between two, and after the last.
+        assert journaled[0] == 0 and 0 < journaled[len(journaled) // 2] < stats["batches"] == journaled[-1], journaled
+
+
+def _changes_made(work: Callable[[], int], report: Path) -> tuple[int, list[list[str]]]:
+    """`work` in a forked child with every change to a file or folder anywhere recorded (made,
+    opened for writing by os.open or open, renamed, replaced, removed, truncated,
+    linked, or made durable by fsync; not a device's): its exit code and the changes."""
+    import builtins
+    import io
+
+    pid = os.fork()
+    if pid:
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        changes = json.loads(report.read_text())
+        report.unlink()
+        return code, changes
+    changes: list[list[str]] = []
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    real_open = builtins.open
+
+    def record(name: str, *paths: object) -> None:
+        found = [os.path.abspath(p) for p in paths if isinstance(p, (str, bytes, os.PathLike))]
+        if found and not all(str(p).startswith("/dev/") for p in found):
+            changes.append([name, *map(str, found)])
+
+    def wrap(name: str) -> None:
+        real = getattr(os, name)
+
+        def wrapped(*args, **kwargs):
+            if name == "fsync":
+                fd = args[0] if isinstance(args[0], int) else args[0].fileno()
+                record(name, os.readlink(f"/proc/self/fd/{fd}"))
+            elif name != "open" or (len(args) > 1 and args[1] & writing):
+                record(name, *(args[:2] if name in ("rename", "replace", "link", "symlink") else args[:1]))
+            return real(*args, **kwargs)
+
+        setattr(os, name, wrapped)
+
+    def opened(file, mode="r", *args, **kwargs):
+        if any(c in mode for c in "wax+"):
+            record("open", file)
+        return real_open(file, mode, *args, **kwargs)
+
+    code = 1
+    try:
+        for name in ("rename", "replace", "unlink", "rmdir", "mkdir", "open", "fsync", "truncate", "link", "symlink"):
+            wrap(name)
+        builtins.open = io.open = opened  # pathlib's write_text and write_bytes call io.open
+        code = work()
+    finally:
+        builtins.open = io.open = real_open
+        report.write_text(json.dumps(changes))
+        sys.stdout.flush()
+        os._exit(code)
+
+
+@pytest.mark.parametrize("environ, tries", [
+    ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, True),
+    ({"RANK": "5", "LOCAL_RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, False),
+    ({"RANK": "0", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, True),
+    ({"SLURM_PROCID": "4", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "8"}, False),
+], ids=["rank0", "rank5-local0", "rank0-local3", "srun-rank4-local0"])
+def test_only_the_global_rank_0_tries_the_folders_of_a_dry_run(e2e, tmp_path, monkeypatch, environ, tries):
+    """Every rank of a torchrun (or srun) dry run runs the checks, on every node; the folders are
+    tried by the process whose global rank is 0, whatever its local rank (the first process of
+    another node is not rank 0), so that nodes sharing one folder never probe it at once."""
+    from seq2seq_eval.run.dist import dist_env
+    from seq2seq_eval.run.runner import run
+
+    root, model = e2e
+    save = tmp_path / "new" / "save"
+    made: list[str] = []
+    real = os.mkdir
+
+    def mkdir(path, *args, **kwargs):
+        made.append(str(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    cfg = EvalConfig(model_name=model, input_path=str(root / "in.txt"), reference_path=str(root / "ref.txt"),
+                     save_dir=str(save), task="translation", bs=4, dry_run=True)
+    run(cfg, dist_env(environ))
+    probes = [p for p in made if ".seq2seq_eval_probe." in p]
+    assert sorted({str(Path(p).parent) for p in probes}) == ([str(save), f"{save}_tmp"] if tries else [])
+    assert not (tmp_path / "new").exists()  # tried, then removed: a dry run writes nothing

@@ -598,7 +598,7 @@ def test_jsonl_outputs_are_one_line_per_example_for_any_line_splitter(tmp_path):
     """_examples.jsonl, _pseudolabels.jsonl and evaluate()'s _inputs.jsonl: texts holding each line
     break give one line per example to str.splitlines(), and json.loads gives the texts back;
     text without them is written as json.dumps writes it."""
-    from seq2seq_eval.inputs.memory import write_inputs
+    from seq2seq_eval.inputs.memory import in_memory_inputs
     from seq2seq_eval.outputs.write import output_lines
 
     texts = [f"a{c}b" for c in LINE_BREAKS] + ["plain ü \"q\" \t"]
@@ -616,6 +616,6 @@ def test_jsonl_outputs_are_one_line_per_example_for_any_line_splitter(tmp_path):
         assert got == [f"best {t}" for t in texts]
         assert lines[-1].decode("utf-8") == json.dumps(rows[-1], ensure_ascii=False) + "\n"  # plain text: unchanged
     cfg = EvalConfig(save_dir=str(tmp_path), data_dir=str(tmp_path / "test_inputs.jsonl"))
-    write_inputs(cfg, [f"s {t}" for t in texts], [f"r {t}" for t in texts], None, None)
-    rows = [json.loads(line) for line in (tmp_path / "test_inputs.jsonl").read_text(encoding="utf-8").splitlines()]
+    copy = in_memory_inputs(cfg, [f"s {t}" for t in texts], [f"r {t}" for t in texts], None, None)
+    rows = [json.loads(line) for line in copy.data.decode("utf-8").splitlines()]
     assert [(r["source"], r["target"]) for r in rows] == [(f"s {t}", f"r {t}") for t in texts]

@@ -226,14 +226,15 @@ class OutputRecord:
 
     def stale(self, prefix: str, keep: Iterable[str], inputs: Iterable[str] = ()) -> list[Path]:
         """Results of an earlier run of `prefix` that this one does not write: exactly the names
-        the record gives to outputs of that prefix, while they hold the bytes recorded, never a
-        file this run reads (`inputs`: real paths)."""
+        the record gives to outputs of that prefix, and to evaluate()'s copy of the examples that
+        run was given (beside this run's outputs it would be another run's inputs), while they
+        hold the bytes recorded, never a file this run reads (`inputs`: real paths)."""
         keep, reads = set(keep), set(inputs)
         found = []
         # A completion file first: a publish moves it out of place before the files it completes.
         for name, entry in sorted(self.files.items(), key=lambda item: (not item[1].completion, item[0])):
             path = self.folder / name
-            if (entry.kind == "output" and entry.prefix == prefix and name not in keep
+            if (entry.kind in ("output", "input") and entry.prefix == prefix and name not in keep
                     and os.path.realpath(path) not in reads and self._matches(path, entry)):
                 found.append(path)
         return found

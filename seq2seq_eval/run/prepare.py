@@ -111,7 +111,8 @@ def _data_key(cfg: EvalConfig) -> str:
 
 def _examples_store(cfg: EvalConfig, pg: ProcessGroup | None, cache: Path) -> tuple[ExampleStore, dict[str, Any]]:
     """The examples as an Arrow file in the cache: converted once by rank 0 (the others wait and
-    then map it), reused by a resumed or restarted run whose inputs are unchanged."""
+    then map it), reused by a resumed or restarted run whose inputs are unchanged. `cfg`: the
+    config the examples are read with (evaluate()'s in-memory examples: from the temp dir)."""
     path, meta_path = cache / "examples.arrow", cache / "examples.json"
     key = _data_key(cfg)
 
@@ -201,12 +202,15 @@ def _plan(cfg: EvalConfig, lengths: Any, world_size: int, device_type: str, cost
 
 
 def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path, device_type: str = "cpu",
-            model: Any = None, tokenizer: Any = None, recorded: tuple[int | None, int | None] | None = None) -> Prepared:
+            model: Any = None, tokenizer: Any = None, recorded: tuple[int | None, int | None] | None = None,
+            read_cfg: EvalConfig | None = None) -> Prepared:
     """Everything before generation. `device_type` and the world size pick the default batch
     budget (plan.default_plan); `recorded`: the budget (bs, max_tokens) of the run being resumed
     (tmpdir.recorded_budget), taken when neither --bs nor --max_tokens is given; `model`,
     `tokenizer`: a model (and its tokenizer) already in memory (api.evaluate), used instead of
-    loading --model_name."""
+    loading --model_name; `read_cfg`: the config the examples are read with, when not `cfg`
+    (evaluate()'s in-memory examples, read from the temp dir while `cfg` names their copy in
+    --save_dir, as the run's provenance does)."""
     if model is None and Path(cfg.model_name).expanduser().is_dir():
         check_safetensors(Path(cfg.model_name).expanduser())
     model_config, base_gc = load_model_config(cfg) if model is None else model_config_of(model, cfg.model_name)
@@ -225,7 +229,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     identity = _model_identity(model_config, cfg.model_name) if model is None else _in_memory_identity(model)
     cache.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    store, data = _examples_store(cfg, pg, cache)
+    store, data = _examples_store(read_cfg or cfg, pg, cache)
     if prompts is not None:  # no few-shot example is one of the evaluated examples (inputs/leaks.py)
         check_shots(prompts.shots, store, prompts.fewshot_file, cfg.allow_reference_in_prompt)
     _give_back_freed_memory()

@@ -14,9 +14,11 @@ from typing import Any
 from .. import engines, numerics
 from ..config import EvalConfig
 from ..errors import EvalError, Interrupted, RunFailed, RunStateError
+from ..inputs.memory import InMemoryInputs
 from ..outputs.locations import Role, check_output_locations, run_inputs, try_folders
 from ..outputs.intent import recovered
 from ..outputs.publish import pending
+from ..outputs.record import OutputRecord
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .model_scores import check_model_metrics, score_model_metrics
@@ -68,16 +70,21 @@ class _Signals:
 
 def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGroup | None = None,
         model: Any = None, tokenizer: Any = None, also_writes: tuple[Role, ...] = (),
-        also_folders: tuple[tuple[str, Path], ...] = (), also: Any = None) -> Outcome:
+        also_folders: tuple[tuple[str, Path], ...] = (), also: Any = None, inputs: InMemoryInputs | None = None) -> Outcome:
     """One rank's run. The command line passes the config alone; api.evaluate also passes the
     job's group (`process_group`, kept open: the caller closes it) and may pass a model and its
     tokenizer already in memory, which run where they are, as they are. `also_writes` and
     `also_folders`: files (and their folders) the caller writes from the outputs afterwards
     (the legacy form's SAVE_PATH), checked with the run's own before any work; `also` stages
-    them, published with the run's outputs as one transaction (outputs.write.write_outputs)."""
+    them, published with the run's outputs as one transaction (outputs.write.write_outputs).
+    `inputs`: evaluate()'s in-memory examples, read from the temp
+    dir and published with the outputs, in the same transaction."""
     env = env or dist_env()
     t_start = time.perf_counter()
     check_output_locations(cfg, also_writes)
+    if inputs is not None:
+        _check_copy(cfg, inputs)
+        also = _with_copy(inputs, also)
     tmp_dir = Path(cfg.tmp_dir)
     if cfg.dry_run:
         # A dry run is one process that never joins a group: it validates and prints the plan,
@@ -124,12 +131,13 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
     progress: dict[str, Any] = {}
     try:
         with _Signals():
-            lock = _claim_tmp_dir(cfg, env, pg, tmp_dir, also_writes, also_folders)
+            lock = _claim_tmp_dir(cfg, env, pg, tmp_dir, also_writes, also_folders, inputs)
             # Resuming (or restarted by torchrun), the earlier run's budget, read once by rank 0
             # (which holds the lock) and sent to all: every rank plans the same batches.
             resuming = cfg.resume or env.restart_count > 0
             recorded = pg.broadcast(recorded_budget(tmp_dir) if resuming and env.is_main else None)
-            prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type, model, tokenizer, recorded=recorded)
+            prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type, model, tokenizer, recorded=recorded,
+                           read_cfg=inputs.reading(cfg, tmp_dir) if inputs is not None else None)
             if env.is_main and (idle := idle_ranks_warning(prep, env.world_size)):
                 logger.warning("%s", idle)
             n_refs = prep.store.max_references
@@ -165,7 +173,9 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
                           abort=pg.peer_check, progress=progress, also=also)
     except BaseException as e:
         if env.is_main and lock is not None and isinstance(e, Interrupted) and (e.published or progress):
-            raise Interrupted(_after_publish(cfg, env, tmp_dir, e)) from e
+            done = Interrupted(_after_publish(cfg, env, tmp_dir, e))
+            done.published = True  # a caller of evaluate() can tell it too, not only the message
+            raise done from e
         if env.is_main and lock is not None:
             # Before the lock goes: a rank that finds the lock free and this file absent knows
             # rank 0 died; with it, rank 0 reports for itself.
@@ -253,10 +263,10 @@ def _agree(env: DistEnv, pg: ProcessGroup, check: Any) -> None:
 
 
 def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Path, also_writes: tuple[Role, ...],
-                   also_folders: tuple[tuple[str, Path], ...]) -> RunLock | None:
+                   also_folders: tuple[tuple[str, Path], ...], inputs: InMemoryInputs | None) -> RunLock | None:
     """Rank 0 tries the output folders, then creates and locks the temp dir before anything is
-    written there (the examples cache comes next), and refuses an earlier run's files unless
-    resuming."""
+    written there (evaluate()'s in-memory examples, then the examples cache), and refuses an
+    earlier run's files unless resuming."""
     holder: list[RunLock] = []
 
     def claim() -> None:
@@ -282,6 +292,11 @@ def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Pat
             # A worker group restarted by torchrun (--max_restarts) resumes by itself.
             refuse_earlier_run(tmp_dir, cfg.resume or env.restart_count > 0)
             new_token(tmp_dir)  # from now on the temp dir is this run's, whoever made it
+            if inputs is not None:
+                try:
+                    inputs.write_scratch(tmp_dir)
+                except OSError as e:
+                    raise RunStateError(f"--tmp_dir {tmp_dir}: cannot write the examples there ({e.strerror})") from e
         except EvalError:
             lock.release()
             raise
@@ -289,6 +304,28 @@ def _claim_tmp_dir(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup, tmp_dir: Pat
 
     _agree(env, pg, claim)
     return holder[0] if holder else None
+
+
+_COPY_ROLE = "the examples evaluate() was given"
+
+
+def _check_copy(cfg: EvalConfig, inputs: InMemoryInputs) -> None:
+    """Before any work: the copy of evaluate()'s examples replaces only the tool's file of this
+    prefix in --save_dir (again under the folder's lock as it is published)."""
+    if Path(cfg.save_dir).is_dir():
+        OutputRecord(Path(cfg.save_dir)).check_writable([inputs.path], cfg.output_prefix, {inputs.path: _COPY_ROLE})
+
+
+def _with_copy(inputs: InMemoryInputs, also: Any) -> Any:
+    """The publish's hook (outputs.write.write_outputs) that stages the copy of evaluate()'s
+    examples beside the outputs, owned as an input of the run's prefix (never a stale result)."""
+
+    def stage(summary: dict[str, Any], staging: Any) -> list[Any]:
+        staging.add(inputs.path.name, inputs.data, (staging.prefix, "input"))
+        staging.options["roles"] = {**(staging.options.get("roles") or {}), inputs.path: _COPY_ROLE}
+        return also(summary, staging) if also is not None else [staging]
+
+    return stage
 
 
 def _same(a: str | Path, b: str | Path) -> bool:

@@ -20,7 +20,8 @@ Layout of {tmp_dir}:
     rank_<k>_output.json    rank k's stats, written atomically last: its presence means rank k is done
     tail_*                  the tail's work: each slice's sizes, spilled rows, scores and completion
                             (sharedtail.py, outputs/shuffle.py), the outputs being assembled
-    cache/                  the examples as Arrow and the tokenized sources (see store.py, tokens.py)
+    cache/                  the examples as Arrow and the tokenized sources (see store.py, tokens.py);
+                            evaluate()'s in-memory examples, inputs.jsonl or sources.txt (inputs/memory.py)
 and, beside any of them, `.<name>.<pid>.tmp` while it is being written.
 """
 
@@ -53,7 +54,7 @@ OWN = re.compile(
     r"|rank_\d+_output\.(arrow|arrow\.partial|json)|rank_\d+\.present|claims/([a-z][a-z0-9]*_)?\d+"
     r"|tail_\d+\.(json|sizes|scores|spilled)|tail_out\.(gen|pseudo|legacy|jsonl|example)"
     r"|tail_spill_(\d+|all)_\d+\.arrow(\.index)?"
-    r"|cache/examples\.(arrow|json)|cache/tokens_\d+_\d+\.(ids\.bin|lens\.npy|json))"
+    r"|cache/examples\.(arrow|json)|cache/tokens_\d+_\d+\.(ids\.bin|lens\.npy|json)|cache/(inputs\.jsonl|sources\.txt))"
 )
 """Every file the tool makes in its temp dir, by path relative to it: what cleanup removes."""
 _OWN_FOLDERS = ("cache", CLAIMS)
