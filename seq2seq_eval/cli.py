@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .config import TASKS, EvalConfig
 from .errors import ConfigError, DataError, EvalError, Interrupted, ModelError, RunStateError
+from .inputs.checks import short, surrogate_at
 from .options import Parser, build_parser, config_values, parse_generate_kwargs
 from .run.dist import DistEnv, dist_env
 
@@ -113,6 +114,20 @@ def _setup_logging(is_main: bool, debug: bool) -> None:
     logger.propagate = False
 
 
+def _check_utf8(argv: Sequence[str]) -> None:
+    """Every argument UTF-8 text. Python hands bytes that are not UTF-8 over as lone surrogates
+    (U+DC80..U+DCFF, its surrogateescape); a template, a stop string or a name holding one would
+    fail in the tokenizer or in a file written after the work."""
+    for i, arg in enumerate(argv):
+        at = surrogate_at(arg)
+        if at is None:
+            continue
+        flag = arg.split("=")[0] if arg.startswith("--") else argv[i - 1] if i and argv[i - 1].startswith("--") else f"argument {i + 1}"
+        code = ord(arg[at])
+        bad = f"the byte {code - 0xDC00:#04x}" if 0xDC80 <= code <= 0xDCFF else f"U+{code:04X}"
+        raise ConfigError(f"{flag}: {short(arg)} holds {bad} at character {at}, which is not UTF-8; expected UTF-8 text")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -122,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"seq2seq_eval: error: {e}", file=sys.stderr)
         return e.exit_code
     try:
+        _check_utf8(argv)
         if argv[:1] == ["score"]:
             result = score_main(argv[1:], env)
             if env.is_main:

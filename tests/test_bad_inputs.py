@@ -121,6 +121,12 @@ CASES = [
     ("dataset-malformed-jsonl", ["--dataset", "{d}/malformed.jsonl"], ["{d}/malformed.jsonl line 3: malformed JSON"], 1),
     ("dataset-duplicated-id", ["--dataset", "{d}/dup_id.jsonl"],
      ["dataset {d}/dup_id.jsonl split test row 2 column 'id': duplicated id 'b' (first in row 1)"], 1),
+    # ---- arguments that are not UTF-8 (Python passes their bytes on as lone surrogates)
+    ("argument-not-utf8", ["--prompt_template", "Q\udcff {{source}}"],
+     ["--prompt_template: 'Q\\udcff {{source}}' holds the byte 0xff at character 1, which is not UTF-8; expected UTF-8 "
+      "text"], 2),
+    ("flag-value-not-utf8", ["--type_path=te\udcfest"],
+     ["--type_path: '--type_path=te\\udcfest' holds the byte 0xfe at character 14, which is not UTF-8"], 2),
 ]
 
 DEBUG_CASES = [

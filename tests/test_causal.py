@@ -140,6 +140,8 @@ def test_few_shot_examples_are_chosen_by_seed_and_the_same_for_every_prompt(tiny
     ({"prompt_template": "{source} {}"}, "--prompt_template '{source} {}': {}: expected a plain {source} or {column}"),
     ({"prompt_template": "{source} {a[0]}"}, "--prompt_template '{source} {a[0]}': {a[0]}: expected a plain"),
     ({"prompt_template": "Q: {source"}, "--prompt_template 'Q: {source': expected '}' before end of string"),
+    ({"prompt_template": "Q \ud83d: {source}"}, "--prompt_template 'Q \\ud83d: {source}': the template holds a lone "
+                                              "surrogate (U+D83D at character 2"),
     ({"max_length": 40}, "--max_length 40: a decoder-only model's max_length counts the prompt's tokens"),
     ({"max_new_tokens": None}, "no --max_new_tokens (nor max_new_tokens in the model's generation config or task "
                                "entry): generate() would give each prompt at most 20 new tokens, its default "

@@ -215,7 +215,7 @@ def compare(
     needs them; ``example_scores`` gives its values instead. Returns what ``compare --json``
     prints, less "inputs" (see compare_systems). ``sources``, when given, are checked as a run
     checks them (one text per example). None for any keyword means not given: its default."""
-    from ..inputs.memory import source_texts
+    from ..inputs.memory import source_texts, texts
     from ..scoring.names import parse_metric_names
     from ..scoring.references import per_example
 
@@ -233,6 +233,7 @@ def compare(
         if isinstance(hyps, str) or not isinstance(hyps, Sequence) or not all(isinstance(h, str) for h in hyps):
             raise DataError(f"compare(systems): system {name}: expected a list of predictions (texts), "
                             f"got {type(hyps).__name__}")
+        texts(hyps, f"compare(systems): system {name}: predictions")  # UTF-8 text, as score()'s
     names = metric_names(parse_metric_names(metrics, task))  # "rouge": its four keys
     registry.refuse_unused(options, names, f"metrics={metrics!r}")
     n = len(next(iter(systems.values()))) if systems else 0

@@ -3,11 +3,12 @@
 `compare` take. The same input gets the same verdict wherever it enters; only the words for
 where differ (a file's line, a dataset's row and column, a list's index).
 
-- A source or a reference is a text: a string with more than whitespace in it. (A prediction
-  may be empty: a model may generate nothing, and the outputs say so.)
+- A source or a reference is a text: a string with more than whitespace in it and no lone
+  surrogate (UTF-8 encodes it). (A prediction may be empty: a model may generate nothing, and the
+  outputs say so.)
 - An example has at least one reference when it has any (a list of none is refused).
-- An id is a string or an integer, never a bool or a float; 1 and "1" are two ids, as JSON,
-  the outputs and a join by id tell them apart.
+- An id is a string (UTF-8 encodes it) or an integer, never a bool or a float; 1 and "1" are
+  two ids, as JSON, the outputs and a join by id tell them apart.
 - Ids are unique.
 - Counts (one reference per prediction, one source per example) are compared by the callers,
   whose messages name both sides.
@@ -34,8 +35,27 @@ def short(value: Any, limit: int = 60) -> str:
 
 
 def is_text(value: Any) -> bool:
-    """A string with more than whitespace in it (whitespace as str.strip() removes it)."""
-    return isinstance(value, str) and value != "" and not value.isspace()
+    """A string with more than whitespace in it (whitespace as str.strip() removes it), that UTF-8
+    can encode (no lone surrogate: a JSON escape such as "\\ud800", or a Python string, can hold
+    one; the tokenizer and every file the run writes would fail on it after the work)."""
+    return isinstance(value, str) and value != "" and not value.isspace() and surrogate_at(value) is None
+
+
+def surrogate_at(value: str) -> int | None:
+    """The index of the first lone surrogate in `value` (a code point UTF-8 cannot encode), or None."""
+    if value.isascii():
+        return None
+    try:
+        value.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return e.start
+
+
+def not_unicode(what: str, value: str, at: int) -> str:
+    """Why a string with a lone surrogate is refused, in a message's words."""
+    return (f"{what} holds a lone surrogate (U+{ord(value[at]):04X} at character {at}: {short(value)}), which is "
+            "not a Unicode character; expected text UTF-8 can encode")
 
 
 def blank(what: str, value: str | None = None) -> str:
@@ -48,7 +68,8 @@ def blank(what: str, value: str | None = None) -> str:
 def text_error(value: Any, what: str, where: str) -> DataError:
     """Why `value` is not a text, as a DataError at `where` (call only when is_text is False)."""
     if isinstance(value, str):
-        return DataError(f"{where}: {blank(what, value)}")
+        at = surrogate_at(value)
+        return DataError(f"{where}: {blank(what, value) if at is None else not_unicode(what, value, at)}")
     return DataError(f"{where}: expected a non-empty string, got {short(value)}")
 
 
@@ -84,6 +105,8 @@ def check_id(value: Any, where: Where) -> ExampleId:
     """`value` when it can be an example's id (a string or an integer, not a bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise DataError(f"{where()}: an id must be a string or an integer, got {short(value)}")
+    if isinstance(value, str) and (at := surrogate_at(value)) is not None:
+        raise DataError(f"{where()}: {not_unicode('the id', value, at)}")
     return value
 
 

@@ -15,7 +15,7 @@ from ..atomic import write_atomic
 from ..config import EvalConfig
 from ..errors import DataError
 from ..outputs.jsonl import encode_line
-from .checks import UniqueIds, check_texts
+from .checks import UniqueIds, check_texts, not_unicode, surrogate_at
 
 
 def texts(values: Any, where: str) -> list[str]:
@@ -25,6 +25,8 @@ def texts(values: Any, where: str) -> list[str]:
     for i, v in enumerate(values):
         if not isinstance(v, str):
             raise DataError(f"{where}[{i}]: expected a text, got {type(v).__name__}")
+        if (at := surrogate_at(v)) is not None:
+            raise DataError(f"{where}[{i}]: {not_unicode('the text', v, at)}")
     return list(values)
 
 
