@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import lzma
 import re
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -176,3 +177,41 @@ def test_a_reference_free_run_on_sources_alone_and_the_refusals_beside_it(checkp
     assert main(["score", "--metrics", "metricx", "--metricx_qe", *flags, "--sources", str(data / "test.source"),
                  "--predictions", str(tmp_path / "p")]) == 0
     assert json.loads(capsys.readouterr().out)["metricx"] == pytest.approx(sum(direct) / 3, abs=1e-6)
+
+
+def test_weights_that_do_not_fit_config_json_are_refused_before_any_work(checkpoints, tmp_path):
+    """Read from the files' headers by the checks (a hub checkpoint is GBs: nothing is loaded),
+    as safetensors and as a torch file; the load says the same."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from seq2seq_eval.scoring.metricx import load
+
+    src = Path(checkpoints["float32"])
+    config = json.loads((src / "config.json").read_text())
+    state = load_file(str(src / "model.safetensors"))
+    dropped = dict(state)
+    del dropped["decoder.final_layer_norm.weight"]
+    renamed = {("encoder.blocks.0" + k[len("encoder.block.0"):] if k.startswith("encoder.block.0.") else k): v
+               for k, v in state.items()}
+    cases = {
+        "other sizes": ({**config, "d_ff": 64}, state, r"encoder\.block\.0\.layer\.1\.DenseReluDense\.wi_0\.weight "
+                        r"has shape \[32, 16\] where config\.json's sizes give \[64, 16\]"),
+        "a tensor missing": (config, dropped, r"missing \['decoder\.final_layer_norm\.weight'\], unexpected \[\]"),
+        "other names": (config, renamed, r"missing \['encoder\.block\.0\.layer\.0\.SelfAttention\.q\.weight', .* "
+                        r"unexpected \['encoder\.blocks\.0\."),
+    }
+    for i, (case, (cfg, weights, why)) in enumerate(cases.items()):
+        folder = tmp_path / f"c{i}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+        if i % 2:
+            torch.save(weights, folder / "pytorch_model.bin")
+        else:
+            save_file(weights, str(folder / "model.safetensors"))
+        options = dict(registry.resolve_options({"metricx_model": str(folder), "metricx_tokenizer": str(DATA / "tokenizer")}))
+        message = rf"^--metricx_model {folder}: the weights do not match MT5ForRegression of its config\.json's sizes \({why}"
+        with pytest.raises(ModelError, match=message):
+            registry.check("metricx", options)
+        with pytest.raises(ModelError, match=message):
+            load(options)

@@ -141,18 +141,70 @@ def _config(folder: Path, name: str) -> dict[str, Any]:
     return raw
 
 
+def _network(raw: Mapping[str, Any]) -> Any:
+    """MT5Model of config.json's sizes on the meta device: no values, built in an instant at any size."""
+    import torch
+    from transformers import MT5Config, MT5Model
+
+    config = MT5Config.from_dict({k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype", "dtype")})
+    config.use_cache = False
+    config._attn_implementation = "eager"  # as MetricX's transformers 4.30 computes attention
+    with torch.device("meta"):
+        return MT5Model(config)
+
+
+def _weight_paths(folder: Path) -> list[Path]:
+    files = [folder / f for f in WEIGHT_FILES if (folder / f).exists()]
+    index = files[0]
+    if index.name.endswith(".index.json"):
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        return [folder / s for s in shards]
+    return [index]
+
+
+def _shapes(paths: Sequence[Path]) -> dict[str, tuple[int, ...]]:
+    """Every stored tensor's shape, its values left unread (safetensors' header; a torch file
+    mapped, not read)."""
+    import torch
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in paths:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as f:
+                shapes.update((key, tuple(f.get_slice(key).get_shape())) for key in f.keys())
+        else:
+            part = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+            shapes.update((key, tuple(v.shape)) for key, v in part.items())
+    return shapes
+
+
+def _layout_problem(network: Any, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """What keeps the stored tensors from being MT5ForRegression's of config.json's sizes: the
+    names missing or unexpected, or the first shape that differs; None when they fit."""
+    expected = {k: tuple(v.shape) for k, v in network.state_dict().items() if not k.endswith("embed_tokens.weight")}
+    # The output layer (read: its row 250089) and the embedding's copies under the stacks' names.
+    expected["lm_head.weight"] = expected["shared.weight"]
+    optional = {"lm_head.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
+    missing = [k for k in expected if k not in shapes and k not in optional]
+    unexpected = [k for k in shapes if k not in expected and k not in optional]
+    if missing or unexpected:
+        return f"missing {missing[:3]}{' ...' if len(missing) > 3 else ''}, unexpected {unexpected[:3]}"
+    # In the model's order (the files' is alphabetical: the decoder before the encoder).
+    for key in [*expected, *(k for k in shapes if k not in expected)]:
+        want = expected.get(key, expected["shared.weight"])
+        if key in shapes and shapes[key] != want:
+            return f"{key} has shape {list(shapes[key])} where config.json's sizes give {list(want)}"
+    return None
+
+
 def _weights(folder: Path, tied: bool) -> tuple[dict[str, Any], Any]:
     """(every weight but lm_head, lm_head's row 250089: the only one read); a tied checkpoint's
     row is the embedding's."""
     import torch
 
-    files = [folder / f for f in WEIGHT_FILES if (folder / f).exists()]
-    index = files[0]
-    if index.name.endswith(".index.json"):
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        paths = [folder / s for s in shards]
-    else:
-        paths = [index]
+    paths = _weight_paths(folder)
     state: dict[str, Any] = {}
     row = None
     for path in paths:
@@ -179,12 +231,24 @@ def check(options: Mapping[str, Any]) -> None:
     """Before any work: the options agree, the checkpoint's config.json and weights are there."""
     if options["metricx_version"] not in MAX_LENGTH:
         raise ConfigError(f"--metricx_version {options['metricx_version']!r}: expected 24 or 23 (as text: '24', '23')")
-    _config(_folder(options["metricx_model"], "metricx_model", ["config.json"]), options["metricx_model"])
+    folder = _folder(options["metricx_model"], "metricx_model", ["config.json"])
+    raw = _config(folder, options["metricx_model"])
+    # The weights' names and shapes where they are here (a local folder, or a hub checkpoint
+    # fetched before): read from the files' headers, so a 14 GB checkpoint costs nothing here.
+    if all(p.exists() for p in _weight_paths(folder)):
+        _check_layout(options["metricx_model"], _network(raw), _shapes(_weight_paths(folder)))
     tokenizer = _folder(options["metricx_tokenizer"], "metricx_tokenizer", TOKENIZER_FILES)
     if not any((tokenizer / f).exists() for f in TOKENIZER_FILES):
         raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: no tokenizer in {tokenizer}; expected "
                          f"one of {', '.join(TOKENIZER_FILES)} (mT5's, as google/mt5-xl)")
     _tokenizer(options)  # what load() reads of it, so that it fails here, not after generation
+
+
+def _check_layout(name: str, network: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    problem = _layout_problem(network, shapes)
+    if problem is not None:
+        raise ModelError(f"--metricx_model {name}: the weights do not match MT5ForRegression of its config.json's "
+                         f"sizes ({problem})")
 
 
 def _tokenizer(options: Mapping[str, Any]) -> Any:
@@ -207,7 +271,6 @@ def _tokenizer(options: Mapping[str, Any]) -> Any:
 
 def load(options: Mapping[str, Any], device: Any = "cpu") -> MetricX:
     import torch
-    from transformers import MT5Config, MT5Model
 
     name = options["metricx_model"]
     folder = _folder(name, "metricx_model", ["config.json", "*.safetensors", "*.json", "*.bin"])
@@ -215,12 +278,10 @@ def load(options: Mapping[str, Any], device: Any = "cpu") -> MetricX:
     tied = bool(raw.get("tie_word_embeddings", True))
     # As from_pretrained(torch_dtype="auto"): the dtype the checkpoint says, float32 when silent.
     dtype = getattr(torch, str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
-    config = MT5Config.from_dict({k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype", "dtype")})
-    config.use_cache = False
-    config._attn_implementation = "eager"  # as MetricX's transformers 4.30 computes attention
     # Built without values (no random init of a 250k-row embedding), then given the checkpoint's.
-    with torch.device("meta"):
-        network = MT5Model(config)
+    network = _network(raw)
+    _check_layout(name, network, _shapes(_weight_paths(folder)))
+    config = network.config
     state, row = _weights(folder, tied)
     state = {k: v.to(dtype) for k, v in state.items()}
     missing, unexpected = network.load_state_dict(state, strict=False, assign=True)
