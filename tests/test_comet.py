@@ -150,6 +150,44 @@ def test_a_missing_comet_model_is_refused_in_the_dry_run(tmp_path):
     assert proc.returncode != 0 and "no such folder" in proc.stderr, proc.stderr
 
 
+def test_a_checkpoint_that_does_not_fit_its_class_is_refused_before_any_work(tmp_path):
+    """Names and shapes, from the checkpoint mapped rather than read (its zip format), or read
+    whole (torch's legacy format): by the checks (the dry run's) and by the load alike."""
+    import torch
+
+    from seq2seq_eval.scoring.comet import check, load
+
+    cases = {"shape": r"estimator\.ff\.0\.weight has shape \[48, 193\] where hparams\.yaml and the encoder's config "
+                      r"give \[48, 192\]\)$",
+             "missing": r"missing \['estimator\.ff\.0\.weight'\], unexpected \[\]\)$",
+             "renamed": r"missing \['estimator\.ff\.0\.weight'\], unexpected \['estimator\.ff\.0\.weights'\]\)$",
+             "legacy format": None}
+    for case, why in cases.items():
+        folder = tmp_path / case.replace(" ", "_")
+        shutil.copytree(TINY, folder)
+        ckpt = torch.load(folder / "checkpoints" / "model.ckpt", weights_only=False)
+        state = ckpt["state_dict"]
+        if case == "shape":
+            state["estimator.ff.0.weight"] = torch.zeros(48, 193)
+        elif case != "legacy format":
+            weight = state.pop("estimator.ff.0.weight")
+            if case == "renamed":
+                state["estimator.ff.0.weights"] = weight
+        torch.save(ckpt, folder / "checkpoints" / "model.ckpt", _use_new_zipfile_serialization=case != "legacy format")
+        if why is None:
+            check(str(folder))
+            assert load(str(folder)).signature
+            continue
+        for step in (check, load):
+            with pytest.raises(ModelError, match=rf"^--comet_model {folder}: the checkpoint does not match its class "
+                                                 rf"regression_metric \({why}"):
+                step(str(folder))
+    proc = single(["--metrics", "bleu,comet", "--comet_model", str(tmp_path / "shape"), "--n_obs", "8",
+                   "--save_dir", str(tmp_path / "out"), "--dry_run"], tmp_path)
+    assert proc.returncode != 0 and "estimator.ff.0.weight has shape [48, 193]" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
 BUDGET = 40  # forward passes of 1 to 4 texts; 20 planned batches of 40 examples, enough to share and steal
 RUN = ["--metrics", "bleu,chrf,comet", "--comet_model", str(TINY), "--n_obs", "40", "--bs", "8", "--comet_max_tokens", str(BUDGET)]
 METRICX = REPO / "tests" / "data" / "metricx_tiny"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..model_metric import ModelMetric, ModelMetricSpec, Option
-from .checkpoint import (DEFAULT_MODEL, REGRESSION, encoder_source, hparams_of, load_state_dict, model_folder,
+from .checkpoint import (DEFAULT_MODEL, REGRESSION, encoder_source, hparams_of, layout_problem, load_state_dict, model_folder,
                          needs_references, read_hparams, segments, tags_words)
 
 __all__ = ["DEFAULT_MODEL", "METRIC", "Comet", "check", "load"]
@@ -115,11 +115,15 @@ def check(name_or_path: str = DEFAULT_MODEL) -> None:
 
     folder = model_folder(name_or_path)
     hparams = read_hparams(folder, name_or_path)
-    config, _ = _encoder(name_or_path, folder, hparams)
+    config, tokenizer = _encoder(name_or_path, folder, hparams)
     try:
         needed = weights_bytes(hparams, config)
+        with torch.device("meta"):
+            network = _network(hparams, config, tokenizer.pad_token_id)
     except ValueError as e:
         raise ModelError(f"--comet_model {name_or_path}: {folder / 'hparams.yaml'}: {e}") from e
+    # The checkpoint's names and shapes against the network's, its tensors mapped, not read.
+    _check_layout(name_or_path, hparams, network, load_state_dict(folder, mmap=True))
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
         refuse_oversized(name_or_path, needed, torch.cuda.get_device_properties(device).total_memory,
@@ -163,6 +167,15 @@ def refuse_oversized(name_or_path: str, needed: int, available: int, where: str)
                          "(docs/metrics.md#cometkiwi-and-xcomet)")
 
 
+def _check_layout(name_or_path: str, hparams: dict[str, Any], network: Any, state: dict[str, Any]) -> None:
+    from ...errors import ModelError
+
+    problem = layout_problem(network, state)
+    if problem is not None:
+        raise ModelError(f"--comet_model {name_or_path}: the checkpoint does not match its class "
+                         f"{hparams['class_identifier']} ({problem})")
+
+
 def _network(hparams: dict[str, Any], config: Any, pad_token_id: int) -> Any:
     from .network import RegressionNetwork
     from .unified import UnifiedNetwork
@@ -188,16 +201,12 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
         network = _network(hparams, config, tokenizer.pad_token_id)
     except ValueError as e:
         raise ModelError(f"--comet_model {name_or_path}: {folder / 'hparams.yaml'}: {e}") from e
-    # Buffers that are no parameters: position ids, the layer mix's dropout mask and the word
-    # loss's class weights (training only).
-    state = {k: v for k, v in load_state_dict(folder).items()
-             if not k.endswith(("position_ids", "token_type_ids", "dropout_mask", "dropout_fill"))
-             and not k.startswith("wordloss.")}
-    missing, unexpected = network.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.endswith(("position_ids", "token_type_ids"))]
-    if missing or unexpected:
-        raise ModelError(f"--comet_model {name_or_path}: the checkpoint does not match its class {kind} "
-                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    state = load_state_dict(folder)
+    _check_layout(name_or_path, hparams, network, state)
+    # Buffers that are no parameters (checkpoint.layout_problem) are not loaded.
+    network.load_state_dict({k: v for k, v in state.items()
+                             if not k.endswith(("position_ids", "token_type_ids", "dropout_mask", "dropout_fill"))
+                             and not k.startswith("wordloss.")}, strict=False)
     network.drop_unused_layers()
     if torch.device(device).type == "cuda":
         refuse_oversized(name_or_path, sum(p.numel() * p.element_size() for p in network.parameters()),

@@ -124,29 +124,51 @@ def encoder_source(folder: Path, hparams: dict[str, Any]) -> str:
     return str(local) if local.is_dir() else name
 
 
-def load_state_dict(folder: Path) -> dict[str, Any]:
+def load_state_dict(folder: Path, mmap: bool = False) -> dict[str, Any]:
     """The checkpoint's state dict. Read with weights_only=True (no code runs while reading) when
     the checkpoint holds only containers and tensors; a checkpoint that pickled other objects
     besides is read as unbabel-comet reads it (weights_only=False), with a warning: the user
-    chose the model, as with `comet-score`."""
+    chose the model, as with `comet-score`. `mmap`: the tensors mapped, not read (their names and
+    shapes cost nothing, whatever the checkpoint's size)."""
     import logging
     import pickle
+    import zipfile
 
     import torch
 
     path = folder / "checkpoints" / "model.ckpt"
+    if mmap and not zipfile.is_zipfile(path):
+        mmap = False  # torch maps only its zip format (torch.save's since torch 1.6); read it whole
     try:
         try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
         except pickle.UnpicklingError as e:
             if "Weights only load failed" not in str(e):
                 raise
             logging.getLogger("seq2seq_eval").warning(
                 "%s holds objects besides tensors; read with weights_only=False, as unbabel-comet does", path)
-            ckpt = torch.load(path, map_location="cpu", weights_only=False)
+            ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
         raise ModelError(f"{path}: not a readable checkpoint ({str(e).splitlines()[0]})") from e
     state = ckpt.get("state_dict") if isinstance(ckpt, dict) else None
     if not isinstance(state, dict):
         raise ModelError(f"{path}: no state_dict; expected a Lightning checkpoint")
     return state
+
+
+def layout_problem(network: Any, state: dict[str, Any]) -> str | None:
+    """What keeps a checkpoint's tensors from being the network's: the names missing or
+    unexpected, or the first shape (in the network's order) that differs; None when they fit.
+    Buffers that are no parameters are left out: position ids, the layer mix's dropout mask and
+    the word loss's class weights (training only)."""
+    buffers = ("position_ids", "token_type_ids", "dropout_mask", "dropout_fill")
+    expected = {k: tuple(v.shape) for k, v in network.state_dict().items() if not k.endswith(buffers)}
+    given = {k: tuple(v.shape) for k, v in state.items() if not k.endswith(buffers) and not k.startswith("wordloss.")}
+    missing = [k for k in expected if k not in given]
+    unexpected = [k for k in given if k not in expected]
+    if missing or unexpected:
+        return f"missing {missing[:3]}, unexpected {unexpected[:3]}"
+    for key, shape in expected.items():
+        if given[key] != shape:
+            return f"{key} has shape {list(given[key])} where hparams.yaml and the encoder's config give {list(shape)}"
+    return None
