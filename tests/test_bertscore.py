@@ -215,6 +215,41 @@ def test_a_tokenizer_without_model_max_length_is_refused(tmp_path):
             call()
 
 
+def test_weights_that_do_not_fit_the_config_are_refused_before_any_work(tmp_path):
+    """Built on the meta device by the checks (transformers reads the checkpoint's names and
+    shapes) and by the load, in one line: a tensor of another shape, or one the encoder reads that
+    the checkpoint lacks (transformers would initialise it at random); a checkpoint without the
+    pooler, which is not read, scores."""
+    from safetensors.torch import load_file, save_file
+
+    from seq2seq_eval.errors import ModelError
+    from seq2seq_eval.scoring import registry
+
+    state = load_file(str(DATA / "bert" / "model.safetensors"))
+    cases = {
+        "wider": (lambda c: {**c, "intermediate_size": 2 * c["intermediate_size"]}, state,
+                  r"the weights do not fit its config\.json \(encoder\.layer\.0\.intermediate\.dense\.bias has another "
+                  r"shape: \[64\] against \[128\]; 12 tensor\(s\) in all\)$"),
+        "missing": (lambda c: c, {k: v for k, v in state.items() if k != "encoder.layer.1.output.dense.weight"},
+                    r"the weights do not fit its config\.json \(missing \['encoder\.layer\.1\.output\.dense\.weight'\]: "
+                    r"they would be initialised at random\)$"),
+        "no pooler": (lambda c: c, {k: v for k, v in state.items() if not k.startswith("pooler.")}, None),
+    }
+    for case, (config, weights, why) in cases.items():
+        folder = tmp_path / case.replace(" ", "_")
+        shutil.copytree(DATA / "bert", folder)
+        (folder / "config.json").write_text(json.dumps(config(json.loads((folder / "config.json").read_text()))))
+        save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        steps = (lambda: _load_folder(folder, 2), lambda: registry.check("bertscore", dict(registry.resolve_options(
+            {"bertscore_model": str(folder), "bertscore_num_layers": 2}))))
+        for step in steps:
+            if why is None:
+                step()
+                continue
+            with pytest.raises(ModelError, match=rf"^--bertscore_model {folder}: {why}"):
+                step()
+
+
 def test_an_empty_prediction_scores_0():
     """bert-score 0.3.13 fails on one under transformers 5 (build_inputs_with_special_tokens is
     gone); under transformers 4 it scored P = R = F = 0, as the tool does."""

@@ -151,9 +151,10 @@ def check(options: Mapping[str, Any]) -> None:
     if count is not None and layers > count:
         raise ConfigError(f"--bertscore_num_layers {layers}: {options['bertscore_model']} has {count} layers; "
                           f"expected 0 to {count}")
-    from .encoder import load_tokenizer
+    from .encoder import check_model, load_tokenizer
 
     load_tokenizer(options["bertscore_model"])  # so that it fails here, not after generation
+    check_model(options["bertscore_model"])
 
 
 def _baseline(options: Mapping[str, Any], layers: int) -> tuple[tuple[float, float, float] | None, str | None]:

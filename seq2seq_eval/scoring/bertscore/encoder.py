@@ -61,13 +61,8 @@ def load_model(name: str, num_layers: int, device: Any) -> Any:
     """bert-score's get_model: the model (the encoder of an encoder-decoder one) with the layers
     above `num_layers` dropped, so the last hidden state is that layer's output."""
     import torch
-    from transformers import AutoModel, T5EncoderModel
 
-    try:
-        model = (T5EncoderModel if "t5" in name else AutoModel).from_pretrained(name)
-    except (OSError, ValueError) as e:
-        raise ModelError(f"--bertscore_model {name}: the model was not found ({type(e).__name__}); expected a hub "
-                         "name (or its cached copy with HF_HUB_OFFLINE=1) or a local folder") from e
+    model = _from_pretrained(name)
     model.eval()
     if hasattr(model, "decoder") and hasattr(model, "encoder"):
         model = model.encoder
@@ -81,6 +76,54 @@ def load_model(name: str, num_layers: int, device: Any) -> Any:
     else:
         setattr(owner, attr, torch.nn.ModuleList(list(getattr(owner, attr))[:num_layers]))
     return model.to(device)
+
+
+def _from_pretrained(name: str, **kwargs: Any) -> Any:
+    """The model, its weights checked against its config: a tensor of another shape, or one the
+    encoder has and the checkpoint has not (transformers would initialise it at random, with a
+    warning, as bert-score lets it), is refused in one line. The pooler is not read (the hidden
+    states are), so a checkpoint without it (saved from a masked-LM model) is taken."""
+    from transformers import AutoModel, T5EncoderModel
+    from transformers.utils import logging as hf_logging
+
+    # transformers logs its load report (a table of keys) as a warning; what it finds is said
+    # below in one line, or not at all where it does not matter (the pooler).
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        model, info = (T5EncoderModel if "t5" in name else AutoModel).from_pretrained(
+            name, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"--bertscore_model {name}: the model was not found ({type(e).__name__}); expected a hub "
+                         "name (or its cached copy with HF_HUB_OFFLINE=1) or a local folder") from e
+    except RuntimeError as e:  # the checkpoint's tensors could not be read or converted
+        raise ModelError(f"--bertscore_model {name}: the weights were not loaded ({str(e).splitlines()[0]})") from e
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    missing = sorted(k for k in info.get("missing_keys") or () if not k.startswith("pooler."))
+    if mismatched:
+        key, *shapes = mismatched[0] if isinstance(mismatched[0], tuple) else (mismatched[0],)
+        raise ModelError(f"--bertscore_model {name}: the weights do not fit its config.json ({key} has another shape"
+                         f"{': ' + ' against '.join(str(list(x)) for x in shapes) if shapes else ''}; "
+                         f"{len(mismatched)} tensor(s) in all)")
+    if missing:
+        raise ModelError(f"--bertscore_model {name}: the weights do not fit its config.json (missing {missing[:3]}"
+                         f"{' ...' if len(missing) > 3 else ''}: they would be initialised at random)")
+    return model
+
+
+def check_model(name: str) -> None:
+    """load_model's checks of the weights, before any work: the model built on the meta device
+    (transformers reads the checkpoint's names and shapes; no values are loaded)."""
+    try:
+        import accelerate  # noqa: F401  transformers places a model on the meta device through it
+    except ImportError:
+        return  # load_model checks the same when it loads the model
+    _from_pretrained(name, device_map="meta")
 
 
 def _layers(model: Any, name: str) -> tuple[Any, str, int]:
