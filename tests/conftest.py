@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import random
 import shutil
@@ -121,6 +122,17 @@ LONGEST_FIRST = ("test_faults.py", "test_embedded.py", "test_benchmark_smoke.py"
                  "test_metrics.py", "test_paths.py", "test_ownership.py", "test_publish.py", "test_transaction.py", "test_shrink.py", "test_threads.py",
                  "test_legacy.py", "test_launcher.py", "test_bad_inputs.py", "test_verdicts.py", "test_effective_settings.py",
                  "test_oom.py", "test_pipeline.py", "test_compare.py", "test_engine_settings.py")
+
+
+@pytest.fixture(autouse=True)
+def package_logger_kept():
+    """A test that runs the command line in-process (cli.main) sets up the package logger (a
+    handler on that test's captured stderr, no propagation): put back as it was, for the tests
+    after it."""
+    logger = logging.getLogger("seq2seq_eval")
+    state = (list(logger.handlers), logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = state
 
 
 def pytest_collection_modifyitems(config, items):

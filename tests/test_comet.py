@@ -196,32 +196,18 @@ METRICX = REPO / "tests" / "data" / "metricx_tiny"
 @pytest.fixture(scope="module")
 def run_args(tmp_path_factory) -> list[str]:
     """RUN with MetricX beside COMET: the same bytes at any world size and with stolen batches hold
-    for both metrics. A random MetricX-24 checkpoint (the hub's layout: config.json naming
-    MT5ForRegression, model.safetensors without a tokenizer; test_metricx.py's tokenizer) 32 wide:
-    test_metricx.py's parity checkpoint is 16 wide, a product MKL's strict mode leaves to the
-    threads (docs/outputs.md, "Narrow products"), so its bits move between 1 and 2 threads."""
-    import torch
-    from safetensors.torch import save_file
-    from transformers import MT5Config, MT5ForConditionalGeneration
+    for both metrics. A random MetricX-24 checkpoint (benchmarks/metricx.py's, in the hub's layout:
+    config.json naming MT5ForRegression, model.safetensors without a tokenizer; test_metricx.py's
+    tokenizer) 32 wide: test_metricx.py's parity checkpoint is 16 wide, a product MKL's strict mode
+    leaves to the threads (docs/outputs.md, "Narrow products"), so its bits move between 1 and 2
+    threads."""
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location("metricx_bench", REPO / "benchmarks" / "metricx.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
     folder = tmp_path_factory.mktemp("metricx")
-    config = json.loads((METRICX / "float32" / "config.json").read_text())
-    config.update(d_model=32, d_ff=64, num_heads=4, d_kv=8)
-    torch.manual_seed(0)
-    model = MT5ForConditionalGeneration(MT5Config(**{k: v for k, v in config.items() if k != "architectures"}))
-    # MetricX's checkpoints have their own output layer (transformers 5's MT5Config ties it).
-    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 0.05)
-    with torch.no_grad():
-        # The score row along the decoder's mean output: scores inside [0, 25] that vary with
-        # the input (a random row gives clamped zeros, equal at any world size for no reason).
-        ids = torch.randint(5, 600, (8, 12), generator=torch.Generator().manual_seed(1))
-        out = model(input_ids=ids, decoder_input_ids=torch.zeros((8, 1), dtype=torch.long),
-                    output_hidden_states=True).decoder_hidden_states[-1][:, 0]
-        mean = out.mean(0)
-        model.lm_head.weight[250089] = mean / mean.dot(mean) * 12.0
-    save_file({k: v.contiguous() for k, v in model.state_dict().items() if "embed_tokens" not in k},
-              str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    bench.make_checkpoint(folder, "tiny32")  # the score row set so that scores vary inside [0, 25]
     return [*RUN[:1], "bleu,chrf,comet,metricx", *RUN[2:], "--metricx_model", str(folder),
             "--metricx_tokenizer", str(METRICX / "tokenizer")]
 

@@ -21,18 +21,6 @@ MODELS = tuple(REFERENCE["models"])  # kiwi_like, unified_spans_like, xcomet_lik
 TOL = 1e-6
 
 
-@pytest.fixture(autouse=True)
-def _cli_logging_restored():
-    """A run through cli.main() in this process sets up the package logger (its handler on this
-    test's captured stderr, no propagation): put it back as it was for the tests after."""
-    import logging
-
-    logger = logging.getLogger("seq2seq_eval")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
-
-
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
     import torch

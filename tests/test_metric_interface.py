@@ -17,18 +17,6 @@ from seq2seq_eval.scoring import registry
 from seq2seq_eval.scoring.model_metric import ModelMetric, ModelMetricSpec, Option, columns, forward_passes, model_batches
 
 
-@pytest.fixture(autouse=True)
-def _cli_logging_restored():
-    """A run through cli.main() in this process sets up the package logger (its handler on this
-    test's captured stderr, no propagation): put it back as it was for the tests after."""
-    import logging
-
-    logger = logging.getLogger("seq2seq_eval")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
-
-
 class Miss(ModelMetric):
     """An error scale: per example, the words of the prediction missing from its reference (with
     --miss_qe: from its source), and, with --miss_length, the prediction's word count; a record

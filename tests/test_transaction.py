@@ -36,16 +36,6 @@ def no_fsync(monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: None)
 
 
-@pytest.fixture(autouse=True)
-def package_logger_kept():
-    """The command line run in-process (cli.main) sets up the package logger (a handler on this
-    test's stderr, no propagation): put back as it was, for the tests after this one."""
-    logger = logging.getLogger("seq2seq_eval")
-    state = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = state
-
-
 def visible(folder: Path) -> dict[str, bytes]:
     """The files a reader sees in the folder (not the tool's bookkeeping), by name."""
     if not folder.is_dir():
