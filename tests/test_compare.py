@@ -680,7 +680,7 @@ def test_several_reference_streams():
 def test_main_run_compares_to_an_earlier_run(tiny_model, data23, tmp_path, capsys):
     """The metric file's `comparison` is what `compare` gives on the two save dirs, and the summary
     shows the table; a run on other data is refused before anything is generated."""
-    from conftest import assert_ok, metrics_of, single
+    from conftest import REPO, assert_ok, metrics_of, single
 
     base = ["--model_name", str(tiny_model), "--data_dir", str(data23), "--metrics", "bleu,chrf"]
     assert_ok(single(base + ["--save_dir", str(tmp_path / "a")], cwd=tmp_path))
@@ -698,6 +698,15 @@ def test_main_run_compares_to_an_earlier_run(tiny_model, data23, tmp_path, capsy
     assert sorted(comparison) == sorted(direct)
     assert comparison["inputs"] == {"a (--compare_to)": str(tmp_path / "a"), "this run": str(tmp_path / "b")}
     assert "p-value" in run.stdout and "this run" in run.stdout
+    # A model metric is not tested against the earlier run here: said in the file and the table.
+    comet = REPO / "tests" / "data" / "comet_tiny" / "wmt22_like"
+    with_comet = single([*base[:-2], "--metrics", "bleu,comet", "--comet_model", str(comet), "--save_dir",
+                         str(tmp_path / "d"), "--compare_to", str(tmp_path / "a")], cwd=tmp_path)
+    assert_ok(with_comet)
+    comparison = metrics_of(tmp_path / "d")["comparison"]
+    assert comparison["metrics"] == ["bleu"] and list(comparison["not_compared"]) == ["comet"]
+    assert (f"not compared: --compare_to tests the text metrics; for comet: seq2seq_eval compare --predictions "
+            f"{tmp_path / 'a'} {tmp_path / 'd'} --metrics comet") in with_comet.stdout
     other = tmp_path / "other"  # the first 22 examples only
     other.mkdir()
     for name in ("test.source", "test.target"):

@@ -60,4 +60,5 @@ def format_table(comparison: Mapping[str, Any]) -> str:
     if comparison.get("best"):
         out.append("best: " + "; ".join(f"{m} {name}" + (" (lower is better)" if lower_is_better(m) else "")
                                         for m, name in comparison["best"].items()))
+    out += [f"not compared: {why}" for why in (comparison.get("not_compared") or {}).values()]
     return "\n".join(out)

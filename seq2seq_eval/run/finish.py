@@ -99,6 +99,13 @@ def _compare(cfg: EvalConfig, prep: Prepared, table: Any, order: Any, earlier: A
     comparison = compare_systems({baseline: earlier.predictions, "this run": preds}, streams, metrics=cfg.metric_names)
     # The keys `compare --json` prints: task and inputs beside the results.
     comparison.update(task=cfg.task, inputs={baseline: str(cfg.compare_to), "this run": str(cfg.save_dir)})
+    if cfg.model_metric_names:
+        # Said, not left out in silence: the test here covers the text metrics; a model metric's
+        # needs both runs scored by that model (the `compare` command does it).
+        comparison["not_compared"] = {
+            name: f"--compare_to tests the text metrics; for {name}: seq2seq_eval compare --predictions "
+                  f"{cfg.compare_to} {cfg.save_dir} --metrics {name} (with this run's {name} options)"
+            for name in cfg.model_metric_names}
     return comparison
 
 
