@@ -215,3 +215,14 @@ def test_weights_that_do_not_fit_config_json_are_refused_before_any_work(checkpo
             registry.check("metricx", options)
         with pytest.raises(ModelError, match=message):
             load(options)
+    # A sharded checkpoint whose index names a shard that is not there.
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    save_file(state, str(folder / "model-00001-of-00002.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "shared.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}))
+    options = dict(registry.resolve_options({"metricx_model": str(folder), "metricx_tokenizer": str(DATA / "tokenizer")}))
+    with pytest.raises(ModelError, match=r"model\.safetensors\.index\.json: names model-00002-of-00002\.safetensors, "
+                                         r"which is not in .*; expected every shard it names$"):
+        registry.check("metricx", options)

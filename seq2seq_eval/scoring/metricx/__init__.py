@@ -27,6 +27,8 @@ MAX_LENGTH = {"24": 1536, "23": 1024}
 SCORE_ID = 250089
 """<extra_id_10> in mT5's vocabulary: the logit MT5ForRegression reads as the score."""
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model")
+CHECKPOINT_FILES = ["config.json", "*.safetensors", "*.json", "*.bin"]
+"""What a hub checkpoint's download takes."""
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -157,7 +159,14 @@ def _weight_paths(folder: Path) -> list[Path]:
     files = [folder / f for f in WEIGHT_FILES if (folder / f).exists()]
     index = files[0]
     if index.name.endswith(".index.json"):
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        try:
+            shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelError(f"{index}: not a weights index ({type(e).__name__}); expected a JSON object with a "
+                             "weight_map") from e
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise ModelError(f"{index}: names {missing[0]}, which is not in {folder}; expected every shard it names")
         return [folder / s for s in shards]
     return [index]
 
@@ -231,12 +240,13 @@ def check(options: Mapping[str, Any]) -> None:
     """Before any work: the options agree, the checkpoint's config.json and weights are there."""
     if options["metricx_version"] not in MAX_LENGTH:
         raise ConfigError(f"--metricx_version {options['metricx_version']!r}: expected 24 or 23 (as text: '24', '23')")
-    folder = _folder(options["metricx_model"], "metricx_model", ["config.json"])
+    # A hub name is fetched whole here, as load() would fetch it (config.json alone would leave
+    # the weights' files missing on a first use).
+    folder = _folder(options["metricx_model"], "metricx_model", CHECKPOINT_FILES)
     raw = _config(folder, options["metricx_model"])
-    # The weights' names and shapes where they are here (a local folder, or a hub checkpoint
-    # fetched before): read from the files' headers, so a 14 GB checkpoint costs nothing here.
-    if all(p.exists() for p in _weight_paths(folder)):
-        _check_layout(options["metricx_model"], _network(raw), _shapes(_weight_paths(folder)))
+    # The weights' names and shapes, read from the files' headers: nothing of a 14 GB checkpoint
+    # is loaded here.
+    _check_layout(options["metricx_model"], _network(raw), _shapes(_weight_paths(folder)))
     tokenizer = _folder(options["metricx_tokenizer"], "metricx_tokenizer", TOKENIZER_FILES)
     if not any((tokenizer / f).exists() for f in TOKENIZER_FILES):
         raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: no tokenizer in {tokenizer}; expected "
@@ -273,7 +283,7 @@ def load(options: Mapping[str, Any], device: Any = "cpu") -> MetricX:
     import torch
 
     name = options["metricx_model"]
-    folder = _folder(name, "metricx_model", ["config.json", "*.safetensors", "*.json", "*.bin"])
+    folder = _folder(name, "metricx_model", CHECKPOINT_FILES)
     raw = _config(folder, name)
     tied = bool(raw.get("tie_word_embeddings", True))
     # As from_pretrained(torch_dtype="auto"): the dtype the checkpoint says, float32 when silent.
