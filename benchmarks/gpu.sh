@@ -10,13 +10,7 @@
 # installed from $WHEELS into a private folder when it cannot be imported. No network needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1
-PYTHON=${PYTHON:-python3}
 BUDGET=${BUDGET:-540}
-WHEELS=${WHEELS:-.whl}
-OUT=${OUT:-bench_out}
-mkdir -p "$OUT"
-export OUT
 
 . benchmarks/gpu_env.sh
 

@@ -8,12 +8,6 @@
 # $WHEELS for what the machine lacks; CTranslate2's cuBLAS).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-PYTHON=${PYTHON:-python3}
-WHEELS=${WHEELS:-.whl}
-OUT=${OUT:-bench_out}
-mkdir -p "$OUT"
-export OUT
 . benchmarks/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 work=${TMPDIR:-/tmp}/seq2seq_eval_causal  # models and outputs stay here: only the figures go to $OUT

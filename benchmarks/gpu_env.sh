@@ -1,7 +1,14 @@
-# Sourced by gpu.sh, gpu_questions.sh and gpu_sweeps.sh: makes what the lent GPU machine lacks
-# importable, lets CTranslate2 find a cuBLAS, puts the checkout on PYTHONPATH and checks that CUDA
-# is there (exit 3 if not); defines run_suite. Expects PYTHON and WHEELS to be set, and the
-# repository as the working directory.
+# Sourced by every benchmarks/gpu*.sh, from the repository root: the settings they share (PYTHON,
+# WHEELS and OUT from the environment or their defaults, OUT created and exported, unbuffered
+# Python, no hub), then makes what the lent GPU machine lacks importable, lets CTranslate2 find a
+# cuBLAS, puts the checkout on PYTHONPATH and checks that CUDA is there (exit 3 if not); defines
+# run_suite.
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+PYTHON=${PYTHON:-python3}
+WHEELS=${WHEELS:-.whl}
+OUT=${OUT:-bench_out}
+mkdir -p "$OUT"
+export OUT
 
 # run_suite SECONDS CPU_WORKERS GPU_WORKERS: the whole suite, `-m "not gpu"` beside `-m gpu`, into
 # $OUT/suite.txt and $OUT/suite_gpu.txt. -v: each result is printed when it comes, so a suite cut
@@ -56,7 +63,9 @@ fi
 # elsewhere would shadow this code).
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-timeout 120 "$PYTHON" - <<'EOF'
+# `exit`, not a status: this file is sourced, and a script that goes on without a GPU would run
+# its steps on the CPU and print CPU figures under a GPU's name.
+timeout 120 "$PYTHON" - <<'EOF' || exit 3
 import sys
 import torch, transformers
 ok = torch.cuda.is_available()

@@ -8,12 +8,6 @@
 # layout; the run folders stay in $TMPDIR. Set-up as gpu.sh (gpu_env.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-PYTHON=${PYTHON:-python3}
-WHEELS=${WHEELS:-.whl}
-OUT=${OUT:-bench_out}
-mkdir -p "$OUT"
-export OUT
 . benchmarks/gpu_env.sh
 work=${TMPDIR:-/tmp}/seq2seq_eval_invariance
 rm -rf "$work"

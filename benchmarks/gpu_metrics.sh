@@ -6,12 +6,6 @@
 # Results under $OUT/metricx_*/results.json and $OUT/comet/results.json. Set-up as gpu.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-PYTHON=${PYTHON:-python3}
-WHEELS=${WHEELS:-.whl}
-OUT=${OUT:-bench_out}
-mkdir -p "$OUT"
-export OUT
 . benchmarks/gpu_env.sh
 work=${TMPDIR:-/tmp}/seq2seq_eval_metrics
 mkdir -p "$work"

@@ -14,12 +14,7 @@
 #   the earlier steps left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-PYTHON=${PYTHON:-python3}
-WHEELS=${WHEELS:-.whl}
-OUT=${OUT:-bench_out}
 TOTAL=${TOTAL:-540}
-mkdir -p "$OUT"
 . benchmarks/gpu_env.sh || exit 3
 work=$(mktemp -d /tmp/gpu_questions.XXXXXX)
 

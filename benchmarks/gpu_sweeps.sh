@@ -9,13 +9,8 @@
 #   step 1 (default 210); the suite gets what is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-PYTHON=${PYTHON:-python3}
-WHEELS=${WHEELS:-.whl}
-OUT=${OUT:-bench_out}
 TOTAL=${TOTAL:-560}
 SWEEP=${SWEEP:-210}
-mkdir -p "$OUT"
 . benchmarks/gpu_env.sh || exit 3
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/sweep.txt"
 work=$(mktemp -d /tmp/gpu_sweeps.XXXXXX)
