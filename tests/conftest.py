@@ -124,6 +124,18 @@ LONGEST_FIRST = ("test_faults.py", "test_embedded.py", "test_benchmark_smoke.py"
                  "test_oom.py", "test_pipeline.py", "test_compare.py", "test_engine_settings.py")
 
 
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """torch on one thread for a module's in-process model work, as the runs it compares with
+    (OMP_NUM_THREADS=1): on a shared 2-core machine more threads only contend."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def package_logger_kept():
     """A test that runs the command line in-process (cli.main) sets up the package logger (a

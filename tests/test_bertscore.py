@@ -26,14 +26,7 @@ SAMPLES = REFERENCE["samples"]
 LAYERS = REFERENCE["layers"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def _options(**given):

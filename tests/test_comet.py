@@ -27,15 +27,7 @@ SAMPLES = REFERENCE["samples"]
 TINY = DATA / "wmt22_like"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """As the runs (OMP_NUM_THREADS=1): on a shared 2-core machine more threads only contend."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module", params=["wmt22_like", "wmt20_like"])

@@ -21,14 +21,7 @@ MODELS = tuple(REFERENCE["models"])  # kiwi_like, unified_spans_like, xcomet_lik
 TOL = 1e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 @pytest.fixture(scope="module")
