@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .inputs.checks import check_option_texts
 from .model.fields import value_error
 from .scoring import registry
 from .scoring.names import parse_metric_names, split_metric_names
@@ -161,11 +162,10 @@ class EvalConfig:
     """Extra --key value pairs passed to model.generate() (e.g. --num_beams 4)."""
 
     def __post_init__(self) -> None:
+        check_option_texts({f.name: getattr(self, f.name) for f in fields(self)})
         if family_of(self.task) is None:
-            raise ConfigError(
-                f"--task must be translation, summarization or a name containing one of them "
-                f"(e.g. translation_en_to_de), got {self.task!r}"
-            )
+            raise ConfigError(f"--task must be translation, summarization or a name containing one of them "
+                              f"(e.g. translation_en_to_de), got {self.task!r}")
         if self.bs is not None:
             _check_min("--bs", self.bs, 1)
         if self.max_tokens is not None:

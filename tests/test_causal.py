@@ -142,6 +142,11 @@ def test_few_shot_examples_are_chosen_by_seed_and_the_same_for_every_prompt(tiny
     ({"prompt_template": "Q: {source"}, "--prompt_template 'Q: {source': expected '}' before end of string"),
     ({"prompt_template": "Q \ud83d: {source}"}, "--prompt_template 'Q \\ud83d: {source}': the template holds a lone "
                                               "surrogate (U+D83D at character 2"),
+    # Every text option, as evaluate() takes it (the command line's arguments are checked as they come).
+    ({"system_instruction": "be \ud800 brief", "apply_chat_template": True},
+     "--system_instruction 'be \\ud800 brief': the value holds a lone surrogate (U+D800 at character 3"),
+    ({"prefix": "x\udcff "}, "--prefix 'x\\udcff ': the value holds a lone surrogate (U+DCFF at character 1"),
+    ({"stop_strings": ["a", "\ud800"]}, "--stop_strings '\\ud800': the value holds a lone surrogate"),
     ({"max_length": 40}, "--max_length 40: a decoder-only model's max_length counts the prompt's tokens"),
     ({"max_new_tokens": None}, "no --max_new_tokens (nor max_new_tokens in the model's generation config or task "
                                "entry): generate() would give each prompt at most 20 new tokens, its default "

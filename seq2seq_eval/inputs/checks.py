@@ -58,6 +58,29 @@ def not_unicode(what: str, value: str, at: int) -> str:
             "not a Unicode character; expected text UTF-8 can encode")
 
 
+def check_option_texts(options: dict[str, Any]) -> None:
+    """Every text among the options (EvalConfig's fields by name; a list's items; generate()'s
+    settings by their own names) UTF-8 can encode, else a ConfigError naming the flag: a lone
+    surrogate (a Python string given to evaluate()) would fail in the tokenizer or in a file
+    written after the work. The command line's arguments are checked as they come (cli)."""
+    from ..errors import ConfigError
+
+    def texts(value: Any) -> Any:
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from texts(item)
+
+    pairs = [(name, v) for name, v in options.items() if name != "generate_kwargs"]
+    pairs += list(options.get("generate_kwargs") or ())
+    for name, value in pairs:
+        for text in texts(value):
+            if (at := surrogate_at(text)) is not None:
+                what = "the template" if name == "prompt_template" else "the value"
+                raise ConfigError(f"--{name} {text!r}: {not_unicode(what, text, at)}")
+
+
 def blank(what: str, value: str | None = None) -> str:
     """Why a string is not a text: empty, or whitespace only (`value` None: a line read without
     its trailing whitespace, which may have been either)."""

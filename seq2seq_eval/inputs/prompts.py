@@ -37,7 +37,6 @@ from typing import Any
 from ..config import EvalConfig
 from ..errors import ConfigError, DataError, first_line
 from ..model.settings import encode_texts, model_limit
-from .checks import not_unicode, surrogate_at
 from .leaks import ID_FIELD
 
 SHOT_SEPARATOR = "\n\n"
@@ -116,9 +115,7 @@ class Prompts:
 def _parts(template: str) -> tuple[tuple[str, str | None], ...]:
     """(literal text, field name or None) in order: str.format's parsing, with the field's name
     taken as it is (a dotted column path such as translation.en is a name, not an attribute)."""
-    shown = f"--prompt_template {template!r}"
-    if (at := surrogate_at(template)) is not None:
-        raise ConfigError(f"{shown}: {not_unicode('the template', template, at)}")
+    shown = f"--prompt_template {template!r}"  # UTF-8 text: EvalConfig checked it (inputs.checks)
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as e:
