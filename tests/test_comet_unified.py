@@ -337,6 +337,34 @@ def test_layers_above_the_highest_one_read_are_never_run(tmp_path, monkeypatch):
     assert load(str(DATA / "xcomet_like")).network.drop_unused_layers() == 3
 
 
+@pytest.mark.parametrize("name", ["wmt22_like", "xcomet_like"])
+def test_loading_draws_no_random_weights_and_maps_the_checkpoint(name, monkeypatch):
+    """Every parameter is the checkpoint's, so no initializer runs (unbabel-comet's random
+    initialization of XLM-R-XL takes a minute on a CPU); the checkpoint is mapped, not read
+    whole beside the network; the buffers the constructors make (position ids) are intact."""
+    import torch
+
+    from seq2seq_eval.scoring.comet import load
+
+    calls, maps = [], []
+    for fn in ("normal_", "uniform_", "kaiming_uniform_", "zeros_", "ones_", "trunc_normal_"):
+        original = getattr(torch.nn.init, fn)
+        monkeypatch.setattr(torch.nn.init, fn, lambda *a, _f=original, _n=fn, **k: calls.append(_n) or _f(*a, **k))
+    torch_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: maps.append(k.get("mmap")) or torch_load(*a, **k))
+    network = load(str(DATA / name)).network
+    assert calls == [] and maps == [True]
+    state = torch_load(DATA / name / "checkpoints" / "model.ckpt", weights_only=False)["state_dict"]
+    params = dict(network.named_parameters())
+    assert params and all(torch.equal(p, state[k]) for k, p in params.items())
+    embeddings = network.encoder.model.embeddings
+    assert torch.equal(embeddings.position_ids[0], torch.arange(embeddings.position_ids.shape[1]))
+    assert not embeddings.token_type_ids.any()
+    # The initializers themselves are left as they were.
+    torch.nn.init.zeros_(torch.empty(2))
+    assert calls == ["zeros_"]
+
+
 def test_xcomet_in_a_run_on_references_some_examples_have(loaded, tmp_path, capsys):
     """A run of XCOMET alone on JSON Lines whose examples have a reference or none: each
     example's value and spans are those of the model scoring the run's pairs with the same

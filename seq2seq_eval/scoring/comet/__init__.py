@@ -123,7 +123,7 @@ def check(name_or_path: str = DEFAULT_MODEL) -> None:
     except ValueError as e:
         raise ModelError(f"--comet_model {name_or_path}: {folder / 'hparams.yaml'}: {e}") from e
     # The checkpoint's names and shapes against the network's, its tensors mapped, not read.
-    _check_layout(name_or_path, hparams, network, load_state_dict(folder, mmap=True))
+    _check_layout(name_or_path, hparams, network, load_state_dict(folder))
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
         refuse_oversized(name_or_path, needed, torch.cuda.get_device_properties(device).total_memory,
@@ -185,6 +185,14 @@ def _network(hparams: dict[str, Any], config: Any, pad_token_id: int) -> Any:
     return UnifiedNetwork(config, hparams)
 
 
+def _no_init_weights() -> Any:
+    try:
+        from transformers.initialization import no_init_weights  # transformers 5
+    except ImportError:
+        from transformers.modeling_utils import no_init_weights  # transformers 4
+    return no_init_weights()
+
+
 def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
     """A COMET model from a folder or hub name in COMET's published layout, of the class its
     hparams.yaml names: regression (COMET-22/20), unified (CometKiwi) or XCOMET."""
@@ -198,9 +206,15 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
     config, tokenizer = _encoder(name_or_path, folder, hparams)
     kind = hparams["class_identifier"]
     try:
-        network = _network(hparams, config, tokenizer.pad_token_id)
+        # Every parameter comes from the checkpoint (a missing one is refused below), so the random
+        # initialization unbabel-comet pays (5 s for XLM-R-large on one CPU core, a minute for
+        # XLM-R-XL) is skipped; the constructors still make the buffers (position ids).
+        with _no_init_weights():
+            network = _network(hparams, config, tokenizer.pad_token_id)
     except ValueError as e:
         raise ModelError(f"--comet_model {name_or_path}: {folder / 'hparams.yaml'}: {e}") from e
+    # Mapped, not read: the tensors are copied once, into the network (an XLM-R-XL checkpoint
+    # read whole beside the network would take twice its 14 GB).
     state = load_state_dict(folder)
     _check_layout(name_or_path, hparams, network, state)
     # Buffers that are no parameters (checkpoint.layout_problem) are not loaded.

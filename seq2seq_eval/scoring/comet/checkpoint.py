@@ -124,12 +124,12 @@ def encoder_source(folder: Path, hparams: dict[str, Any]) -> str:
     return str(local) if local.is_dir() else name
 
 
-def load_state_dict(folder: Path, mmap: bool = False) -> dict[str, Any]:
+def load_state_dict(folder: Path) -> dict[str, Any]:
     """The checkpoint's state dict. Read with weights_only=True (no code runs while reading) when
     the checkpoint holds only containers and tensors; a checkpoint that pickled other objects
     besides is read as unbabel-comet reads it (weights_only=False), with a warning: the user
-    chose the model, as with `comet-score`. `mmap`: the tensors mapped, not read (their names and
-    shapes cost nothing, whatever the checkpoint's size)."""
+    chose the model, as with `comet-score`. The tensors are mapped, not read: their names and
+    shapes cost nothing whatever the checkpoint's size, and loading copies them once."""
     import logging
     import pickle
     import zipfile
@@ -137,8 +137,8 @@ def load_state_dict(folder: Path, mmap: bool = False) -> dict[str, Any]:
     import torch
 
     path = folder / "checkpoints" / "model.ckpt"
-    if mmap and not zipfile.is_zipfile(path):
-        mmap = False  # torch maps only its zip format (torch.save's since torch 1.6); read it whole
+    # torch maps only its zip format (torch.save's since torch 1.6); an older one is read whole.
+    mmap = zipfile.is_zipfile(path)
     try:
         try:
             ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
