@@ -22,12 +22,21 @@ Per round, in turns: unbabel-comet's `predict(batch_size=--bs, gpus=0)` in the s
 (scripts/make_comet_fixture.py says how to build it; its length batching sorts by source length),
 and the tool's `score_all` with a token budget of --bs times the mean padded length per forward
 pass, so a pass holds about as many tokens as one of unbabel-comet's (the tool's passes pad less
-and encode each distinct text once). Both time scoring only (model loaded), with
-torch.set_num_threads(--threads). Prints samples/s, the median ratio over rounds and the
-largest per-example difference; writes {out}/results.json. Without the side environment it
-says so and measures the tool alone; so it does with --device cuda (unbabel-comet 2.2.7 needs
-numpy < 2 and transformers 4, which a GPU machine with transformers 5 does not have), with
-synchronisation before each clock reading.
+and encode each distinct text once). Scoring alone is timed with the model loaded, with
+torch.set_num_threads(--threads); whole runs are timed as fresh processes from start to exit
+(the tool's `score` command with --model_metric_max_tokens at that budget; unbabel-comet's
+imports, load_from_checkpoint and predict), with OMP_NUM_THREADS=--threads, their CPU seconds from
+the kernel's accounting of the children. Each side's encoder counts the tokens it is given.
+
+Prints samples/s, the median ratios over rounds (wall and CPU seconds, scoring and whole runs),
+the largest per-example difference, and a bound measured in the same run: the encoder's linear
+layers on the real tokens alone, at the rate a plain float32 matrix product of the encoder's
+widest shape runs now, are the least CPU time any scorer computing the same numbers needs;
+unbabel-comet's CPU seconds over that are the largest ratio any such scorer can reach. One PASS
+or MISS line per class against the goal (2x in CPU seconds, scoring alone). Writes
+{out}/results.json. Without the side environment it says so and measures the tool alone; so it
+does with --device cuda (unbabel-comet 2.2.7 needs numpy < 2 and transformers 4, which a GPU
+machine with transformers 5 does not have), with synchronisation before each clock reading.
 """
 
 from __future__ import annotations
@@ -59,6 +68,12 @@ folder, data, bs, threads, rounds = sys.argv[1], json.loads(open(sys.argv[2]).re
 torch.set_num_threads(threads)
 os.chdir(folder)
 model = load_from_checkpoint(os.path.join(folder, "checkpoints", "model.ckpt"), local_files_only=True)
+tokens = [0, 0]  # padded, real: what the encoder is given
+def count(module, args, kwargs):
+    ids, mask = kwargs.get("input_ids", args[0] if args else None), kwargs.get("attention_mask")
+    tokens[0] += ids.numel()
+    tokens[1] += int(mask.sum()) if mask is not None else ids.numel()
+model.encoder.model.register_forward_pre_hook(count, with_kwargs=True)
 samples = [{"src": s, "mt": m, "ref": r} for s, m, r in zip(data["src"], data["mt"], data["ref"])]
 times, cpu, pred = [], [], None
 for _ in range(rounds):
@@ -67,9 +82,13 @@ for _ in range(rounds):
     times.append(time.perf_counter() - t)
     cpu.append(time.process_time() - c)
 spans = (pred.get("metadata") or {}).get("error_spans")
-print(json.dumps({"seconds": times, "cpu_seconds": cpu, "scores": [float(x) for x in pred.scores], "spans": spans}))
+print(json.dumps({"seconds": times, "cpu_seconds": cpu, "scores": [float(x) for x in pred.scores], "spans": spans,
+                  "padded_tokens": tokens[0] // rounds, "real_tokens": tokens[1] // rounds}))
 '''
 
+
+GOAL = 2.0
+"""unbabel-comet's CPU seconds over the tool's, scoring alone (#55's goal for CometKiwi and XCOMET)."""
 
 CLASSES = {
     "regression": {"class_identifier": "regression_metric", "encoder_model": "XLM-RoBERTa", "layer": "mix", "pool": "avg"},
@@ -175,11 +194,18 @@ def main() -> None:
         report["classes"][kind] = measure(kind, args, out, data, side if have_side else None)
     (out / "results.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     if have_side:
-        print("ratios (median of per-round): " + ", ".join(f"{k} {v['median_ratio']:.2f}x" for k, v in report["classes"].items()))
+        for k, v in report["classes"].items():
+            limit = (f"; the most any scorer computing the same numbers could reach here: {v['bound_cpu_ratio']:.2f}x"
+                     if "bound_cpu_ratio" in v else "")
+            print(f"{'PASS' if v['median_cpu_ratio'] >= GOAL else 'MISS'}  {k}: unbabel-comet's CPU seconds / the tool's "
+                  f">= {GOAL}x: scoring {v['median_cpu_ratio']:.2f}x, whole runs {v['median_whole_cpu_ratio']:.2f}x "
+                  f"(wall: {v['median_ratio']:.2f}x, {v['median_whole_ratio']:.2f}x){limit}")
 
 
 def measure(kind: str, args: argparse.Namespace, out: Path, data: dict[str, list[str]], side: Path | None) -> dict:
-    """One class's rounds: the tool and unbabel-comet in turns; speeds, ratios, differences."""
+    """One class's rounds, the tool and unbabel-comet in turns: scoring alone (model loaded) and
+    whole runs (a fresh process from start to exit: the tool's `score` command, unbabel-comet's
+    load_from_checkpoint and predict); speeds, ratios, the tokens each encodes, differences."""
     from seq2seq_eval.scoring.comet import load
     from seq2seq_eval.scoring.model_metric import score_all
 
@@ -190,51 +216,157 @@ def measure(kind: str, args: argparse.Namespace, out: Path, data: dict[str, list
     refs = [(r,) for r in data["ref"]]
     lengths = metric.lengths(data["src"], data["mt"], refs)
     budget = args.bs * math.ceil(statistics.mean(lengths))
-    tool_s, comet_s, ratios, tool_values, result = [], [], [], None, None
-    tool_cpu, comet_cpu = [], []
+    tokens = [0, 0]  # padded, real: what the tool's encoder is given
+    metric.network.encoder.model.register_forward_pre_hook(
+        lambda module, a, k: tokens.__setitem__(slice(None), [tokens[0] + k["input_ids"].numel(),
+                                                               tokens[1] + int(k["attention_mask"].sum())]),
+        with_kwargs=True)
+    command = whole_command(kind, out, folder, budget)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(args.threads),
+           "MKL_NUM_THREADS": str(args.threads)}
+    rows = []
     for _ in range(args.rounds):
+        row = {}
         sync(args.device)
+        tokens[:] = [0, 0]
         t, c = time.perf_counter(), time.process_time()
         tool_values = score_all(metric, data["src"], data["mt"], refs, max_tokens=budget,
                                 device_type=args.device.split(":")[0])
         sync(args.device)
-        tool_s.append(time.perf_counter() - t)
-        tool_cpu.append(time.process_time() - c)
+        row.update(tool_s=time.perf_counter() - t, tool_cpu=time.process_time() - c, tool_tokens=list(tokens))
+        row["tool_whole_s"], row["tool_whole_cpu"], _ = child(command, env)
         if side is not None:
-            proc = subprocess.run([str(side), "-c", SIDE, str(folder.resolve()), str((out / "data.json").resolve()), str(args.bs),
-                                   str(args.threads), "1"], capture_output=True, text=True,
-                                  env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
-            if proc.returncode:
-                raise SystemExit(f"unbabel-comet failed:\n{proc.stderr[-3000:]}")
-            result = json.loads(proc.stdout.strip().splitlines()[-1])
-            comet_s.append(result["seconds"][0])
-            comet_cpu.append(result["cpu_seconds"][0])
-            ratios.append(comet_s[-1] / tool_s[-1])
+            row["comet_whole_s"], row["comet_whole_cpu"], stdout = child(
+                [str(side), "-c", SIDE, str(folder.resolve()), str((out / "data.json").resolve()), str(args.bs),
+                 str(args.threads), "1"], env)
+            result = json.loads(stdout.strip().splitlines()[-1])
+            row.update(comet_s=result["seconds"][0], comet_cpu=result["cpu_seconds"][0],
+                       comet_tokens=[result["padded_tokens"], result["real_tokens"]])
+        rows.append(row)
         # Each round as it ends: a long run on a slow machine still shows what it measured.
         # CPU seconds beside wall seconds: on a shared machine the wall clock also measures the neighbours.
-        print(f"{kind} round {len(tool_s)}: tool {args.n / tool_s[-1]:.2f} samples/s ({tool_cpu[-1]:.1f} CPU s)"
-              + (f", unbabel-comet {args.n / comet_s[-1]:.2f} samples/s ({comet_cpu[-1]:.1f} CPU s)" if side else ""),
+        print(f"{kind} round {len(rows)}: scoring: tool {args.n / row['tool_s']:.2f} samples/s ({row['tool_cpu']:.1f} CPU s)"
+              + (f", unbabel-comet {args.n / row['comet_s']:.2f} samples/s ({row['comet_cpu']:.1f} CPU s)" if side else "")
+              + f"; whole runs: tool {row['tool_whole_s']:.1f} s ({row['tool_whole_cpu']:.1f} CPU s)"
+              + (f", unbabel-comet {row['comet_whole_s']:.1f} s ({row['comet_whole_cpu']:.1f} CPU s)" if side else ""),
               flush=True)
     n = args.n
-    entry = {"tool_max_tokens": budget, "tool_samples_per_second": [n / s for s in tool_s], "tool_cpu_seconds": tool_cpu,
-             "tool_median_samples_per_second": n / statistics.median(tool_s)}
+    median = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+    entry = {"tool_max_tokens": budget, "rounds": rows, "tool_padded_tokens": rows[-1]["tool_tokens"][0],
+             "tool_real_tokens": rows[-1]["tool_tokens"][1], "tool_median_samples_per_second": n / median("tool_s")}
     print(f"{kind}: tool (token budget {budget}): {entry['tool_median_samples_per_second']:.1f} samples/s "
-          f"(median of {args.rounds})")
-    if side is not None:
-        scores = [v[0] if isinstance(v, tuple) else v for v in tool_values]
-        diff = max(abs(a - b) for a, b in zip(scores, result["scores"]))
-        entry.update(comet_samples_per_second=[n / s for s in comet_s], comet_cpu_seconds=comet_cpu,
-                     comet_median_samples_per_second=n / statistics.median(comet_s),
-                     median_ratio=statistics.median(ratios), max_abs_difference=diff)
-        if result["spans"] is not None:
-            strip = lambda spans: [{k: v for k, v in s.items() if k != "confidence"} for s in spans]  # noqa: E731
-            entry["examples_with_other_spans"] = sum(strip(v[1]) != strip(s) for v, s in zip(tool_values, result["spans"]))
-            entry["spans"] = sum(len(s) for s in result["spans"])
-        print(f"{kind}: unbabel-comet predict (batch_size {args.bs}): {entry['comet_median_samples_per_second']:.1f} "
-              f"samples/s; ratio (median of per-round ratios) {entry['median_ratio']:.2f}x; largest per-example "
-              f"difference {diff:.2e}" + (f"; {entry['examples_with_other_spans']} of {n} examples with other spans "
-                                          f"({entry['spans']} spans)" if "spans" in entry else ""))
+          f"(median of {args.rounds}), {entry['tool_padded_tokens']} tokens encoded ({entry['tool_real_tokens']} real)")
+    if args.device == "cpu":
+        entry.update(bound(metric, data, refs, budget, entry["tool_real_tokens"]))
+        print(f"{kind}: floor: the encoder's matrix products on the {entry['tool_real_tokens']} real tokens alone (the top "
+              f"layer's only where an output reads it), at this machine's best plain float32 GEMM rate over the encoder's "
+              f"shapes ({entry['gemm_gflops']:.0f} GFLOP/s at {args.threads} thread(s), measured now), take "
+              f"{entry['floor_cpu_seconds']:.1f} CPU s; the tool's {median('tool_cpu'):.1f} CPU s are "
+              f"{entry['floor_cpu_seconds'] / median('tool_cpu'):.0%} of that floor's speed")
+    if side is None:
+        return entry
+    ratios = {key: statistics.median(r[f"comet_{key}"] / r[f"tool_{key}"] for r in rows)
+              for key in ("s", "cpu", "whole_s", "whole_cpu")}
+    scores = [v[0] if isinstance(v, tuple) else v for v in tool_values]
+    diff = max(abs(a - b) for a, b in zip(scores, result["scores"]))
+    entry.update(comet_median_samples_per_second=n / median("comet_s"), comet_padded_tokens=rows[-1]["comet_tokens"][0],
+                 median_ratio=ratios["s"], median_cpu_ratio=ratios["cpu"], median_whole_ratio=ratios["whole_s"],
+                 median_whole_cpu_ratio=ratios["whole_cpu"], max_abs_difference=diff)
+    if result["spans"] is not None:
+        strip = lambda spans: [{k: v for k, v in s.items() if k != "confidence"} for s in spans]  # noqa: E731
+        entry["examples_with_other_spans"] = sum(strip(v[1]) != strip(s) for v, s in zip(tool_values, result["spans"]))
+        entry["spans"] = sum(len(s) for s in result["spans"])
+    print(f"{kind}: unbabel-comet predict (batch_size {args.bs}): {entry['comet_median_samples_per_second']:.1f} samples/s, "
+          f"{entry['comet_padded_tokens']} tokens encoded; ratios (medians of per-round ratios): scoring "
+          f"{ratios['s']:.2f}x wall, {ratios['cpu']:.2f}x CPU; whole runs {ratios['whole_s']:.2f}x wall, "
+          f"{ratios['whole_cpu']:.2f}x CPU; largest per-example difference {diff:.2e}"
+          + (f"; {entry['examples_with_other_spans']} of {n} examples with other spans ({entry['spans']} spans)"
+             if "spans" in entry else ""))
+    if "floor_cpu_seconds" in entry:
+        entry["bound_cpu_ratio"] = median("comet_cpu") / entry["floor_cpu_seconds"]
+        print(f"{kind}: bound: no scorer computing these numbers can beat unbabel-comet's {median('comet_cpu'):.1f} CPU s "
+              f"by more than {entry['bound_cpu_ratio']:.2f}x here (they over the floor)")
     return entry
+
+
+def whole_command(kind: str, out: Path, folder: Path, budget: int) -> list[str]:
+    """The tool's `score` command on the benchmark's files (references only for a class that reads them)."""
+    files = {}
+    data = json.loads((out / "data.json").read_text(encoding="utf-8"))
+    for key in ("src", "mt", "ref"):
+        files[key] = out / f"{key}.txt"
+        files[key].write_text("".join(line + "\n" for line in data[key]), encoding="utf-8")
+    command = [sys.executable, "-m", "seq2seq_eval", "score", "--metrics", "comet", "--comet_model", str(folder),
+               "--sources", str(files["src"]), "--predictions", str(files["mt"]),
+               "--model_metric_max_tokens", str(budget)]
+    if "ref" in CLASSES[kind].get("input_segments", ["ref"]):
+        command += ["--references", str(files["ref"])]
+    return command
+
+
+def child(command: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds, stdout) of a process run from start to exit."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(f"{command[0]} {' '.join(command[1:3])} failed:\n{proc.stderr[-3000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc.stdout
+
+
+def bound(metric, data: dict[str, list[str]], refs: list[tuple[str, ...]], budget: int, real_tokens: int) -> dict:
+    """The floor: the least CPU time any scorer computing the same numbers needs, the encoder's
+    matrix products it cannot skip (floor_flops) at the best rate this machine multiplies float32
+    matrices of the encoder's shapes now (at the threads set); unbabel-comet's CPU seconds over it
+    bound the ratio any such scorer can reach."""
+    import torch
+    from torch import nn
+
+    shapes = {(m.in_features, m.out_features) for m in metric.network.encoder.model.encoder.modules()
+              if isinstance(m, nn.Linear)}
+    rate = 0.0
+    for width, height in sorted(shapes):
+        a, w = torch.randn(budget, width), torch.randn(height, width)
+        torch.nn.functional.linear(a, w)
+        repeats, c = 5, time.process_time()
+        for _ in range(repeats):
+            torch.nn.functional.linear(a, w)
+        rate = max(rate, repeats * 2 * budget * width * height / (time.process_time() - c))
+    floor = floor_flops(metric, data, refs, real_tokens) / rate
+    return {"gemm_gflops": rate / 1e9, "floor_cpu_seconds": floor}
+
+
+def floor_flops(metric, data: dict[str, list[str]], refs: list[tuple[str, ...]], real_tokens: int) -> float:
+    """The float32 operations of the encoder's matrix products no scorer of these numbers can skip:
+    every layer's linear maps and attention products on every real token, except in the top layer,
+    whose queries, attention, output projection and feed-forward only the positions an output reads
+    need (the first token for a unified class's sentence score; with a tagger, the translation's
+    tokens too). COMET-22's average pools every token, and a layer mix that normalizes reads every
+    token of every layer: there, every position of the top layer counts."""
+    from torch import nn
+
+    layers = metric.network.encoder.model.encoder.layer
+    cost = lambda module, names=None: sum(  # noqa: E731
+        2 * m.in_features * m.out_features for name, m in module.named_modules()
+        if isinstance(m, nn.Linear) and (names is None or name.rsplit(".", 1)[-1] in names))
+    per_layer, kv = cost(layers[0]), cost(layers[-1], ("key", "value"))
+    hidden = metric.network.encoder.model.config.hidden_size
+    mix = getattr(metric.network, "layerwise_attention", None)
+    if not hasattr(metric, "_inputs") or (mix is not None and mix.layer_norm):
+        return real_tokens * per_layer * len(layers)  # attention left out: the floor only gets lower
+    inputs, mt = metric._inputs(data["src"], data["mt"], refs)
+    total = 0
+    for example, mt_ids in zip(inputs, mt["input_ids"]):
+        for row in example:
+            n = len(row)
+            read = min(n, len(mt_ids)) if metric.network.word_level else 1
+            attention = 2 * 2 * n * hidden  # per query: its scores over n keys and its mix of n values
+            total += (len(layers) - 1) * n * (per_layer + attention) + n * kv + read * (per_layer - kv + attention)
+    return total
 
 
 def sync(device: str) -> None:

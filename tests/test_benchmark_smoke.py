@@ -273,6 +273,24 @@ def test_bertscore_benchmark_runs(tmp_path):
     assert report["n"] == 24 and len(report["tool_samples_per_second"]) == 1 and "median_ratio" not in report
 
 
+def test_comet_benchmark_runs(tmp_path):
+    """benchmarks/comet.py on a tiny XCOMET-class checkpoint, the tool alone (unbabel-comet's side
+    is what tests/test_comet_unified.py's fixtures were built with): scoring and a whole run of the
+    `score` command are timed, the tokens the encoder is given are counted, and the floor (the
+    matrix products no scorer of these numbers can skip, at the GEMM rate measured in the run) is
+    below what the tool took."""
+    out = tmp_path / "comet"
+    proc = bench("comet.py", ["--size", "tiny", "--n", "8", "--rounds", "1", "--threads", "1", "--classes", "xcomet",
+                              "--out", str(out), "--comet_python", str(tmp_path / "none")], tmp_path)
+    assert "measuring the tool alone" in proc.stdout and "xcomet: floor: " in proc.stdout, proc.stdout
+    entry = json.loads((out / "results.json").read_text())["classes"]["xcomet"]
+    row = entry["rounds"][0]
+    assert row["tool_whole_s"] > 0 and row["tool_whole_cpu"] > 0 and "median_ratio" not in entry
+    # Three inputs per example (with references), each of more than 5 tokens.
+    assert 8 * 3 * 5 < entry["tool_real_tokens"] <= entry["tool_padded_tokens"]
+    assert 0 < entry["floor_cpu_seconds"] < row["tool_cpu"]
+
+
 def test_causal_benchmark_runs(tmp_path):
     """benchmarks/causal.py on a tiny model in one invocation: the loop against the tool's HF
     engine and, where CTranslate2 is installed, against (e), CTranslate2 alone on the conversion
