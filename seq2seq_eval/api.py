@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import CONFIG_FIELDS, EvalConfig, family_of
-from .errors import ConfigError, DataError, EvalError, first_line
+from .errors import ConfigError, DataError, EvalError, as_error, first_line
 from .model.in_memory import unwrap, untouched
 from .scoring.registry import split_options
 
@@ -183,10 +183,10 @@ def evaluate(
     try:
         # main_first gives rank 0's failure to every rank itself.
         if in_memory:
-            pg.main_first(lambda: _clear_failed_run(Path(cfg.tmp_dir)), EvalError)
+            pg.main_first(lambda: _clear_failed_run(Path(cfg.tmp_dir)))
         # Read by the run from its temp dir; their copy in save_dir is published with the outputs.
-        inputs = pg.main_first(lambda: in_memory_inputs(cfg, sources, references, ids, reference_layout),
-                               DataError) if sources is not None else None
+        inputs = pg.main_first(lambda: in_memory_inputs(cfg, sources, references, ids, reference_layout)
+                               ) if sources is not None else None
         from .run.runner import run
 
         failure: BaseException | None = None
@@ -205,7 +205,8 @@ def evaluate(
                 peer = agreement.peer_error()
                 if peer is not None:
                     raise peer from e
-                agreement.publish(e)
+                if getattr(e, "from_rank", None) is None:  # another rank's error is that rank's to publish
+                    agreement.publish(e)
             if not env.is_main:
                 raise
             failure = e
@@ -377,8 +378,6 @@ def _share(pg: Any, env: Any, payload: Any, failure: BaseException | None) -> Ev
         return EvalResult(**payload)
     message = pg.broadcast(None)
     if message[0] == "error":
-        from .run.agree import as_error
-
         _, kind, text = message
         raise as_error(0, kind, text)
     return EvalResult(**message[1])

@@ -5,6 +5,8 @@ class EvalError(Exception):
     """Base class: something the user can fix, reported as one line without a traceback."""
 
     exit_code = 1
+    from_rank: int | None = None
+    """Set on another rank's error as this rank raises it (as_error): that rank's to publish."""
 
 
 class ConfigError(EvalError):
@@ -64,3 +66,15 @@ def first_line(e: BaseException) -> str:
     """An exception's message, first line only: library errors often run on for several lines."""
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+def as_error(rank: int, kind: str, text: str) -> EvalError:
+    """Rank `rank`'s error as this rank raises it: the same type when it is one of the library's
+    typed errors, else RunFailed naming the type."""
+    error_type = globals().get(kind)
+    if isinstance(error_type, type) and issubclass(error_type, EvalError):
+        error = error_type(f"rank {rank}: {text}")
+    else:
+        error = RunFailed(f"rank {rank} failed: {kind}: {text}")
+    error.from_rank = rank
+    return error

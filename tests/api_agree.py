@@ -3,7 +3,7 @@ evaluate() call per case, each rank's outcome written to {out}/rank_{r}.json.
 
 Cases: another generate option on rank 1 (eos_token_id), another n_obs; rank 1's arguments
 refused (bs=0); rank 1 failing while tokenizing (its data "missing": a DataError injected where
-it reads its share); rank 1 never calling evaluate(). Then model objects, the same arguments on
+it reads its share); rank 0 refusing the examples while it reads them for all (a ConfigError); rank 1 never calling evaluate(). Then model objects, the same arguments on
 both ranks: rank 1's weights with one element one ulp away, its model's generation_config with
 no_repeat_ngram_size 1 and repetition_penalty 3.0, its tokenizer with model_max_length 4; and
 both ranks' objects alike. After every case the job's own group still works, and the next
@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 import seq2seq_eval
 import seq2seq_eval.inputs.tokens as tokens
-from seq2seq_eval.errors import DataError, EvalError
+from seq2seq_eval.errors import ConfigError, DataError, EvalError
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", required=True)
@@ -62,6 +62,19 @@ if rank == 1:
     tokens.encode_sources = missing
 case("fails_in_prepare", **BASE)
 tokens.encode_sources = real
+
+# Rank 0 refuses the examples while reading them (as a prompt template that would show the
+# references is refused): every rank raises its error, of its type.
+import seq2seq_eval.run.prepare as prepare  # noqa: E402
+
+read = prepare.iter_examples
+if rank == 0:
+    def refused(*a, **k):
+        raise ConfigError(f"{args.data}: example id 'b': refused while reading")
+
+    prepare.iter_examples = refused
+case("refused_while_reading", **BASE)
+prepare.iter_examples = read
 
 if rank == 0:
     case("absent", **{**BASE, "sync_timeout": 3})

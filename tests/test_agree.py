@@ -73,6 +73,14 @@ def test_a_rank_failing_mid_run_gives_every_rank_its_error(ranks):
     assert _outcomes(ranks, "fails_in_prepare") == [("DataError", f"rank 1: {text}"), ("DataError", text)]
 
 
+def test_rank_0_s_refusal_while_reading_the_examples_is_every_rank_s_of_its_type(ranks):
+    """Rank 0 reads the examples for all (ProcessGroup.main_first); its ConfigError reaches the
+    other ranks as a ConfigError (the same exit code), named as rank 0's, whichever of the two
+    ways a rank hears of a peer's failure comes first (this broadcast, or the error rank 0 publishes)."""
+    text = f"{EMBEDDED_DATA['translation']}: example id 'b': refused while reading"
+    assert _outcomes(ranks, "refused_while_reading") == [("ConfigError", text), ("ConfigError", f"rank 0: {text}")]
+
+
 def test_a_rank_that_never_calls_is_named(ranks):
     expected = ("SyncTimeoutError", "rank(s) 1 of 2 never called evaluate() within --sync_timeout 3 s; every rank "
                 "of the group must call evaluate(), with the same arguments, or raise sync_timeout")

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import EvalError, RanksDisagree, RunFailed, SyncTimeoutError
+from ..errors import EvalError, RanksDisagree, RunFailed, SyncTimeoutError, as_error
 
 _calls: dict[tuple[int, ...], int] = {}
 """evaluate() calls so far per group (its global ranks): every rank of a group counts the same
@@ -169,14 +169,3 @@ class Agreement:
         error = self.peer_error()
         if error is not None:
             raise error
-
-
-def as_error(rank: int, kind: str, text: str) -> EvalError:
-    """Rank `rank`'s error as this rank raises it: the same type when it is one of the library's
-    typed errors, else RunFailed naming the type."""
-    from .. import errors
-
-    error_type = getattr(errors, kind, None)
-    if isinstance(error_type, type) and issubclass(error_type, EvalError):
-        return error_type(f"rank {rank}: {text}")
-    return RunFailed(f"rank {rank} failed: {kind}: {text}")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..config import EvalConfig
-from ..errors import ConfigError, EvalError, RunFailed, first_line
+from ..errors import ConfigError, EvalError, RunFailed, as_error, first_line
 
 T = TypeVar("T")
 
@@ -226,11 +226,12 @@ class ProcessGroup:
         tdist.all_gather_object(out, obj, group=self._group)
         return out
 
-    def main_first(self, fn: Callable[[], T], error_type: type[EvalError]) -> T:
+    def main_first(self, fn: Callable[[], T]) -> T:
         """Run `fn` on rank 0 first, then on the others (e.g. to build a datasets cache once).
 
-        Rank 0's failure is broadcast, so the other ranks fail with the same message instead of
-        waiting forever at a barrier rank 0 will never reach.
+        Rank 0's failure is broadcast, so the other ranks fail with its error, of its type (so the
+        same exit code) and named as rank 0's, instead of waiting forever at a barrier rank 0 will
+        never reach.
         """
         if not self._active:
             return fn()
@@ -238,13 +239,13 @@ class ProcessGroup:
             try:
                 result = fn()
             except EvalError as e:
-                self.broadcast(str(e))
+                self.broadcast((type(e).__name__, str(e)))
                 raise
             self.broadcast(None)
             return result
         error = self.broadcast(None)
         if error is not None:
-            raise error_type(error)
+            raise as_error(0, *error)
         return fn()
 
     def barrier(self) -> None:

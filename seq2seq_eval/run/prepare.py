@@ -129,7 +129,7 @@ def _examples_store(cfg: EvalConfig, pg: ProcessGroup | None, cache: Path) -> tu
         write_json_atomic(meta_path, meta)  # last: the store above is complete
         return meta
 
-    meta = pg.main_first(build, DataError) if pg is not None else build()
+    meta = pg.main_first(build) if pg is not None else build()
     return ExampleStore(path, meta["origin"]), meta
 
 
