@@ -207,8 +207,8 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
     kind = hparams["class_identifier"]
     try:
         # Every parameter comes from the checkpoint (a missing one is refused below), so the random
-        # initialization unbabel-comet pays (5 s for XLM-R-large on one CPU core, a minute for
-        # XLM-R-XL) is skipped; the constructors still make the buffers (position ids).
+        # initialization unbabel-comet pays (4.7 s for XLM-R-large's size on one CPU core, growing
+        # with the parameters) is skipped; the constructors still make the buffers (position ids).
         with _no_init_weights():
             network = _network(hparams, config, tokenizer.pad_token_id)
     except ValueError as e:
