@@ -224,6 +224,8 @@ def measure(kind: str, args: argparse.Namespace, out: Path, data: dict[str, list
     command = whole_command(kind, out, folder, budget)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(args.threads),
            "MKL_NUM_THREADS": str(args.threads)}
+    if args.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the whole runs on the CPU too, as the scoring alone (a GPU host)
     rows = []
     for _ in range(args.rounds):
         row = {}
