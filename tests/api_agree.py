@@ -4,10 +4,11 @@ evaluate() call per case, each rank's outcome written to {out}/rank_{r}.json.
 Cases: another generate option on rank 1 (eos_token_id), another n_obs; rank 1's arguments
 refused (bs=0); rank 1 failing while tokenizing (its data "missing": a DataError injected where
 it reads its share); rank 0 refusing the examples while it reads them for all (a ConfigError);
-rank 1 never calling evaluate(). Then model objects, the same arguments on both ranks: rank 1's weights with one element one ulp away, its model's generation_config with
-no_repeat_ngram_size 1 and repetition_penalty 3.0, its tokenizer with model_max_length 4; and
-both ranks' objects alike. After every case the job's own group still works, and the next
-evaluate() on the same ranks succeeds.
+rank 1 never calling evaluate(). Then model objects, the same arguments on both ranks: rank 1's
+weights with one element one ulp away, its model's generation_config with no_repeat_ngram_size 1
+and repetition_penalty 3.0, its tokenizer with model_max_length 4; and both ranks' objects
+alike. After every case the job's own group still works, and the next evaluate() on the same
+ranks succeeds.
 """
 
 from __future__ import annotations
