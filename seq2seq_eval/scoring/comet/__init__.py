@@ -117,7 +117,6 @@ def check(name_or_path: str = DEFAULT_MODEL) -> None:
     hparams = read_hparams(folder, name_or_path)
     config, tokenizer = _encoder(name_or_path, folder, hparams)
     try:
-        needed = weights_bytes(hparams, config)
         with torch.device("meta"):
             network = _network(hparams, config, tokenizer.pad_token_id)
     except ValueError as e:
@@ -126,7 +125,7 @@ def check(name_or_path: str = DEFAULT_MODEL) -> None:
     _check_layout(name_or_path, hparams, network, load_state_dict(folder))
     if torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
-        refuse_oversized(name_or_path, needed, torch.cuda.get_device_properties(device).total_memory,
+        refuse_oversized(name_or_path, _float32_bytes(network), torch.cuda.get_device_properties(device).total_memory,
                          f"{torch.cuda.get_device_name(device)} has in all")
 
 
@@ -152,7 +151,10 @@ def weights_bytes(hparams: dict[str, Any], config: Any) -> int:
     import torch
 
     with torch.device("meta"):
-        network = _network(hparams, config, pad_token_id=1)
+        return _float32_bytes(_network(hparams, config, pad_token_id=1))
+
+
+def _float32_bytes(network: Any) -> int:
     return sum(p.numel() for p in network.parameters()) * 4
 
 
@@ -207,8 +209,9 @@ def load(name_or_path: str = DEFAULT_MODEL, device: Any = "cpu") -> ModelMetric:
     kind = hparams["class_identifier"]
     try:
         # Every parameter comes from the checkpoint (a missing one is refused below), so the random
-        # initialization unbabel-comet pays (4.7 s for XLM-R-large's size on one CPU core, growing
-        # with the parameters) is skipped; the constructors still make the buffers (position ids).
+        # initialization unbabel-comet pays (4.9 s for XLM-R-large's size on one CPU core under its
+        # transformers 4.57, growing with the parameters) is skipped; the constructors still make
+        # the buffers (position ids).
         with _no_init_weights():
             network = _network(hparams, config, tokenizer.pad_token_id)
     except ValueError as e:
