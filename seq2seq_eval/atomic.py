@@ -39,16 +39,17 @@ def resumable_write_error(path: Path, e: OSError) -> RunFailed:
                      "make room, then rerun the same command with --resume")
 
 
-def write_atomic(path: Path, data: bytes, scratch: Path | None = None) -> None:
+def write_atomic(path: Path, data: bytes, scratch: Path | None = None, name: str | None = None) -> None:
     """Write to a temporary name in the same folder (or in `scratch`, a folder of the tool's on
     the same filesystem, where a crash leaves nothing in the target's folder), fsync, then rename
     over `path`.
 
     A reader sees the old file or the new one, never half of one; if the disk fills up the
     temporary file is removed and the old file stays as it was. The rename is atomic only within
-    one filesystem, hence the temporary file beside the target rather than in /tmp.
+    one filesystem, hence the temporary file beside the target rather than in /tmp. `name`: the
+    temporary file's name, where the caller must know it by more than this process's pid.
     """
-    tmp = (scratch or path.parent) / f".{path.name}.{os.getpid()}.tmp"
+    tmp = (scratch or path.parent) / (name or f".{path.name}.{os.getpid()}.tmp")
     made = False
     try:
         # O_NOFOLLOW: a link planted at the temporary name is refused (ELOOP), never written through.

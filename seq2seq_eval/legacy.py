@@ -103,11 +103,15 @@ class LegacyOutputs:
                 # The hidden folder publishes nothing; an earlier run's outputs there go.
                 staging.unstage()
                 staging.plan(remove=[p.name for p in planned_outputs(cfg)], drop_folder=True)
-            for other in together.values():
+            # SCORE_PATH is its folder's completion file: aside before any folder changes, in place last.
+            score_name = [self.score_path.name] if self.score_path is not None else []
+            for folder, other in together.items():
+                completes = score_name if self.score_path is not None and folder == Path(os.path.abspath(self.score_path)).parent else []
                 if other is not staging:
-                    other.plan(roles=roles, way_out=NAMED_WAY_OUT)
+                    other.plan(roles=roles, way_out=NAMED_WAY_OUT, completes=completes)
                 else:
                     other.options["roles"] = {**(other.options["roles"] or {}), **roles}
+                    other.options["completes"] = [*other.options.get("completes", ()), *completes]
             return [*(s for s in together.values() if s is not staging), staging]
 
         return also

@@ -383,8 +383,10 @@ def test_a_file_put_where_the_publish_moved_the_tools_own_aside_is_kept_and_the_
     with pytest.raises(OutputError) as e:
         publish_set(folder, b"new\n")
     monkeypatch.undo()
-    assert str(e.value) == (f"{folder}/test_bleu.json: appeared after the publish moved the tool's file aside; "
-                            "expected nothing there until the new file is renamed into place")
+    assert str(e.value) == (f"{folder}: putting the outputs in place failed ({folder}/test_bleu.json: appeared after "
+                            "the publish moved the tool's file aside; expected nothing there until the new file is "
+                            "renamed into place); undone: it holds what it held before; fix the cause, then run the "
+                            "command again")
     assert visible(folder) == {**earlier, "test_bleu.json": theirs}
     kept = list((folder / STAGING).glob("*/old/test_bleu.json"))
     assert len(kept) == 1 and kept[0].read_bytes() == earlier["test_bleu.json"]
@@ -395,36 +397,49 @@ def test_a_file_put_where_the_publish_moved_the_tools_own_aside_is_kept_and_the_
     assert OutputRecord(folder).owns(folder / "test_generations.txt")
 
 
-@pytest.mark.parametrize("step, outcome", [("apply", "completed from its staged files"), ("remove_staged", "completed")])
-def test_a_publish_that_fails_after_its_intent_says_truly_what_became_of_it(tmp_path, monkeypatch, step, outcome):
-    """An I/O error inside the publish once its intent is written: in a move into place (apply;
-    recovery then completes it from the staged files), or after the intent was cleared (the
-    staging folder's removal, remove_staged, the last step: the publish was whole already). One OutputError
-    saying which, and one run's complete set in the folder."""
+@pytest.mark.parametrize("step", ["apply_all", "commit_record", "remove_staged"])
+def test_a_publish_that_fails_after_its_intent_says_truly_what_became_of_it(tmp_path, monkeypatch, caplog, step):
+    """An I/O error inside the publish once its intent is written: in the moves into place
+    (apply_all) or while the record is written (commit_record), the publish is undone at once,
+    under the same locks (the earlier set back, its record as it was) and one OutputError says so;
+    after every folder holds the new files and record (the staging folder's removal,
+    remove_staged, the last step), the publish is whole: a warning, no error, and the leftovers
+    are the next command's to remove."""
     folder = tmp_path / "out"
-    publish_set(folder, b"earlier\n")
-    # The publisher calls apply through publish, and the staging folder's removal through intent.finish.
-    module = publish if step == "apply" else intent
+    earlier = publish_set(folder, b"earlier\n")
+    record_before = (folder / RECORD).read_bytes()
+    module = publish if step != "remove_staged" else intent
     real = getattr(module, step)
     calls = []
 
     def failing(*args, **kwargs):
         if not calls:  # the publish's own call; recovery's calls go through
             calls.append(1)
-            if step == "apply":
+            if step != "remove_staged":
+                real(*args, **kwargs) if step == "commit_record" else None
                 raise OSError(errno.EIO, "Input/output error")
-            real(*args, **kwargs)
             raise OSError(errno.EIO, "Input/output error")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(module, step, failing)
     staging = Staging(folder, "test", "output")
     staging.add("test_generations.txt", b"later\n")
-    with pytest.raises(OutputError) as e:
-        staging.publish(("test_bleu.json", lambda removed: b'{"bleu": 2.0}\n'), stale=True)
-    assert str(e.value) == (f"{folder}: putting the outputs in place failed ([Errno 5] Input/output error); the "
-                            f"publish was {outcome}")
-    assert visible(folder) == {"test_bleu.json": b'{"bleu": 2.0}\n', "test_generations.txt": b"later\n"}
+    later = {"test_bleu.json": b'{"bleu": 2.0}\n', "test_generations.txt": b"later\n"}
+    if step == "remove_staged":
+        with caplog.at_level(logging.WARNING, logger="seq2seq_eval"):
+            staging.publish(("test_bleu.json", lambda removed: later["test_bleu.json"]), stale=True)
+        assert f"{folder}: the outputs are published; removing what the publish had moved aside failed" in caplog.text
+        assert visible(folder) == later
+        monkeypatch.undo()
+        publish.recover(folder)  # what the next command does first
+        assert not (folder / STAGING).exists()
+    else:
+        with pytest.raises(OutputError) as e:
+            staging.publish(("test_bleu.json", lambda removed: later["test_bleu.json"]), stale=True)
+        assert str(e.value) == (f"{folder}: putting the outputs in place failed (Input/output error); undone: it holds "
+                                "what it held before; fix the cause, then run the command again")
+        assert visible(folder) == earlier
+        assert (folder / RECORD).read_bytes() == record_before
     assert not (folder / INTENT).exists() and not (folder / STAGING).exists()
     assert all(OutputRecord(folder).owns(folder / name) for name in visible(folder))
 

@@ -239,7 +239,7 @@ def compare_main(argv: Sequence[str]) -> str:
         details = report_details(comparison, predictions, refs, sources, ids, rouge_rows, example_scores)
         report = Path(os.path.abspath(args.report))
         publish_bytes(report.parent, {report.name: render_report(comparison, details).encode("utf-8")}, None, "named",
-                      {report: "--report"}, "move it away or name another file")
+                      {report: "--report"}, "move it away or name another file", completes=[report.name])
         if not args.json:
             out += f"\nreport: {args.report}"
     return out

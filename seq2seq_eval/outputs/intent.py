@@ -30,7 +30,7 @@ from typing import Any
 from ..atomic import fsync_dir
 from ..errors import OutputError
 from .digest import file_digest
-from .record import INTENT, STAGING, Entry, OutputRecord, locked, read_intent
+from .record import INTENT, RECORD, STAGING, Entry, OutputRecord, locked, read_intent
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -106,55 +106,111 @@ def completable(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -
     return True
 
 
+RECORD_OLD = "record.old"
+"""In a staging folder: the folder's record as it was before this publish (a hard link, made
+before the new one is written), put back if the publish is undone."""
+
+
+def completions(intent: Mapping[str, Any]) -> list[str]:
+    """The completion files of a folder's part of a publish: the metric or run-info file, SCORE_PATH,
+    a report... (an intent of format 2 names one, `completion`)."""
+    if "completions" in intent:
+        return list(intent["completions"])
+    return [intent["completion"]] if intent.get("completion") else []
+
+
+def _aside(folder: Path, old: Path, name: str) -> None:
+    target = folder / name
+    if os.path.lexists(target) and not os.path.lexists(old / name):
+        os.rename(target, old / name)
+
+
+def _removed(folder: Path, intent: Mapping[str, Any], record: OutputRecord | None) -> list[str]:
+    """The names this part removes: in a recovery, only while they are still the tool's."""
+    return [n for n in intent["remove"] if record is None or record.owns(folder / n)]
+
+
+def apply_all(parts: list[tuple[Path, Mapping[str, Any], OutputRecord | None]]) -> None:
+    """The moves of every folder of a transaction, each done unless done already (so that a
+    recovery repeats them), in three rounds over all the folders: every completion file there
+    moved aside (the ones replaced and the stale ones removed), so that from the first change
+    in any folder no folder shows a completion file; then, folder after folder, the other files
+    removed moved aside and each new file renamed into place; then every new completion file
+    put in place. A reader therefore never finds, in any folder, a completion file beside files
+    of another run. `record`: in a recovery, files removed only while they are still the tool's."""
+    for folder, intent, record in parts:
+        _, new, old = dirs(folder, intent)
+        last = set(completions(intent))
+        for name in [*(n for n in last if os.path.lexists(new / n)), *(n for n in _removed(folder, intent, record) if n in last)]:
+            _aside(folder, old, name)
+    for folder, intent, record in parts:
+        _, new, old = dirs(folder, intent)
+        last = set(completions(intent))
+        for name in _removed(folder, intent, record):
+            _aside(folder, old, name)
+        for name in [f["name"] for f in intent["files"] if f["name"] not in last]:
+            _put(folder, new, old, name)
+    for folder, intent, _ in parts:
+        _, new, old = dirs(folder, intent)
+        for name in [f["name"] for f in intent["files"] if f["name"] in set(completions(intent))]:
+            _put(folder, new, old, name)
+    for folder, _, _ in parts:
+        fsync_dir(folder)
+
+
+def _put(folder: Path, new: Path, old: Path, name: str) -> None:
+    if os.path.lexists(new / name):
+        if os.path.lexists(folder / name) and os.path.lexists(old / name):
+            raise OutputError(f"{folder / name}: appeared after the publish moved the tool's file aside; "
+                              "expected nothing there until the new file is renamed into place")
+        _aside(folder, old, name)
+        os.rename(new / name, folder / name)
+
+
 def apply(folder: Path, intent: Mapping[str, Any], record: OutputRecord | None = None) -> None:
-    """The moves, each done unless done already (so that a recovery repeats them): the
-    completion file's predecessor aside first, the files removed aside, each new file in place,
-    the completion file last. `record`: in a recovery, files removed only while they are still
-    the tool's."""
-    _, new, old = dirs(folder, intent)
-    last = intent.get("completion")
+    """One folder's moves (apply_all)."""
+    apply_all([(folder, intent, record)])
 
-    def aside(name: str) -> None:
-        target = folder / name
-        if os.path.lexists(target) and not os.path.lexists(old / name):
-            os.rename(target, old / name)
 
-    if last is not None and os.path.lexists(new / last):
-        aside(last)
-    for name in intent["remove"]:
-        if record is None or record.owns(folder / name):
-            aside(name)
-    names = [f["name"] for f in intent["files"]]
-    for name in [n for n in names if n != last] + [n for n in names if n == last]:
-        if os.path.lexists(new / name):
-            if os.path.lexists(folder / name) and os.path.lexists(old / name):
-                raise OutputError(f"{folder / name}: appeared after the publish moved the tool's file aside; "
-                                  "expected nothing there until the new file is renamed into place")
-            aside(name)
-            os.rename(new / name, folder / name)
+def commit_record(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -> None:
+    """The folder's record rewritten for this publish; the record it replaces kept first (a hard
+    link in the staging folder), so that the publish can still be undone until it is cleaned."""
+    written = {f["name"]: Entry(f.get("prefix", intent.get("prefix")), f.get("kind", intent.get("kind", "output")),
+                                f["size"], f["sha256"], completion=f["name"] in completions(intent))
+               for f in intent["files"]}
+    root = dirs(folder, intent)[0]
+    if os.path.lexists(folder / RECORD) and not os.path.lexists(root / RECORD_OLD):
+        os.link(folder / RECORD, root / RECORD_OLD)
+    os.makedirs(root / "tmp", exist_ok=True)
+    record.commit(written, intent["remove"], root / "tmp")
+
+
+def clean(folder: Path, intent: Mapping[str, Any]) -> None:
+    """After every folder's record: what was moved aside deleted, the intent cleared, the staging
+    folder removed. From the first of these on, the publish is whole; what a kill leaves here
+    is cleaned by the next command."""
+    root, _, old = dirs(folder, intent)
+    for path in sorted(old.iterdir()) if old.is_dir() else ():
+        os.unlink(path)
+    if os.path.lexists(root / RECORD_OLD):
+        os.unlink(root / RECORD_OLD)
+    if os.path.lexists(folder / INTENT):
+        os.unlink(folder / INTENT)
     fsync_dir(folder)
+    remove_staged(root)
 
 
 def finish(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -> None:
     """The record, then what was moved aside deleted, the intent cleared, the staging folder
     removed."""
-    written = {f["name"]: Entry(f.get("prefix", intent.get("prefix")), f.get("kind", intent.get("kind", "output")),
-                                f["size"], f["sha256"], completion=f["name"] == intent.get("completion"))
-               for f in intent["files"]}
-    root, _, old = dirs(folder, intent)
-    os.makedirs(root / "tmp", exist_ok=True)
-    record.commit(written, intent["remove"], root / "tmp")
-    for path in sorted(old.iterdir()) if old.is_dir() else ():
-        os.unlink(path)
-    os.unlink(folder / INTENT)
-    fsync_dir(folder)
-    remove_staged(root)
+    commit_record(folder, intent, record)
+    clean(folder, intent)
 
 
 def roll_back(folder: Path, intent: Mapping[str, Any]) -> None:
     """Undo a publish that cannot be completed: each new file in place removed, each file moved
-    aside put back. A file moved aside whose place someone has taken since stays in the staging
-    folder (said in a warning), never over theirs."""
+    aside put back, the record as it was. A file moved aside whose place someone has taken since
+    stays in the staging folder (said in a warning), never over theirs."""
     root, new, old = dirs(folder, intent)
     for f in reversed(intent["files"]):
         name = f["name"]
@@ -168,6 +224,12 @@ def roll_back(folder: Path, intent: Mapping[str, Any]) -> None:
                                folder / name, old / name)
                 continue
             os.rename(old / name, folder / name)
+    if os.path.lexists(root / RECORD_OLD):
+        os.replace(root / RECORD_OLD, folder / RECORD)  # a no-op on the same file: then unlinked
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(root / RECORD_OLD)
+    elif intent.get("had_record") is False and os.path.lexists(folder / RECORD):
+        os.unlink(folder / RECORD)  # this publish wrote the first one (under the lock: no one else did)
     os.unlink(folder / INTENT)
     fsync_dir(folder)
     remove_staged(root)
@@ -180,6 +242,9 @@ def remove_staged(root: Path) -> None:
     token = stage_token(root)
     if token is None:
         return
+    with contextlib.suppress(OSError):
+        if stat.S_ISREG(os.lstat(root / RECORD_OLD).st_mode):
+            os.unlink(root / RECORD_OLD)
     for sub in (root / "new", root / "tmp"):
         for path in sorted(sub.iterdir()) if sub.is_dir() and not sub.is_symlink() else ():
             with contextlib.suppress(OSError):
@@ -280,8 +345,22 @@ def recovered(folders: Iterable[Path]) -> Iterator[list[dict[str, Any]]]:
             for f in wanted:
                 now.update(_peek(f))
             if {os.path.realpath(f) for f in now} <= {os.path.realpath(f) for f in involved}:
-                yield recover_locked(involved)
+                try:
+                    completed = recover_locked(involved)
+                except OSError as e:
+                    raise recovery_error(sorted(involved), e) from e
+                yield completed
                 return
+
+
+def recovery_error(folders: Iterable[Path], e: OSError) -> OutputError:
+    """A publish cut short that the next command could neither complete nor undo (the same fault
+    again: a file made immutable, a read-only or full disk): one line, what is there, what to do."""
+    where = ", ".join(str(f) for f in folders)
+    return OutputError(f"{where}: a publish cut short there could neither be completed nor undone ({e.strerror or e}"
+                       f"{': ' + e.filename if getattr(e, 'filename', None) else ''}); its intent {INTENT} and "
+                       f"staged files are kept as they are: fix that (permissions, space, a file's flags), then run "
+                       "the command again, which completes or undoes it first")
 
 
 def recover_locked(folders: Iterable[Path]) -> list[dict[str, Any]]:
@@ -306,17 +385,24 @@ def recover_locked(folders: Iterable[Path]) -> list[dict[str, Any]]:
             if other is not None and (other.get("txn") or {}).get("token") == intent["txn"]["token"]:
                 check_owned(f, other)
                 parts.append((f, other))
-        committed = any(f == coordinator for f, _ in parts)
-        # The coordinator last: its intent, the commit point, stays until every other folder is done.
-        for f, i in sorted(parts, key=lambda p: p[0] == coordinator):
-            record = OutputRecord(f)
-            if committed and completable(f, i, record):
+        committed = any(f == coordinator and not i.get("undo") for f, i in parts)
+        records = {f: OutputRecord(f) for f, _ in parts}
+        # One verdict for the whole transaction: completed in every folder, or undone in every one.
+        if committed and all(completable(f, i, records[f]) for f, i in parts):
+            for f, i in parts:
                 logger.warning("%s: completing the publish of run %s, cut short", f, i["run"])
-                apply(f, i, record)
-                finish(f, i, record)
+            apply_all([(f, i, records[f]) for f, i in parts])
+            for f, i in parts:
+                commit_record(f, i, records[f])
+            # The coordinator last: its intent, the commit point, stays until every other folder is done.
+            for f, i in sorted(parts, key=lambda p: p[0] == coordinator):
+                clean(f, i)
                 done.append(i)
-            else:
-                why = "with staged files missing" if committed else "before every folder of it was ready"
+        else:
+            why = ("with staged files missing" if committed else "before it was whole" if any(i.get("undo") for _, i in parts)
+                   else "before every folder of it was ready")
+            # The coordinator first: once its intent is gone, a kill here leaves the rest to be undone too.
+            for f, i in sorted(parts, key=lambda p: p[0] != coordinator):
                 logger.warning("%s: undoing the publish of run %s, cut short %s", f, i["run"], why)
                 roll_back(f, i)
     for folder in folders:

@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import COPY_BYTES, dumps, write_atomic, write_error
-from ..errors import Interrupted, OutputError, first_line
+from ..errors import EvalError, Interrupted, OutputError, first_line
 from .digest import ContentHash
-from .intent import apply, check_owned, completable, finish, mark, recovered, remove_staged
-from .record import INTENT, STAGING, OutputRecord, read_intent
+from .intent import apply_all, check_owned, clean, commit_record, completable, mark, recovered, remove_staged, roll_back
+from .record import INTENT, RECORD, STAGING, OutputRecord, read_intent
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -172,14 +172,16 @@ class Staging:
 
     def plan(self, completion: tuple[str, Callable[[list[str]], bytes]] | None = None, stale: bool = False,
              remove: Iterable[str] = (), inputs: Iterable[str] = (), roles: Mapping[Path, str] | None = None,
-             way_out: str = WAY_OUT, drop_folder: bool = False) -> Staging:
+             way_out: str = WAY_OUT, drop_folder: bool = False, completes: Iterable[str] = ()) -> Staging:
         """What this folder's publish does besides putting the staged files in place. The
         completion file, if any, is made under the lock from the names removed and goes last;
         `remove`: names removed if they are still the tool's; `stale`: also the results of this
         prefix this publish does not write, but none of `inputs` (real paths); `drop_folder`: the
-        folder is removed at the end if nothing is left in it (the legacy form's hidden --save_dir)."""
+        folder is removed at the end if nothing is left in it (the legacy form's hidden --save_dir);
+        `completes`: staged files that are completion files too (SCORE_PATH, a report, the legacy
+        pseudolabel file): moved aside before anything changes in any folder, put in place last."""
         self.options = dict(completion=completion, stale=stale, remove=list(remove), inputs=list(inputs),
-                            roles=roles, way_out=way_out, drop_folder=drop_folder)
+                            roles=roles, way_out=way_out, drop_folder=drop_folder, completes=list(completes))
         return self
 
     def publish(self, *args: Any, **options: Any) -> list[str]:
@@ -222,18 +224,28 @@ class Staging:
         for n, (size, digest) in self.staged.items():
             prefix, kind = self.owners.get(n, (self.prefix, self.kind))
             files.append({"name": n, "size": size, "sha256": digest, "prefix": prefix, "kind": kind})
-        intent = {"format": 2, "run": self.id, "token": self.token, "prefix": self.prefix, "kind": self.kind,
-                  "files": files, "remove": removed, "completion": completion[0] if completion else None,
+        last = [n for n in o.get("completes", ()) if n in self.staged and (not completion or n != completion[0])]
+        last += [completion[0]] if completion else []
+        intent = {"format": 3, "run": self.id, "token": self.token, "prefix": self.prefix, "kind": self.kind,
+                  "files": files, "remove": removed, "completions": last,
+                  "had_record": os.path.lexists(self.folder / RECORD),
                   "tmp_dir": str(self.tmp_dir) if self.tmp_dir else None, "tmp_token": self.tmp_token}
         if txn is not None:
             intent["txn"] = txn
         return intent, removed
 
 
-def publish_together(stagings: Sequence[Staging]) -> list[list[str]]:
+def publish_together(stagings: Sequence[Staging], on_whole: Callable[[], None] | None = None) -> list[list[str]]:
     """Put every staging's files in place, in every folder, as one transaction (the steps in the
     module's docstring); one staging per folder, the last one the coordinator. Returns the
-    names removed in each folder."""
+    names removed in each folder. `on_whole`: called once every folder holds the new files and
+    its record, before the publish's own files are cleaned (the run marks its temp dir there).
+
+    A fault at any step (a move or a write that fails: EPERM, ENOSPC, EIO, EROFS...) is met at
+    once, under the same locks: before every folder holds its new files and record, the publish
+    is undone in every folder (the files moved aside put back, the record as it was); after,
+    it is whole, and only its leftovers remain, for the next command to clean. The message
+    says which, from what the folders hold."""
     folders = [s.folder for s in stagings]
     if len({os.path.realpath(f) for f in folders}) != len(folders):
         raise ValueError(f"one staging per folder, got {folders}")
@@ -247,18 +259,29 @@ def publish_together(stagings: Sequence[Staging]) -> list[list[str]]:
             records = [OutputRecord(s.folder) for s in stagings]
             planned = [s._intent(r, txn) for s, r in zip(stagings, records)]
             with _signals_held():
-                # The coordinator's intent last: once it is written, the transaction completes.
-                for s, (intent, _) in zip(stagings, planned):
-                    write_atomic(s.folder / INTENT, dumps(intent), s.tmp)
-                    written.append(s)
-                for s, (intent, _) in zip(stagings, planned):
-                    apply(s.folder, intent)
-                for s, r, (intent, _) in zip(stagings, records, planned):
-                    finish(s.folder, intent, r)
-                for s in stagings:
-                    if s.options.get("drop_folder"):
-                        with contextlib.suppress(OSError):
-                            os.rmdir(s.folder)
+                whole = False
+                try:
+                    # The coordinator's intent last: once it is written, the transaction completes.
+                    for s, (intent, _) in zip(stagings, planned):
+                        write_atomic(s.folder / INTENT, dumps(intent), s.tmp)
+                        written.append(s)
+                    apply_all([(s.folder, intent, None) for s, (intent, _) in zip(stagings, planned)])
+                    for s, r, (intent, _) in zip(stagings, records, planned):
+                        commit_record(s.folder, intent, r)
+                    whole = True
+                    if on_whole is not None:
+                        on_whole()
+                    # The coordinator last: its intent stays until every other folder is clean.
+                    for s, (intent, _) in zip(stagings, planned):
+                        clean(s.folder, intent)
+                    for s in stagings:
+                        if s.options.get("drop_folder"):
+                            with contextlib.suppress(OSError):
+                                os.rmdir(s.folder)
+                except (OSError, EvalError) as e:
+                    if not written:
+                        raise
+                    _met(stagings, planned, written, whole, e)
                 done = True
     except BaseException as e:
         if done:
@@ -270,26 +293,44 @@ def publish_together(stagings: Sequence[Staging]) -> list[list[str]]:
         if not written:
             for s in stagings:
                 s.discard()
-            raise
-        # The intents say what to do: done here, else by the next command in these folders. With
-        # no intent of this run's left, its own finish had cleared them all: the publish was whole.
-        try:
-            left = [s for s in stagings if (read_intent(s.folder) or {}).get("run") == s.id]
-            with recovered(folders) as completed:
-                pass
-            mine = {i["run"] for i in completed} & {s.id for s in left}
-            outcome = "completed" if not left else "completed from its staged files" if mine else "undone"
-        except Exception:
-            outcome = "left for the next command in this folder to complete or undo"
-        if isinstance(e, OSError):  # a move or a write failed: one line, as any refusal
-            where = ", ".join(str(f) for f in folders)
-            raise OutputError(f"{where}: putting the outputs in place failed ({first_line(e)}); the "
-                              f"publish was {outcome}") from e
         raise
     finally:
         for s in stagings:
             s._release()
     return [removed for _, removed in planned]
+
+
+def _met(stagings: Sequence[Staging], planned: list[tuple[dict[str, Any], list[str]]], written: list[Staging],
+         whole: bool, e: BaseException) -> None:
+    """A step of the publish failed with `e`, under the locks: undone at once, or, once every
+    folder held its new files and record, left whole with its leftovers; raises the one line
+    that says which, unless the publish is whole (then a warning, and the command goes on)."""
+    where = ", ".join(str(s.folder) for s in stagings)
+    reason = first_line(e) if isinstance(e, EvalError) else f"{e.strerror or e}" + (
+        f": {e.filename}" if getattr(e, "filename", None) else "")
+    if whole:
+        logger.warning("%s: the outputs are published; removing what the publish had moved aside failed (%s): "
+                       "the next command in %s removes it", where, reason, "these folders" if len(stagings) > 1 else "it")
+        return
+    intents = {s.id: intent for s, (intent, _) in zip(stagings, planned)}
+    coordinator = stagings[-1]
+    try:
+        # The coordinator first: once its intent is gone, what a kill leaves here is undone too.
+        for s in sorted(written, key=lambda s: s is not coordinator):
+            roll_back(s.folder, intents[s.id])
+    except OSError as again:
+        raise OutputError(f"{where}: putting the outputs in place failed ({reason}), and undoing it failed too "
+                          f"({again.strerror or again}); the intent {INTENT} and the staged files are kept: fix the "
+                          "cause, then run any command on the folder, which completes or undoes it first"
+                          f"{_resume(stagings)}") from e
+    raise OutputError(f"{where}: putting the outputs in place failed ({reason}); undone: "
+                      f"{'each folder holds' if len(stagings) > 1 else 'it holds'} what it held before{_resume(stagings)}") from e
+
+
+def _resume(stagings: Sequence[Staging]) -> str:
+    tmp = next((s.tmp_dir for s in stagings if s.tmp_dir is not None), None)
+    return (f"; this run's batches are kept in {tmp}: fix the cause, then rerun the same command with --resume"
+            if tmp is not None else "; fix the cause, then run the command again")
 
 
 @contextlib.contextmanager
@@ -320,8 +361,8 @@ def _signals_held() -> Iterator[None]:
 
 
 def publish_bytes(folder: Path, files: Mapping[str, bytes], prefix: str | None, kind: str,
-                  roles: Mapping[Path, str] | None = None, way_out: str = WAY_OUT) -> None:
-    """Small files made in memory, published as one unit."""
+                  roles: Mapping[Path, str] | None = None, way_out: str = WAY_OUT, completes: Iterable[str] = ()) -> None:
+    """Small files made in memory, published as one unit (`completes`: Staging.plan)."""
     staging = Staging(folder, prefix, kind)
     try:
         for name, data in files.items():
@@ -329,7 +370,7 @@ def publish_bytes(folder: Path, files: Mapping[str, bytes], prefix: str | None, 
     except BaseException:
         staging.discard()
         raise
-    staging.publish(roles=roles, way_out=way_out)
+    staging.publish(roles=roles, way_out=way_out, completes=completes)
 
 
 def pending(folder: Path) -> tuple[dict[str, Any], bool] | None:

@@ -103,7 +103,8 @@ def read_intent(folder: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("files"), list):
             raise ValueError("not this tool's intent")
-        names = [f.get("name") for f in data["files"]] + list(data.get("remove") or []) + [data.get("run")]
+        names = ([f.get("name") for f in data["files"]] + list(data.get("remove") or [])
+                 + list(data.get("completions") or []) + [data.get("run")])
         if not all(_plain(n) for n in names):
             raise ValueError("a name that is not a plain file name")
         # The run's token, which its staging folder carries too (outputs/intent.py): without it

@@ -90,6 +90,7 @@ def write_outputs(
     tail_since: float | None = None,
     tmp_token: str | None = None,
     also: Callable[[dict[str, Any], Staging], list[Staging]] | None = None,
+    on_whole: Callable[[], None] | None = None,
 ) -> tuple[list[Path], dict[str, Any], MetricTotals | None]:
     """Write every output in one pass over the examples in data order into a staging folder
     inside --save_dir, then publish them as one unit (outputs/publish.py), so a failure or a kill
@@ -105,7 +106,7 @@ def write_outputs(
     recovery removes it only while it does). `also(summary, staging)`: the files the command
     writes besides (the legacy form's SAVE_PATH and SCORE_PATH), added to this staging or staged
     in their own folders; returns every staging to publish, --save_dir's last if it is among them:
-    one transaction over all those folders."""
+    one transaction over all those folders. `on_whole`: publish_together's."""
     save_dir = Path(cfg.save_dir)
     n_refs = store.max_references if cfg.debug else 1
     planned = planned_outputs(cfg, n_refs)
@@ -186,7 +187,9 @@ def write_outputs(
 
     inputs = {os.path.realpath(r.path) for r in run_inputs(cfg)}
     roles = {r.path: r.what for r in run_outputs(cfg, n_refs)}
-    staging.plan((planned[-1].name, metric_file), stale=True, inputs=inputs, roles=roles)
+    # The legacy pseudolabel file is a result a reader takes as complete too: placed last as well.
+    staging.plan((planned[-1].name, metric_file), stale=True, inputs=inputs, roles=roles,
+                 completes=[paths["legacy"].name] if "legacy" in paths else [])
     together = [staging]
     if also is not None:
         try:
@@ -194,7 +197,7 @@ def write_outputs(
         except BaseException:
             staging.discard()
             raise
-    removed = publish_together(together)[together.index(staging)] if staging in together else []
+    removed = publish_together(together, on_whole)[together.index(staging)] if staging in together else []
     for name in removed:
         logger.info("removed %s: an earlier run's result, not written by this run", save_dir / name)
     return planned, summary, totals

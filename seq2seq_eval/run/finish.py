@@ -29,7 +29,7 @@ from .presence import wait_for_ranks_to_leave
 from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
 from .sharedtail import missing_parts, spill_file, wait_for_parts, write_my_part
 from .presence import mark_done
-from .tmpdir import cleanup_tmp_dir, tmp_token
+from .tmpdir import cleanup_tmp_dir, mark_published, tmp_token
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -245,10 +245,18 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
         rows = gathered(outputs, order, columns_taken(roles(cfg), cfg.scored), spill_file(tmp_dir, "all", 0))
         if model_scores:
             rows = with_model_scores(rows, model_scores)
+    token = tmp_token(tmp_dir)
+
+    def whole() -> None:
+        # The outputs are in place in every folder: from here a signal, a kill or a fault leaves
+        # a complete run, said so, and its temp dir is the next command's to clear, not to resume.
+        if progress is not None:
+            progress["published"] = True
+        if not cfg.debug:
+            mark_published(tmp_dir, token)
+
     written, summary, totals = write_outputs(cfg, prep.store, rows, summarize, tail_since=t_merge,
-                                             tmp_token=tmp_token(tmp_dir), also=also)
-    if progress is not None:
-        progress["published"] = True
+                                             tmp_token=token, also=also, on_whole=whole)
     # The rank files are memory-mapped: drop the last references (summarize's too) before they are removed.
     table = outputs = None
     mark_done(tmp_dir)  # the other ranks may go now (runner._wait_for_main)

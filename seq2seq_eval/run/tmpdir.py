@@ -38,8 +38,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import write_json_atomic
-from ..errors import OutputError, RunStateError
+from ..atomic import dumps, write_atomic, write_json_atomic
+from ..errors import EvalError, OutputError, RunStateError
 from ..outputs.locations import Role
 from .journal import journal_files
 from .steal import CLAIMS, claims_dir
@@ -49,6 +49,8 @@ LOCK = "run.lock"
 STOPPED = "rank0.stopped"  # rank 0 was interrupted and reports for itself (see runner)
 DONE = "rank0.done"  # rank 0 wrote the outputs: the other ranks may exit (see runner)
 MARKER = ".seq2seq_eval_tmp"
+FOLDER_KEY = "tmp_dir_token"
+"""The manifest's copy of the marker's folder token: a manifest without it is not this folder's."""
 OWN = re.compile(
     r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl"
     r"|rank_\d+_output\.(arrow|arrow\.partial|json)|rank_\d+\.present|claims/([a-z][a-z0-9]*_)?\d+"
@@ -65,6 +67,8 @@ _WRITING = re.compile(r"\.(.+)\.\d+\.tmp")  # atomic.write_atomic's and the cach
 def is_own(relative: str) -> bool:
     """Whether a path inside a temp dir (relative to it) is one the tool makes there."""
     folder, _, name = relative.rpartition("/")
+    if not folder and _MARKER_WRITING.fullmatch(name):
+        return True
     writing = _WRITING.fullmatch(name)
     if writing:
         relative = f"{folder}/{writing.group(1)}" if folder else writing.group(1)
@@ -91,11 +95,54 @@ def _is_our_manifest(path: Path) -> bool:
     return isinstance(data, dict) and {"model", "data", "plan", "generation"} <= set(data)
 
 
-def _marked(tmp_dir: Path) -> bool:
+_TOKEN = re.compile(r"[0-9a-f]{32}")
+_MARKER_WRITING = re.compile(r"\.seq2seq_eval_tmp\.([0-9a-f]{32})\.tmp")
+"""The marker's own temporary file while it is written: named by the marker's folder token, so a
+kill between its write and its rename leaves a file the next command knows by that token."""
+
+
+def read_marker(tmp_dir: Path) -> dict[str, Any] | None:
+    """The temp dir's marker when it is one the tool wrote: the tool's name, the folder's token
+    (`folder`, written once, when the tool first claims the folder; its manifest carries it
+    too) and the token of the run that last claimed it (`token`). A marker without both tokens
+    (an earlier release's, or one written by hand) is not the tool's: None."""
     try:
-        return json.loads((tmp_dir / MARKER).read_text(encoding="utf-8")).get("tool") == "seq2seq_eval"
-    except (OSError, ValueError, AttributeError):
-        return False
+        data = json.loads((tmp_dir / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(data, dict) and data.get("tool") == "seq2seq_eval"
+            and all(isinstance(data.get(k), str) and _TOKEN.fullmatch(data[k]) for k in ("folder", "token"))):
+        return None
+    return data
+
+
+def _marked(tmp_dir: Path) -> bool:
+    return read_marker(tmp_dir) is not None
+
+
+def _write_marker(tmp_dir: Path, marker: Mapping[str, Any]) -> None:
+    """The marker written whole in one step: its temporary file carries the folder token in its
+    name (_MARKER_WRITING), then is renamed into place."""
+    write_atomic(tmp_dir / MARKER, dumps(dict(marker)), name=f"{MARKER}.{marker['folder']}.tmp")
+
+
+def _half_made_markers(tmp_dir: Path) -> list[str]:
+    """The markers a kill left half made in a folder that holds no marker: regular files named
+    by a token (_MARKER_WRITING) that are empty or hold a marker of that token. Nothing else."""
+    found = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp_dir):
+            m = _MARKER_WRITING.fullmatch(name)
+            if m is None or not os.path.isfile(tmp_dir / name) or os.path.islink(tmp_dir / name):
+                continue
+            try:
+                data = (tmp_dir / name).read_bytes()
+                if data and json.loads(data).get("folder") != m.group(1):
+                    continue
+            except (OSError, ValueError, AttributeError):
+                continue
+            found.append(name)
+    return found
 
 
 def _links(tmp_dir: Path) -> list[str]:
@@ -125,8 +172,15 @@ def claim_tmp_dir(tmp_dir: Path, inputs: Sequence[Role] = (), create: bool = Tru
     elif not tmp_dir.is_dir():
         raise OutputError(f"--tmp_dir {tmp_dir}: is a file; expected a folder (created if missing)")
     else:
-        entries = _entries(tmp_dir)
-        if not _marked(tmp_dir) and entries:
+        marker = read_marker(tmp_dir)
+        half = _half_made_markers(tmp_dir) if marker is None else []
+        entries = [e for e in _entries(tmp_dir) if e not in half]
+        if marker is None and entries:
+            if MARKER in entries:
+                raise RunStateError(
+                    f"--tmp_dir {tmp_dir}: holds a {MARKER} marker without the tokens seq2seq_eval writes in its own "
+                    "(an earlier release's, or one written by hand), so its files are not known to be seq2seq_eval's; "
+                    "nothing there was touched: give another --tmp_dir, or remove that folder if it is an old temp dir")
             if (tmp_dir / MANIFEST).exists() and not _is_our_manifest(tmp_dir / MANIFEST):
                 entries = [f"{MANIFEST} (not a seq2seq_eval manifest)", *(e for e in entries if e != MANIFEST)]
             shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
@@ -142,6 +196,17 @@ def claim_tmp_dir(tmp_dir: Path, inputs: Sequence[Role] = (), create: bool = Tru
                 "neither writes nor removes anything through a link in its temp dir: remove the link, or give "
                 "another --tmp_dir"
             )
+        if marker is not None:
+            _check_manifest_token(tmp_dir, marker["folder"])
+        if half and create:
+            # A kill as the marker was written: the half-made marker carries which folders that
+            # claim made, and goes; the folder is then the empty folder it was.
+            for name in half:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    data = (tmp_dir / name).read_bytes()
+                    made = list((json.loads(data) if data else {}).get("made") or [])
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp_dir / name)
     for r in inputs:
         try:
             rel = Path(os.path.realpath(r.path)).relative_to(os.path.realpath(tmp_dir))
@@ -151,7 +216,27 @@ def claim_tmp_dir(tmp_dir: Path, inputs: Sequence[Role] = (), create: bool = Tru
             raise OutputError(f"{r.path}: {r.what} is a file of the temp dir, which the run removes; "
                               "expected inputs outside --tmp_dir")
     if create and not _marked(tmp_dir):
-        write_json_atomic(tmp_dir / MARKER, {"tool": "seq2seq_eval", "made": made})
+        # Both tokens in the first write: there is never a marker of the tool's without them.
+        _write_marker(tmp_dir, {"tool": "seq2seq_eval", "folder": secrets.token_hex(16),
+                                "token": secrets.token_hex(16), "made": made})
+
+
+def _manifest_carries(tmp_dir: Path, folder_token: str | None) -> bool:
+    try:
+        token = json.loads((tmp_dir / MANIFEST).read_text(encoding="utf-8")).get(FOLDER_KEY)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return folder_token is not None and token == folder_token
+
+
+def _check_manifest_token(tmp_dir: Path, folder_token: str) -> None:
+    """A manifest in a marked temp dir must carry the marker's folder token: one that does not
+    (copied in, written by hand, or an earlier release's) is not read as this folder's run."""
+    if os.path.lexists(tmp_dir / MANIFEST) and not _manifest_carries(tmp_dir, folder_token):
+        raise RunStateError(
+            f"--tmp_dir {tmp_dir}: {MANIFEST} does not carry the token of the folder's {MARKER} marker, so it was "
+            "not written by seq2seq_eval for this temp dir (copied in, written by hand, or an earlier release's); "
+            "nothing there was touched: give another --tmp_dir, or remove that folder to start over")
 
 
 def _through_link(tmp_dir: Path, rel: str) -> bool:
@@ -166,25 +251,43 @@ def _through_link(tmp_dir: Path, rel: str) -> bool:
 
 def tmp_token(tmp_dir: Path) -> str | None:
     """The token of the run that last claimed the temp dir (its marker's), or None."""
-    try:
-        token = json.loads((tmp_dir / MARKER).read_text(encoding="utf-8")).get("token")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return token if isinstance(token, str) and token else None
+    marker = read_marker(tmp_dir)
+    return marker["token"] if marker is not None else None
+
+
+def folder_token(tmp_dir: Path) -> str | None:
+    """The temp dir's own token (its marker's `folder`), which its manifest carries; or None."""
+    marker = read_marker(tmp_dir)
+    return marker["folder"] if marker is not None else None
 
 
 def new_token(tmp_dir: Path) -> str:
     """Rank 0, holding the run lock: the marker carries a fresh token, this run's. A publish
     names it, and a recovery that completes that publish removes the temp dir only while the
     marker still carries it: once another run (a --resume too) has claimed the folder, it is
-    that run's, whatever its path."""
+    that run's, whatever its path. A temp dir whose run was published (mark_published) holds
+    nothing to resume: what that run left there is removed first."""
+    marker = read_marker(tmp_dir)
+    if marker is None:
+        raise RunStateError(f"--tmp_dir {tmp_dir}: its {MARKER} marker is gone or not the tool's; give another --tmp_dir")
+    if marker.get("published"):
+        _remove_own_files(tmp_dir, keep=(MARKER, LOCK))
+        logger.info("%s: removed what the run published from here had left (its outputs were in place)", tmp_dir)
     token = secrets.token_hex(16)
-    try:
-        made = json.loads((tmp_dir / MARKER).read_text(encoding="utf-8")).get("made") or []
-    except (OSError, ValueError, AttributeError):
-        made = []
-    write_json_atomic(tmp_dir / MARKER, {"tool": "seq2seq_eval", "made": made, "token": token})
+    _write_marker(tmp_dir, {"tool": "seq2seq_eval", "folder": marker["folder"], "made": marker.get("made") or [],
+                            "token": token})
     return token
+
+
+def mark_published(tmp_dir: Path, token: str | None) -> None:
+    """The run with `token` has its outputs in place: said in the marker before the run removes
+    its files here, so that a kill or a signal while it removes them leaves a folder the next
+    command clears (new_token), never one it refuses as an unfinished run."""
+    marker = read_marker(tmp_dir)
+    if marker is None or token is None or marker["token"] != token:
+        return
+    with contextlib.suppress(OSError, EvalError):  # then the next command is told to --resume: still safe
+        _write_marker(tmp_dir, {**marker, "published": True})
 
 
 def remove_finished_tmp_dir(tmp_dir: Path, token: str | None) -> None:
@@ -210,7 +313,7 @@ def remove_finished_tmp_dir(tmp_dir: Path, token: str | None) -> None:
 
 
 def compare_manifests(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    keys = sorted(set(old) | set(new))
+    keys = sorted((set(old) | set(new)) - {FOLDER_KEY})
     return [k for k in keys if old.get(k) != new.get(k)]
 
 
@@ -268,8 +371,8 @@ def refuse_earlier_run(tmp_dir: Path, resume: bool) -> None:
     an error (check_tmp_dir compares the manifests once this run's is known). A run that stopped
     before journaling any batch left nothing to resume or to lose: the next run starts over."""
     journals = finished_journals(tmp_dir)
-    if not journals:
-        return
+    if not journals or (read_marker(tmp_dir) or {}).get("published"):
+        return  # nothing, or a published run's leftovers (new_token removes them)
     if not (tmp_dir / MANIFEST).exists():
         raise RunStateError(f"{tmp_dir} holds journals but no manifest; remove {tmp_dir} to start over")
     if not resume:
@@ -305,7 +408,7 @@ def check_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) -> b
     """
     path = tmp_dir / MANIFEST
     refuse_earlier_run(tmp_dir, resume)
-    if not path.exists() or not finished_journals(tmp_dir):
+    if not path.exists() or not finished_journals(tmp_dir) or (read_marker(tmp_dir) or {}).get("published"):
         return False
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
@@ -330,7 +433,7 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
     files a resumed run found."""
     path = tmp_dir / MANIFEST
     if not check_tmp_dir(tmp_dir, manifest, resume):
-        write_json_atomic(path, dict(manifest))
+        write_json_atomic(path, {**manifest, FOLDER_KEY: folder_token(tmp_dir)})
     journals = journal_files(tmp_dir)
     # Rank files are re-derived from the journals at the end of every run; an old one left by a
     # run with another world size must never be merged into this one.
@@ -348,24 +451,30 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
     return len(journals)
 
 
-def cleanup_tmp_dir(tmp_dir: Path) -> None:
-    """Remove the files the tool made in its temp dir (OWN), then the folders it made, if
-    nothing else is left in them. A folder without the marker is not the tool's: left alone."""
-    if not _marked(tmp_dir):
-        return
-    try:
-        made = json.loads((tmp_dir / MARKER).read_text(encoding="utf-8")).get("made") or []
-    except (OSError, ValueError, AttributeError):
-        made = []
+def _remove_own_files(tmp_dir: Path, keep: Sequence[str] = (MARKER,)) -> None:
+    """The files the tool makes in its temp dir (OWN), found without following a link (a link in
+    their place, or in a folder's, is not the tool's, and nothing is removed through one), but
+    `keep`; then its own folders if empty."""
+    token = (read_marker(tmp_dir) or {}).get("folder")
     for rel in _entries(tmp_dir):
-        # Only the tool's regular files, found without following a link: a link in their place
-        # (or in a folder's) is not the tool's, and nothing is removed through one.
-        if is_own(rel) and rel != MARKER and not _through_link(tmp_dir, rel):
+        if rel == MANIFEST and not _manifest_carries(tmp_dir, token):
+            continue  # not this folder's manifest (_check_manifest_token): not the tool's to remove
+        if is_own(rel) and rel not in keep and not _through_link(tmp_dir, rel):
             with contextlib.suppress(OSError):
                 (tmp_dir / rel).unlink()
     for folder in _OWN_FOLDERS:
         with contextlib.suppress(OSError):
             (tmp_dir / folder).rmdir()
+
+
+def cleanup_tmp_dir(tmp_dir: Path) -> None:
+    """Remove the files the tool made in its temp dir (OWN), then the folders it made, if
+    nothing else is left in them. A folder without the tool's marker is not the tool's: left alone."""
+    marker = read_marker(tmp_dir)
+    if marker is None:
+        return
+    made = marker.get("made") or []
+    _remove_own_files(tmp_dir)
     with contextlib.suppress(OSError):
         (tmp_dir / MARKER).unlink()
     for folder in sorted(made, key=len, reverse=True):  # the deepest first
