@@ -72,6 +72,8 @@ class EvalConfig:
     """The references of --input_path, one per line; without it the run only generates."""
     save_dir: str = "eval_results"
     """Where the metrics, generations and pseudolabels are written."""
+    save_dir_of: str = ""
+    """Not an option: set by the legacy form given no --save_dir to its SAVE_PATH, whose hidden folder (.NAME.seq2seq_eval beside it) is then the save folder; messages name that folder and SAVE_PATH, not --save_dir."""
     type_path: str = "test"
     """Split name: reads {data_dir}/{type_path}.source and .target."""
     task: str = "translation"

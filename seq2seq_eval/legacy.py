@@ -193,6 +193,7 @@ def build_legacy(argv: Sequence[str]) -> tuple[EvalConfig, LegacyOutputs]:
         # The project's own outputs are written next to SAVE_PATH, copied out, then removed; its
         # temp dir (journals for --resume) is named after SAVE_PATH, so every rank finds it.
         values["save_dir"] = str(save_path.parent / f".{save_path.name}.seq2seq_eval")
+        values["save_dir_of"] = str(save_path)
     values["generate_kwargs"] = parse_generate_kwargs(rest)
     cfg = EvalConfig(**values)
     # Scores where the run computes them: with references, or reference-free metrics alone.

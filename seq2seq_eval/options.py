@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     docs = field_docs()
     for f in fields(EvalConfig):
-        if f.name == "generate_kwargs":
+        if f.name in ("generate_kwargs", "save_dir_of"):  # no option: set by the code (save_dir_of: legacy.py)
             continue
         if f.name == "metric_options":
             add_metric_arguments(parser)  # each model metric's own flags, and the shared ones

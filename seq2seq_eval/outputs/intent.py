@@ -18,6 +18,7 @@ folder is done, so it is there whenever another folder still holds its intent.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..atomic import fsync_dir
+from ..atomic import fsync_dir, write_atomic
 from ..errors import OutputError
 from .digest import file_digest
 from .record import INTENT, RECORD, STAGING, Entry, OutputRecord, locked, read_intent
@@ -179,9 +180,15 @@ def commit_record(folder: Path, intent: Mapping[str, Any], record: OutputRecord)
                                 f["size"], f["sha256"], completion=f["name"] in completions(intent))
                for f in intent["files"]}
     root = dirs(folder, intent)[0]
-    if os.path.lexists(folder / RECORD) and not os.path.lexists(root / RECORD_OLD):
-        os.link(folder / RECORD, root / RECORD_OLD)
     os.makedirs(root / "tmp", exist_ok=True)
+    if os.path.lexists(folder / RECORD) and not os.path.lexists(root / RECORD_OLD):
+        try:
+            os.link(folder / RECORD, root / RECORD_OLD)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EMLINK):
+                raise
+            # A filesystem without hard links (FAT, some network and FUSE mounts): a copy.
+            write_atomic(root / RECORD_OLD, (folder / RECORD).read_bytes(), root / "tmp")
     record.commit(written, intent["remove"], root / "tmp")
 
 
@@ -207,32 +214,54 @@ def finish(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -> Non
     clean(folder, intent)
 
 
-def roll_back(folder: Path, intent: Mapping[str, Any]) -> None:
-    """Undo a publish that cannot be completed: each new file in place removed, each file moved
-    aside put back, the record as it was. A file moved aside whose place someone has taken since
-    stays in the staging folder (said in a warning), never over theirs."""
-    root, new, old = dirs(folder, intent)
-    for f in reversed(intent["files"]):
-        name = f["name"]
-        target = folder / name
-        if not os.path.lexists(new / name) and _holds(target, f):
-            os.unlink(target)
-    for name in [*(f["name"] for f in intent["files"]), *intent["remove"]]:
-        if os.path.lexists(old / name):
+def roll_back_all(parts: list[tuple[Path, Mapping[str, Any]]]) -> None:
+    """Undo a publish that cannot be completed, in every folder of it, in the reverse of
+    apply_all's rounds: each new completion file in place removed, in every folder; then, folder
+    after folder, each other new file removed and each file moved aside put back; then the
+    completion files moved aside put back, each folder's record as it was, its intent cleared.
+    So at no instant does a completion file stand beside files of another run, in any folder.
+    A file moved aside whose place someone has taken since stays in the staging folder (said in
+    a warning), never over theirs."""
+
+    def unplace(folder: Path, intent: Mapping[str, Any], which: bool) -> None:
+        new = dirs(folder, intent)[1]
+        for f in reversed(intent["files"]):
+            if (f["name"] in completions(intent)) == which and not os.path.lexists(new / f["name"]) and _holds(folder / f["name"], f):
+                os.unlink(folder / f["name"])
+
+    def put_back(folder: Path, intent: Mapping[str, Any], which: bool) -> None:
+        old = dirs(folder, intent)[2]
+        for name in dict.fromkeys([*(f["name"] for f in intent["files"]), *intent["remove"]]):
+            if (name in completions(intent)) != which or not os.path.lexists(old / name):
+                continue
             if os.path.lexists(folder / name):
                 logger.warning("%s: taken since a publish moved the tool's file aside; that file is kept as %s",
                                folder / name, old / name)
                 continue
             os.rename(old / name, folder / name)
-    if os.path.lexists(root / RECORD_OLD):
-        os.replace(root / RECORD_OLD, folder / RECORD)  # a no-op on the same file: then unlinked
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(root / RECORD_OLD)
-    elif intent.get("had_record") is False and os.path.lexists(folder / RECORD):
-        os.unlink(folder / RECORD)  # this publish wrote the first one (under the lock: no one else did)
-    os.unlink(folder / INTENT)
-    fsync_dir(folder)
-    remove_staged(root)
+
+    for folder, intent in parts:
+        unplace(folder, intent, True)
+    for folder, intent in parts:
+        unplace(folder, intent, False)
+        put_back(folder, intent, False)
+    for folder, intent in parts:
+        root = dirs(folder, intent)[0]
+        put_back(folder, intent, True)
+        if os.path.lexists(root / RECORD_OLD):
+            os.replace(root / RECORD_OLD, folder / RECORD)  # a no-op on the same file: then unlinked
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(root / RECORD_OLD)
+        elif intent.get("had_record") is False and os.path.lexists(folder / RECORD):
+            os.unlink(folder / RECORD)  # this publish wrote the first one (under the lock: no one else did)
+        os.unlink(folder / INTENT)
+        fsync_dir(folder)
+        remove_staged(root)
+
+
+def roll_back(folder: Path, intent: Mapping[str, Any]) -> None:
+    """One folder's undo (roll_back_all)."""
+    roll_back_all([(folder, intent)])
 
 
 def remove_staged(root: Path) -> None:
@@ -402,9 +431,10 @@ def recover_locked(folders: Iterable[Path]) -> list[dict[str, Any]]:
             why = ("with staged files missing" if committed else "before it was whole" if any(i.get("undo") for _, i in parts)
                    else "before every folder of it was ready")
             # The coordinator first: once its intent is gone, a kill here leaves the rest to be undone too.
-            for f, i in sorted(parts, key=lambda p: p[0] != coordinator):
+            ordered = sorted(parts, key=lambda p: p[0] != coordinator)
+            for f, i in ordered:
                 logger.warning("%s: undoing the publish of run %s, cut short %s", f, i["run"], why)
-                roll_back(f, i)
+            roll_back_all(ordered)
     for folder in folders:
         if folder.is_dir():
             remove_abandoned(folder)

@@ -113,7 +113,17 @@ def run_inputs(cfg: EvalConfig) -> list[Role]:
 
 
 def run_outputs(cfg: EvalConfig, n_refs: int = 1) -> list[Role]:
-    return [Role(p, f"output {p.name} of --save_dir") for p in planned_outputs(cfg, n_refs)]
+    return [Role(p, f"output {p.name} of {save_dir_flag(cfg)}") for p in planned_outputs(cfg, n_refs)]
+
+
+def save_dir_flag(cfg: EvalConfig) -> str:
+    """How messages name the save folder: --save_dir, or the legacy form's hidden folder."""
+    return f"the hidden folder of SAVE_PATH {cfg.save_dir_of}" if cfg.save_dir_of else "--save_dir"
+
+
+def save_dir_way_out(cfg: EvalConfig) -> str:
+    return ("move it away (that folder holds only seq2seq_eval's own files) or name another SAVE_PATH"
+            if cfg.save_dir_of else "move it away or pick another --save_dir")
 
 
 def check_paths(writes: Sequence[Role], reads: Sequence[Role], folders: Iterable[tuple[str, Path]] = ()) -> None:
@@ -203,7 +213,7 @@ def _try_once(flag: str, folder: Path, names: list[str]) -> None:
 
 
 def output_folders(cfg: EvalConfig, extra: Sequence[tuple[str, Path]] = ()) -> list[tuple[str, Path]]:
-    return [("--save_dir", Path(cfg.save_dir)), ("--tmp_dir", Path(cfg.tmp_dir)), *extra]
+    return [(save_dir_flag(cfg), Path(cfg.save_dir)), ("--tmp_dir", Path(cfg.tmp_dir)), *extra]
 
 
 def try_folders(cfg: EvalConfig, extra_writes: Sequence[Role] = (), extra_folders: Sequence[tuple[str, Path]] = ()) -> None:
@@ -221,6 +231,23 @@ def try_folders(cfg: EvalConfig, extra_writes: Sequence[Role] = (), extra_folder
         seen.add(real)
         made = names.get(real, [])
         try_folder(flag, folder, [*dict.fromkeys(made), *((RECORD, INTENT, STAGING) if made else ())])
+        if made:
+            check_bookkeeping(flag, Path(folder))
+
+
+def check_bookkeeping(flag: str, folder: Path) -> None:
+    """The names the publish uses in `folder`, as they are there now: its staging folder must be a
+    folder (not a link, not a file), its record and intent files (not links, not folders), or
+    absent; else the publish would fail after all the work, so it is said before any."""
+    for name, want_dir in ((STAGING, True), (RECORD, False), (INTENT, False)):
+        path = Path(os.path.abspath(folder.expanduser())) / name
+        if not os.path.lexists(path):
+            continue
+        if os.path.islink(path) or (path.is_dir() != want_dir):
+            what = "a link" if os.path.islink(path) else "a folder" if path.is_dir() else "a file"
+            raise OutputError(f"{flag} {folder}: {path} is {what}, where seq2seq_eval keeps its own "
+                              f"{'staging folder' if want_dir else 'bookkeeping file'} while it publishes; "
+                              "remove it, or pick another folder")
 
 
 def check_apart(cfg: EvalConfig) -> None:
@@ -263,9 +290,9 @@ def check_output_locations(cfg: EvalConfig, extra_writes: Sequence[Role] = (), n
     save_dir = Path(cfg.save_dir)
     check_apart(cfg)
     outputs = run_outputs(cfg, n_refs)
-    writes = [*outputs, Role(save_dir / RECORD, f"the record {RECORD} of --save_dir"), *extra_writes]
+    writes = [*outputs, Role(save_dir / RECORD, f"the record {RECORD} of {save_dir_flag(cfg)}"), *extra_writes]
     check_paths(writes, run_inputs(cfg))
     if save_dir.is_dir():
         OutputRecord(save_dir).check_writable([r.path for r in outputs], cfg.output_prefix,
-                                              {r.path: r.what for r in outputs})
+                                              {r.path: r.what for r in outputs}, save_dir_way_out(cfg))
     check_named(extra_writes)

@@ -18,17 +18,24 @@ transaction for the whole sequence (taken in one order), `publish_together`:
    run-info file, whose presence means that a run completed) and, with several folders, the
    transaction: its token, its folders and its coordinator, whose intent is written last (the
    commit point);
-4. in each folder moves aside (into .../<run id>/old/) the completion files first, then each
-   other file it removes or replaces, renaming each new file into place, its completion file last;
-5. in each folder, the coordinator last: writes the record, .seq2seq_eval_outputs.json, deletes
-   what it moved aside, clears the intent and removes its staging folder.
+4. moves aside (into .../<run id>/old/) the completion files of every folder first (the metric or
+   run-info file, SCORE_PATH, a report, the legacy pseudolabel file), then, folder after folder,
+   each other file it removes or replaces, renaming each new file into place, and every new
+   completion file last (intent.apply_all);
+5. writes each folder's record, .seq2seq_eval_outputs.json, the one it replaces kept as a hard
+   link in the staging folder: from here the publish is whole;
+6. in each folder, the coordinator last: deletes what it moved aside, clears the intent and
+   removes its staging folder.
 
-SIGINT and SIGTERM wait from step 3 to the end of step 5 (when the command handles them), so a
-signal there ends the command with the outputs published, and says so. A publisher killed
-anywhere in 3-5 leaves intents; the next command on any of those folders, under the locks of
+SIGINT and SIGTERM wait from step 3 to the end of step 6 (when the command handles them), so a
+signal there ends the command with the outputs published, and says so. A fault in 3-5 (a move
+or a write that fails) is undone at once, under the same locks, in every folder (intent.roll_back_all);
+one in 6 leaves the publish whole and its leftovers to the next command. A publisher killed
+anywhere in 3-6 leaves intents; the next command on any of those folders, under the locks of
 them all and before anything else, completes every folder (past the commit point, with every
 new file still there: staged, or in place with the bytes the intent names) or undoes every one
-(the files moved aside go back). Two publishers into one folder run one after the other.
+(the files moved aside go back, the records as they were). Two publishers into one folder run
+one after the other.
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from typing import Any
 from ..atomic import COPY_BYTES, dumps, write_atomic, write_error
 from ..errors import EvalError, Interrupted, OutputError, first_line
 from .digest import ContentHash
-from .intent import apply_all, check_owned, clean, commit_record, completable, mark, recovered, remove_staged, roll_back
+from .intent import apply_all, check_owned, clean, commit_record, completable, mark, recovered, remove_staged, roll_back_all
 from .record import INTENT, RECORD, STAGING, OutputRecord, read_intent
 
 logger = logging.getLogger("seq2seq_eval")
@@ -316,8 +323,7 @@ def _met(stagings: Sequence[Staging], planned: list[tuple[dict[str, Any], list[s
     coordinator = stagings[-1]
     try:
         # The coordinator first: once its intent is gone, what a kill leaves here is undone too.
-        for s in sorted(written, key=lambda s: s is not coordinator):
-            roll_back(s.folder, intents[s.id])
+        roll_back_all([(s.folder, intents[s.id]) for s in sorted(written, key=lambda s: s is not coordinator)])
     except OSError as again:
         raise OutputError(f"{where}: putting the outputs in place failed ({reason}), and undoing it failed too "
                           f"({again.strerror or again}); the intent {INTENT} and the staged files are kept: fix the "

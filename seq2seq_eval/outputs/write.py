@@ -18,7 +18,7 @@ from ..inputs.examples import Example
 # characters line splitters break at escaped, for a line of a JSON Lines file.
 from .jsonl import encode, encode_line
 from ..scoring.totals import MetricTotals
-from .locations import _one_line, planned_outputs, run_inputs, run_outputs
+from .locations import _one_line, planned_outputs, run_inputs, run_outputs, save_dir_way_out
 from .parts import Parts, add_scores, complete, concatenated, legacy_ends, scores_of
 from .publish import Staging, publish_together
 from .record import OutputRecord
@@ -114,7 +114,7 @@ def write_outputs(
     # Checked before any work too; again here, as the user may have put a file there since (and
     # once more under the folder's lock as the files are published).
     if save_dir.is_dir():
-        OutputRecord(save_dir).check_writable(planned, prefix)
+        OutputRecord(save_dir).check_writable(planned, prefix, way_out=save_dir_way_out(cfg))
     names = iter(planned)
     paths = {"gen": next(names)}
     if cfg.pseudolabels:
@@ -188,7 +188,7 @@ def write_outputs(
     inputs = {os.path.realpath(r.path) for r in run_inputs(cfg)}
     roles = {r.path: r.what for r in run_outputs(cfg, n_refs)}
     # The legacy pseudolabel file is a result a reader takes as complete too: placed last as well.
-    staging.plan((planned[-1].name, metric_file), stale=True, inputs=inputs, roles=roles,
+    staging.plan((planned[-1].name, metric_file), stale=True, inputs=inputs, roles=roles, way_out=save_dir_way_out(cfg),
                  completes=[paths["legacy"].name] if "legacy" in paths else [])
     together = [staging]
     if also is not None:
