@@ -100,10 +100,13 @@ def test_what_a_reader_sees_differ_still_differs(a, b):
 
 # ---------------------------------------------------------------- a column that holds its own reference
 
-def _block(references: list[list[str]], column: list[str], ids: list | None = None) -> Block:
+def _block(references: list[list[str]], column: list[str], by_set: bool = False) -> Block:
+    """Examples with their references per example, or (`by_set`) as a text per example for each
+    reference (the layout of reference files and of several target columns)."""
     n = len(references)
-    return Block(ids or [f"e{i}" for i in range(n)], [f"source {i}" for i in range(n)], references,
-                 fields=[{"gloss": c} for c in column])
+    sets = [list(t) for t in zip(*references)] if by_set else None
+    return Block([f"e{i}" for i in range(n)], [f"source {i}" for i in range(n)], None if by_set else references,
+                 sets, fields=[{"gloss": c} for c in column])
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -123,12 +126,13 @@ def test_a_reference_with_invisible_characters_anywhere_is_still_found(seed):
         leaks._check_rows(_block(references, column), ["gloss"], "data")
 
 
+@pytest.mark.parametrize("by_set", [False, True])
 @pytest.mark.parametrize("n, matched", [(2, 1), (3, 2), (3, 1), (3, 0)])
-def test_the_refusal_names_the_reference_that_matched(n, matched):
+def test_the_refusal_names_the_reference_that_matched(n, matched, by_set):
     references = [[f"other {k}" for k in range(n)], [f"reference number {k}" for k in range(n)]]
     column = ["a gloss", f"REFERENCE  number {matched}"]
     with pytest.raises(ConfigError) as e:
-        leaks._check_rows(_block(references, column), ["gloss"], "data")
+        leaks._check_rows(_block(references, column, by_set), ["gloss"], "data")
     assert f"holds its reference {matched + 1} (of {n}) 'reference number {matched}' (compared as a reader " \
            in str(e.value), str(e.value)
 

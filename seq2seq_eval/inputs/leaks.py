@@ -95,7 +95,7 @@ def normalised(texts: Sequence[str | None] | pa.Array | pa.ChunkedArray) -> pa.A
             joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array([0, len(part)], pa.int64()), part),
                                     pa.scalar("\n", pa.large_string()))
             parts.append(pc.split_pattern(pa.array([folded(joined[0].as_py())], pa.large_string()), "\n").flatten())
-        out = pc.replace_with_mask(out, wide, pa.concat_arrays(parts).cast(pa.string()))
+        out = pc.replace_with_mask(out, wide, pa.concat_arrays(parts).cast(array.type))
     return pc.utf8_trim_whitespace(pc.binary_join(pc.utf8_split_whitespace(out), " "))
 
 
