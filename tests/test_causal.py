@@ -248,10 +248,12 @@ def test_other_columns_of_the_input_fill_the_template(tiny, tmp_path):
 
 # ---------------------------------------------------------------- references never reach a prompt unless asked
 
-# Row "b"'s gloss is its reference in other case and spacing: a reference column under another name.
+# Row "b"'s gloss is its reference in other case and spacing, with invisible characters (a soft hyphen,
+# a zero-width space): a reference column under another name.
 LEAK_ROWS = [{"id": "a", "source": "the cat sat", "target": "die Katze sass", "lang": "de", "gloss": "cat",
               "translation": {"en": "the cat sat", "de": "die Katze sass", "fr": "le chat"}},
-             {"id": "b", "source": "a red house", "target": "ein rotes Haus", "lang": "de", "gloss": " EIN rotes\tHaus",
+             {"id": "b", "source": "a red house", "target": "ein rotes Haus", "lang": "de",
+              "gloss": " EIN ro\u00adtes\tHa\u200bus",
               "translation": {"en": "a red house", "de": "ein rotes Haus", "fr": "une maison"}}]
 
 
@@ -298,7 +300,8 @@ TR = {"dataset": "{data}", "src_lang": "en", "tgt_lang": "de"}  # WMT's layout: 
      "its source column 'translation.de' lies inside the reference column 'translation'"),
     ({"data_dir": "{data}"}, "{gloss}: {source}",  # a reference column under another name, row by row
      "{data}: example id 'b': its column 'gloss', which --prompt_template names, holds its reference 'ein rotes Haus' "
-     "(compared ignoring case, Unicode compatibility forms and runs of whitespace)"),
+     "(compared as a reader sees them: without invisible characters, case folded, Unicode compatibility forms and "
+     "runs of whitespace as one)"),
     ({"dataset": "{data}", "source_column": "source"}, "{source} ({gloss})",
      "example id 'b': its column 'gloss', which --prompt_template names, "
                                                   "holds its reference"),
@@ -353,11 +356,11 @@ def _prepare(tiny, tmp_path, **options):
     ({"id": "x1", "source": "  A RED\u00a0house ", "target": "?"}, "{source}",  # a copy, other ids, other spacing
      "few-shot example id 'x1' has the source of evaluated example id 'b' of"),
     ({"id": "x2", "source": "a tree", "target": "Ein Rotes Haus"}, "{source}",
-     "few-shot example id 'x2' shows in its target a reference of evaluated example id 'b' of"),
+     "few-shot example id 'x2' shows in its target the reference of evaluated example id 'b' of"),
     ({"id": "x3", "source": "die katze sass", "target": "the cat"}, "{source}",  # the other direction
-     "few-shot example id 'x3' shows in its source a reference of evaluated example id 'a' of"),
+     "few-shot example id 'x3' shows in its source the reference of evaluated example id 'a' of"),
     ({"id": "x4", "source": "a tree", "target": "ein Baum", "lang": "ein rotes haus"}, "{lang}: {source}",
-     "few-shot example id 'x4' shows in its column 'lang' a reference of evaluated example id 'b' of"),
+     "few-shot example id 'x4' shows in its column 'lang' the reference of evaluated example id 'b' of"),
     ({"id": "b", "source": "a tree", "target": "ein Baum", "lang": "de"}, "{source}",
      "few-shot example id 'b' has the id of evaluated example id 'b' of"),
 ])
@@ -388,7 +391,7 @@ def test_few_shot_checks_on_text_files_chat_templates_and_integer_ids(tiny, tmp_
     options = {"data_dir": str(legacy), "apply_chat_template": True, "num_fewshot": 1, "fewshot_file": str(shots)}
     for shot, message in (({"id": 1, "source": "The  Cat", "target": "?"}, "id 1 has the source of evaluated example id 1"),
                           ({"id": 5, "source": "a tree", "target": "The Tomcat"},
-                           "id 5 shows in its target a reference of evaluated example id 1")):
+                           "id 5 shows in its target reference 2 \\(of 2\\) of evaluated example id 1")):
         shots.write_text(json.dumps(shot) + "\n")
         with pytest.raises(ConfigError, match=f"few-shot example {message} of "):
             _prepare(tiny, tmp_path, **options)
@@ -396,6 +399,27 @@ def test_few_shot_checks_on_text_files_chat_templates_and_integer_ids(tiny, tmp_
     prep = _prepare(tiny, tmp_path, **options)
     assert prep.manifest["prompt"]["allow_reference_in_prompt"] is False
     assert prep.manifest["prompt"]["fewshot"]["ids"] == [1]
+
+
+def test_a_label_task_uses_few_shot_examples_that_show_its_labels(tiny, tmp_path):
+    """Labels (short references of examples with different sources) may be few-shot targets; an
+    answer of one example may not (docs/causal.md#labels)."""
+    data = tmp_path / "sst.jsonl"
+    rows = [("a joy to watch", "positive"), ("dull and long", "negative"), ("I loved it", "positive"),
+            ("a waste of time", "negative"), ("it was fine", "neutral")]
+    data.write_text("".join(json.dumps({"id": f"r{i}", "source": s, "target": t}) + "\n"
+                            for i, (s, t) in enumerate(rows)))
+    shots = tmp_path / "train.jsonl"
+    shots.write_text(json.dumps({"id": "t1", "source": "great fun", "target": "Positive"}) + "\n" +
+                     json.dumps({"id": "t2", "source": "so boring", "target": "negative\u200b"}) + "\n")
+    options = {"data_dir": str(data), "prompt_template": "Review: {source}\nSentiment:", "num_fewshot": 2,
+               "fewshot_file": str(shots)}
+    assert sorted(_prepare(tiny, tmp_path, **options).manifest["prompt"]["fewshot"]["ids"]) == ["t1", "t2"]
+    shots.write_text(json.dumps({"id": "t3", "source": "not bad", "target": "NEUTRAL"}) + "\n")
+    with pytest.raises(ConfigError, match="few-shot example id 't3' shows in its target the reference of evaluated "
+                                          "example id 'r4' of .*; not a label: the reference of evaluated examples "
+                                          "with one source"):
+        _prepare(tiny, tmp_path, **{**options, "num_fewshot": 1})
 
 
 def test_evaluate_refuses_a_template_that_shows_the_references(tiny, tmp_path):
