@@ -7,6 +7,7 @@ import json
 import logging
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,8 @@ from transformers import TrainerCallback
 from .api import EvalResult, evaluate
 from .config import CONFIG_FIELDS
 from .errors import ConfigError, EvalError
-from .trainer_view import COLUMNS, Rows, examples_of, dataset_key, generation_of, name_of, rows_of
+from .trainer_view import (COLUMNS, EVENT_SUFFIXES, Rows, dataset_key, examples_of, generation_of, name_of,
+                           rows_of)
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -87,7 +89,7 @@ class EvalCallback(TrainerCallback):
         # A dataset the Trainer removed unused columns from -> the dataset as given (text columns included).
         self._stored: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._computed: list[str] = []  # the keys compute_metrics returned in the running loop
-        self._handled: list[dict[str, Any]] = []  # the metrics of loops this callback saw, until their event
+        self._handled: list[_Loop] = []  # the loops this callback saw, until their event
         check_checkpoints_hold_the_model(trainer.model)
         self._unsaved = unsaved_of(trainer.model)  # what a checkpoint rebuilds, as it is now
         self._join(trainer)
@@ -108,21 +110,25 @@ class EvalCallback(TrainerCallback):
                 handler.eval_dataloader = None
             self._computed = []
             self._watch_compute_metrics()
+            for earlier in self._handled:  # a loop whose name no event came to tell
+                if earlier.pending:
+                    earlier.pending = False
+                    self.scores(None, earlier.rows, earlier.generation, earlier.metrics)
             # Seq2SeqTrainer.evaluate/predict store them before the loop, and prediction_step reads them there.
             generation = generation_of(trainer)
             output = loop(*args, **kwargs)
             metrics = output.metrics
-            name = name_of(metrics, self._computed)
             rows = rows_of(getattr(handler, "eval_dataloader", None), self._stored,
                            getattr(getattr(trainer, "args", None), "world_size", 1))
-            scores = self.scores(name, rows, generation, metrics)
-            replaced = sorted(k for k in scores if k in metrics and k not in self._warned)
-            if replaced:  # the Trainer's compute_metrics named a score as the tool names its own
-                self._warned.update(replaced)
-                logger.warning("EvalCallback: %s: the Trainer's compute_metrics gives it too; the tool's score on "
-                               "%r's data replaces it", ", ".join(replaced), name)
-            metrics.update(scores)
-            self._handled.append(metrics)
+            seen = _Loop(metrics, rows, generation, list(self._computed))
+            self._handled.append(seen)
+            name = name_of(metrics, seen.computed)
+            if name is not None:
+                self._add_scores(name, seen, metrics)
+            else:
+                # Keys without a loss (rows without labels): evaluate() and predict() add their
+                # speed metrics under the prefix before their event, where the name is read.
+                seen.pending = True
             return output
 
         trainer.evaluation_loop = evaluation_loop
@@ -160,16 +166,33 @@ class EvalCallback(TrainerCallback):
         compute_metrics._seq2seq_eval_watched = True  # type: ignore[attr-defined]
         trainer.compute_metrics = compute_metrics
 
+    def _add_scores(self, name: str, seen: _Loop, metrics: dict[str, Any]) -> None:
+        scores = self.scores(name, seen.rows, seen.generation, metrics)
+        replaced = sorted(k for k in scores if k in metrics and k not in self._warned)
+        if replaced:  # the Trainer's compute_metrics named a score as the tool names its own
+            self._warned.update(replaced)
+            logger.warning("EvalCallback: %s: the Trainer's compute_metrics gives it too; the tool's score on "
+                           "%r's data replaces it", ", ".join(replaced), name)
+        metrics.update(scores)
+
     def _after(self, event: str, original: Any) -> Any:
         def after(args: Any, state: Any, control: Any, metrics: Any = None, *rest: Any, **kwargs: Any) -> Any:
             # The loop's own dict, or a copy a subclass's evaluate made of it (every key it returned).
-            handled = any(m is metrics or (m and set(m) <= set(metrics or ())) for m in self._handled)
+            mine = [s for s in self._handled if s.metrics is metrics
+                    or (s.metrics and set(s.metrics) <= set(metrics or ()))]
             self._handled = []
-            if not handled and f"bypass:{event}" not in self._warned:
+            if not mine and f"bypass:{event}" not in self._warned:
                 self._warned.add(f"bypass:{event}")
                 keys = ", ".join(sorted(metrics or {})[:4])
                 logger.warning("EvalCallback: an evaluation (%s) ran without the Trainer's evaluation_loop (a subclass "
                                "calls another loop): it has no score under any name", keys or "no metrics")
+            for seen in mine[-1:]:
+                if seen.pending and isinstance(metrics, dict):
+                    name = name_of(metrics, seen.computed, EVENT_SUFFIXES)
+                    if name is None:
+                        self.scores(None, seen.rows, seen.generation, metrics)  # its warning
+                    else:  # in the metrics every callback reads and evaluate()/predict() returns
+                        self._add_scores(name, seen, metrics)
             return original(args, state, control, metrics, *rest, **kwargs)
 
         return after
@@ -186,8 +209,8 @@ class EvalCallback(TrainerCallback):
         that name; {} and one warning when any of it is not known."""
         if name is None:
             keys = ", ".join(sorted(metrics or {})) or "none"
-            self._warn_once(f"name:{keys}", "EvalCallback: an evaluation's name is not known: its loop returned the "
-                            "keys %s, not one metric_key_prefix with its loss; no score under any name", keys)
+            self._warn_once(f"name:{keys}", "EvalCallback: an evaluation's name is not known: its keys are %s, under "
+                            "no one metric_key_prefix; no score under any name", keys)
             return {}
         if rows.why is not None:
             self._warn_once(f"rows:{name}", "EvalCallback: no %s_bleu...: the rows the Trainer evaluated as %r are "
@@ -280,6 +303,17 @@ class EvalCallback(TrainerCallback):
         parts = [weights, devices, configs, tokenizer_digest(tokenizer),
                  json.dumps(options, sort_keys=True, default=str), _data_stamp(options)]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest(), weights
+
+
+@dataclass
+class _Loop:
+    """One run of the Trainer's evaluation loop, as the callback saw it, until its event."""
+
+    metrics: dict[str, Any]
+    rows: Rows
+    generation: dict[str, Any]
+    computed: list[str]
+    pending: bool = False  # its name is read at its event
 
 
 def _declared(data: Any, direct: dict[str, Any]) -> dict[str, dict[str, Any]]:

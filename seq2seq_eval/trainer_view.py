@@ -15,18 +15,23 @@ COLUMNS = {"sources": "source", "references": "target", "ids": "id"}
 
 # Keys Trainer.evaluation_loop itself adds, as f"{metric_key_prefix}_{suffix}": with the keys of
 # compute_metrics, the only ones it returns, every one under that prefix.
-_LOOP_SUFFIXES = ("loss", "model_preparation_time")
+LOOP_SUFFIXES = ("loss", "model_preparation_time")
+# Keys Trainer.evaluate() and predict() add after the loop, before their on_evaluate/on_predict
+# event, under the same prefix (speed_metrics); "epoch" is Trainer.log's, under none.
+EVENT_SUFFIXES = (*LOOP_SUFFIXES, "runtime", "samples_per_second", "steps_per_second")
+_UNPREFIXED = ("epoch",)
 
 
-def name_of(metrics: Mapping[str, Any], computed: Iterable[str] | None) -> str | None:
-    """The metric_key_prefix an evaluation loop ran under, from the keys it returned: the one P
-    with every key f"{P}_..." and its own keys there (P_loss or P_model_preparation_time, or each
-    of compute_metrics' keys `computed`, as the loop prefixes them). None when no P fits or
-    several do (a compute_metrics key "x_loss" without a loss fits "eval_x" as well as "eval"
-    unless its keys are known)."""
-    keys = [k for k in metrics if isinstance(k, str)]
+def name_of(metrics: Mapping[str, Any], computed: Iterable[str] | None,
+            suffixes: Sequence[str] = LOOP_SUFFIXES) -> str | None:
+    """The metric_key_prefix an evaluation ran under, from the keys its loop returned (or its
+    event carries, with `suffixes` EVENT_SUFFIXES): the one P with every key f"{P}_..." and its
+    own keys there (f"{P}_{suffix}", or each of compute_metrics' keys `computed`, as the loop
+    prefixes them). None when no P fits or several do (a compute_metrics key "x_loss" without a
+    loss fits "eval_x" as well as "eval" unless its keys are known)."""
+    keys = [k for k in metrics if isinstance(k, str) and k not in _UNPREFIXED]
     computed = None if computed is None else [k for k in computed if isinstance(k, str)]
-    candidates = {k[: -len(s) - 1] for k in keys for s in (*_LOOP_SUFFIXES, *(computed or ()))
+    candidates = {k[: -len(s) - 1] for k in keys for s in (*suffixes, *(computed or ()))
                   if k.endswith(f"_{s}") and len(k) > len(s) + 1}
 
     def fits(prefix: str) -> bool:

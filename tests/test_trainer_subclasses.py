@@ -232,7 +232,7 @@ class Sampled(Seq2SeqTrainer):
 
 @pytest.mark.parametrize("cls, arguments, message", [
     (Bypass, {}, "an evaluation (eval_loss"),
-    (Renamed, {}, "an evaluation's name is not known: its loop returned the keys"),
+    (Renamed, {}, "an evaluation's name is not known: its keys are epoch, eval_model_preparation_time"),
     (Sampled, {}, "no eval_bleu...: the rows the Trainer evaluated as 'eval' are not known: its sampler"),
     (Seq2SeqTrainer, {"dataloader_drop_last": True}, "not known: its dataloader drops the last batch"),
 ])
