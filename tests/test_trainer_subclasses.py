@@ -248,6 +248,19 @@ def test_what_it_cannot_see_gets_no_score_and_one_warning(cls, arguments, messag
     assert not (root / f"blind_{cls.__name__}" / "seq2seq_eval").exists()
 
 
+def test_declared_data_of_other_rows_than_the_loops_gets_no_score(setup, caplog):
+    """Finding 3 with declared data: the subclass evaluates 3 of the 6 rows, the files declared
+    for "eval" give 6 examples: the loss and a score would be of other examples."""
+    model, tokenizer, reference, root = setup
+    trainer = trainer_of(EvalSubset, model, tokenizer, root / "declared", table(tokenizer, texts("val")))
+    EvalCallback(trainer, data_dir=str(DATA), type_path="val", n_obs=N, **OPTIONS)
+    with caplog.at_level(logging.WARNING, logger="seq2seq_eval"):
+        got = [trainer.evaluate() for _ in range(2)]
+    assert not any(k.endswith("_bleu") for m in got for k in m) and "eval_loss" in got[0]
+    assert caplog.text.count("no eval_bleu...: the Trainer evaluated 3 rows as 'eval', the data declared for it "
+                             "gives 6 examples (n_obs=6); declare data of those rows") == 1
+
+
 # ---------------------------------------------------------------- datasets as stored
 
 def _tokenize(tokenizer):
@@ -344,3 +357,64 @@ def test_the_calls_generation_settings_are_honoured_or_refused(setup, caplog):
     with pytest.raises(ConfigError, match="unknown generate option --no_such_option") as refused:
         trainer.evaluate(no_such_option=3)
     assert "\n" not in str(refused.value)
+
+
+# ---------------------------------------------------------------- the readers, case by case
+
+@pytest.mark.parametrize("keys, computed, suffixes, name", [
+    (["eval_loss"], [], "loop", "eval"),
+    (["eval_a_loss", "eval_a_bleu"], ["bleu"], "loop", "eval_a"),
+    (["eval_x_loss"], ["x_loss"], "loop", "eval"),  # compute_metrics' "x_loss", the loop no loss
+    (["eval_x_loss"], [], "loop", "eval_x"),
+    (["eval_loss", "eval_x_loss"], ["x_loss"], "loop", "eval"),
+    (["eval_loss", "eval_model_preparation_time"], [], "loop", "eval"),
+    ([], [], "loop", None),
+    (["eval_bleu"], ["eval_bleu"], "loop", None),  # no key of the loop's own
+    (["eval_loss", "foo"], [], "loop", None),
+    (["a_loss", "b_loss"], [], "loop", None),
+    (["epoch", "test_runtime", "test_samples_per_second", "test_steps_per_second"], [], "event", "test"),
+    (["epoch", "test_runtime"], [], "loop", None),
+])
+def test_the_name_is_the_prefix_of_the_keys(keys, computed, suffixes, name):
+    from seq2seq_eval.trainer_view import EVENT_SUFFIXES, LOOP_SUFFIXES, name_of
+
+    chosen = EVENT_SUFFIXES if suffixes == "event" else LOOP_SUFFIXES
+    assert name_of(dict.fromkeys(keys, 1.0), computed, chosen) == name
+
+
+def test_the_rows_a_dataloader_gives():
+    from seq2seq_eval.trainer_view import examples_of, rows_of
+
+    data = torch.utils.data
+    five = [{"source": f"s{i}", "target": f"t{i}"} for i in range(5)]
+    table_ = datasets.Dataset.from_list(five)
+    table_.set_transform(lambda batch: {"n": [len(s) for s in batch["source"]]})
+    stored = {}
+
+    class Stream(data.IterableDataset):
+        def __iter__(self):
+            return iter(five)
+
+    cases = [
+        (data.DataLoader(five, batch_size=2), None),
+        (data.DataLoader(five, batch_size=2, sampler=data.SubsetRandomSampler([3, 1])), (1, 3)),
+        (data.DataLoader(data.Subset(five, [4, 0, 2]), batch_size=2), (4, 0, 2)),
+        (data.DataLoader(data.Subset(five, [4, 0, 2]), sampler=data.SubsetRandomSampler([2, 0])), (4, 2)),
+        (data.DataLoader(five[:4], batch_size=2, drop_last=True), None),  # nothing to drop
+        (data.DataLoader(table_, batch_size=2, shuffle=True), None),  # a permutation of every row
+    ]
+    for loader, indices in cases:
+        rows = rows_of(loader, stored, 1)
+        assert rows.why is None and rows.indices == indices, (loader, rows)
+    assert examples_of(table_, (4, 1)) == {"sources": ["s4", "s1"], "references": ["t4", "t1"]}
+    assert examples_of(five, (2,)) == {"sources": ["s2"], "references": ["t2"]}
+    for loader, why in [
+        (None, "not the Trainer's own"),
+        (data.DataLoader(Stream()), "reads Stream, which has no rows to count"),
+        (data.DataLoader(five, batch_size=2, drop_last=True), "drops the last batch"),
+        (data.DataLoader(five, sampler=data.RandomSampler(five, replacement=True)), "sampler (RandomSampler)"),
+        (data.DataLoader(five, sampler=data.SubsetRandomSampler([1, 1])), "draws a row twice"),
+        (data.DataLoader(five, sampler=data.WeightedRandomSampler([1.0] * 5, 5)), "WeightedRandomSampler"),
+    ]:
+        assert why in rows_of(loader, stored, 1).why
+    assert "drops the last batch" in rows_of(data.DataLoader(five[:4], batch_size=2, drop_last=True), stored, 3).why
