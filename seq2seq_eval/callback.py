@@ -35,6 +35,8 @@ _FILE_OPTIONS = ("data_dir", "dataset", "input_path", "reference_path", "type_pa
 # generate() options that set one thing between them: an evaluation's one replaces the callback's other.
 _TOGETHER = ({"max_length", "max_new_tokens"}, {"min_length", "min_new_tokens"})
 _ABSENT = object()
+# evaluate()'s options that are generate() options too: an evaluation's own is its setting.
+_GENERATE_FIELDS = ("num_return_sequences",)
 
 
 def scores_of(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
@@ -116,6 +118,7 @@ class EvalCallback(TrainerCallback):
                     self.scores(None, earlier.rows, earlier.generation, earlier.metrics)
             # Seq2SeqTrainer.evaluate/predict store them before the loop, and prediction_step reads them there.
             generation = generation_of(trainer)
+            check_generation(generation)  # before the Trainer's loop does its work
             output = loop(*args, **kwargs)
             metrics = output.metrics
             rows = rows_of(getattr(handler, "eval_dataloader", None), self._stored,
@@ -303,6 +306,16 @@ class EvalCallback(TrainerCallback):
         parts = [weights, devices, configs, tokenizer_digest(tokenizer),
                  json.dumps(options, sort_keys=True, default=str), _data_stamp(options)]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest(), weights
+
+
+def check_generation(generation: Mapping[str, Any]) -> None:
+    """Refuse, of an evaluation's own settings, an option of evaluate() that is no generate()
+    option: Seq2SeqTrainer hands them all to generate(), and evaluate() would read it as its own
+    (n_obs=..., data_dir=...: other examples than the Trainer's rows)."""
+    other = sorted(k for k in generation if k in CONFIG_FIELDS and k not in _GENERATE_FIELDS)
+    if other:
+        raise ConfigError(f"EvalCallback: {', '.join(other)}: given to the Trainer's evaluate()/predict(), which "
+                          "hands it to generate(), and not a generate() option; give it to EvalCallback")
 
 
 @dataclass

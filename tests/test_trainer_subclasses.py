@@ -357,6 +357,10 @@ def test_the_calls_generation_settings_are_honoured_or_refused(setup, caplog):
     with pytest.raises(ConfigError, match="unknown generate option --no_such_option") as refused:
         trainer.evaluate(no_such_option=3)
     assert "\n" not in str(refused.value)
+    with pytest.raises(ConfigError, match=r"^EvalCallback: n_obs: given to the Trainer's evaluate\(\)/predict\(\), "
+                                          r"which hands it to generate\(\), and not a generate\(\) option; give it "
+                                          r"to EvalCallback$"):
+        trainer.evaluate(n_obs=2)
 
 
 # ---------------------------------------------------------------- the readers, case by case
