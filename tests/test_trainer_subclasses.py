@@ -219,6 +219,20 @@ class Renamed(Seq2SeqTrainer):
         return output
 
 
+class NoEvent(Seq2SeqTrainer):
+    """A loop whose keys say no name (cleared), under an evaluate() that fires no on_evaluate
+    event (where evaluate() adds its speed metrics under the prefix)."""
+
+    def evaluation_loop(self, *args, **kwargs):
+        output = super().evaluation_loop(*args, **kwargs)
+        output.metrics.clear()
+        return output
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval", **gen_kwargs):
+        return self.evaluation_loop(self.get_eval_dataloader(eval_dataset), "Evaluation",
+                                    metric_key_prefix=metric_key_prefix).metrics
+
+
 class Sampled(Seq2SeqTrainer):
     """A sampler that draws rows with replacement: which ones, the callback cannot know without
     drawing (and moving the job's random state)."""
@@ -233,6 +247,7 @@ class Sampled(Seq2SeqTrainer):
 @pytest.mark.parametrize("cls, arguments, message", [
     (Bypass, {}, "an evaluation (eval_loss"),
     (Renamed, {}, "an evaluation's name is not known: its keys are epoch, eval_model_preparation_time"),
+    (NoEvent, {}, "an evaluation's name is not known: its keys are none"),
     (Sampled, {}, "no eval_bleu...: the rows the Trainer evaluated as 'eval' are not known: its sampler"),
     (Seq2SeqTrainer, {"dataloader_drop_last": True}, "not known: its dataloader drops the last batch"),
 ])
@@ -243,7 +258,8 @@ def test_what_it_cannot_see_gets_no_score_and_one_warning(cls, arguments, messag
     EvalCallback(trainer, **OPTIONS)
     with caplog.at_level(logging.WARNING, logger="seq2seq_eval"):
         got = [trainer.evaluate() for _ in range(2)]
-    assert not any(k.endswith("_bleu") for m in got for k in m) and any("loss" in k for k in got[0])
+    assert not any(k.endswith("_bleu") for m in got for k in m)
+    assert any("loss" in k for k in got[0]) or cls is NoEvent
     assert caplog.text.count(message) == 1, caplog.text
     assert not (root / f"blind_{cls.__name__}" / "seq2seq_eval").exists()
 
@@ -387,7 +403,7 @@ def test_the_name_is_the_prefix_of_the_keys(keys, computed, suffixes, name):
 
 
 def test_the_rows_a_dataloader_gives():
-    from seq2seq_eval.trainer_view import examples_of, rows_of
+    from seq2seq_eval.trainer_view import dataset_key, examples_of, rows_of
 
     data = torch.utils.data
     five = [{"source": f"s{i}", "target": f"t{i}"} for i in range(5)]
@@ -410,6 +426,15 @@ def test_the_rows_a_dataloader_gives():
     for loader, indices in cases:
         rows = rows_of(loader, stored, 1)
         assert rows.why is None and rows.indices == indices, (loader, rows)
+    from transformers.trainer_pt_utils import LengthGroupedSampler
+
+    grouped = LengthGroupedSampler(2, lengths=[3, 1, 4, 1, 5])
+    assert rows_of(data.DataLoader(five, batch_size=2, sampler=grouped), stored, 1).indices is None
+    # The same select() made again is the same rows (a subclass makes it at each evaluation).
+    plain = datasets.Dataset.from_list(five)
+    assert dataset_key(plain.select(range(3)), None) == dataset_key(plain.select(range(3)), None)
+    assert dataset_key(plain.select(range(3)), None) != dataset_key(plain.select(range(2)), None)
+    assert dataset_key(five, None) != dataset_key(list(five), None)  # a list is known as the object
     assert examples_of(table_, (4, 1)) == {"sources": ["s4", "s1"], "references": ["t4", "t1"]}
     assert examples_of(five, (2,)) == {"sources": ["s2"], "references": ["t2"]}
     for loader, why in [
