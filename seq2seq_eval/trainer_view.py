@@ -82,6 +82,9 @@ def rows_of(loader: Any, stored: Mapping[Any, Any], world_size: int) -> Rows:
     batches = getattr(loader, "batch_sampler", None)
     while getattr(batches, "batch_sampler", None) is not None:  # accelerate's BatchSamplerShard
         batches = batches.batch_sampler
+    if batches is not None and not isinstance(batches, torch.utils.data.BatchSampler):
+        # A DataLoader given its own batch_sampler keeps a default sampler it never draws from.
+        return Rows(why=f"its batch sampler ({type(batches).__name__}) does not say which rows it draws, each once")
     sampler = getattr(batches, "sampler", None) or getattr(loader, "sampler", None)
     indices = _sampled(sampler, size)
     if isinstance(indices, str):

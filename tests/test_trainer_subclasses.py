@@ -444,6 +444,7 @@ def test_the_rows_a_dataloader_gives():
         (data.DataLoader(five, sampler=data.RandomSampler(five, replacement=True)), "sampler (RandomSampler)"),
         (data.DataLoader(five, sampler=data.SubsetRandomSampler([1, 1])), "draws a row twice"),
         (data.DataLoader(five, sampler=data.WeightedRandomSampler([1.0] * 5, 5)), "WeightedRandomSampler"),
+        (data.DataLoader(five, batch_sampler=[[0, 1], [3]]), "its batch sampler (list)"),
     ]:
         assert why in rows_of(loader, stored, 1).why
     assert "drops the last batch" in rows_of(data.DataLoader(five[:4], batch_size=2, drop_last=True), stored, 3).why
