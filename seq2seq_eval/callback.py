@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
 
 from .api import EvalResult, evaluate
+from .config import CONFIG_FIELDS
 from .errors import ConfigError, EvalError
+from .trainer_view import (COLUMNS, EVENT_SUFFIXES, Rows, dataset_key, examples_of, generation_of, name_of,
+                           rows_of)
 
 logger = logging.getLogger("seq2seq_eval")
+
+__all__ = ["COLUMNS", "DATA_OPTIONS", "EvalCallback", "examples_of", "scores_of"]
 
 # Keys of the metric file that are about the run, not scores.
 _NOT_SCORES = ("n_obs", "n_gpus", "seconds_per_sample", "seconds_per_generated_sample")
@@ -27,9 +32,11 @@ DATA_OPTIONS = ("data_dir", "dataset", "dataset_config", "split", "source_column
                 "input_path", "reference_path", "type_path", "sources", "references", "ids", "reference_layout")
 # The ones that name files (their size and modification time enter the cache key).
 _FILE_OPTIONS = ("data_dir", "dataset", "input_path", "reference_path", "type_path", "task")
-
-# The columns a Trainer's dataset carries its examples in, for the callback to read them.
-COLUMNS = {"sources": "source", "references": "target", "ids": "id"}
+# generate() options that set one thing between them: an evaluation's one replaces the callback's other.
+_TOGETHER = ({"max_length", "max_new_tokens"}, {"min_length", "min_new_tokens"})
+_ABSENT = object()
+# evaluate()'s options that are generate() options too: an evaluation's own is its setting.
+_GENERATE_FIELDS = ("num_return_sequences",)
 
 
 def scores_of(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
@@ -39,15 +46,18 @@ def scores_of(metrics: dict[str, Any], prefix: str) -> dict[str, float]:
 
 
 class EvalCallback(TrainerCallback):
-    """Scores every evaluation and prediction of `trainer` with `evaluate`, on the data that
-    evaluation is of, into the metrics the Trainer computes (docs/python-api.md).
+    """Scores every evaluation and prediction of `trainer` with `evaluate`, on the rows that
+    evaluation iterated, with its generation settings, into the metrics the Trainer computes
+    (docs/python-api.md).
 
-    Each evaluation has a name, the Trainer's metric_key_prefix: "eval" for one eval_dataset,
-    "eval_<key>" for each of a dict of them, "test" for `predict` or whatever `evaluate` and
-    `predict` are called with. Its data is the one declared for that name, in `data` ({name:
-    evaluate's data options}; the data options given directly declare "eval"), else the examples
-    of the dataset the Trainer evaluates, when its rows carry them (COLUMNS). A name with
-    neither gets no score (and one warning), never another name's.
+    What an evaluation is, is read from what the Trainer's own evaluation loop did, whatever a
+    subclass overrides above it (trainer_view.py): its name is the metric_key_prefix of the keys
+    the loop returned ("eval", "eval_<key>", "test", ...), its rows those of the dataloader the loop
+    iterated, its generate() options those Seq2SeqTrainer hands to generate() for it. Its data is
+    the one declared for that name in `data` ({name: evaluate's data options}; the data options
+    given directly declare "eval"), else the examples those rows carry (COLUMNS), read as stored.
+    What the callback cannot know (the name, the rows, declared data of another size than the rows)
+    gives one warning and no score under any name, never a guess.
 
     The callback joins the Trainer when it is made: the scores are added as the Trainer's own
     evaluation loop returns, so the Trainer logs them with its loss, picks the best checkpoint by
@@ -55,10 +65,11 @@ class EvalCallback(TrainerCallback):
     `trainer.add_callback(callback)` is accepted and changes nothing.
 
     A result is reused for an evaluation of the same weights (every tensor's bytes), configs,
-    tokenizer, options and data; anything else runs `evaluate`, whatever the step.
+    tokenizer, options, generation settings and data; anything else runs `evaluate`, into a folder
+    of its own.
 
     `options`: evaluate's keyword arguments (task, metrics, bs, generate options...), the same for
-    every name.
+    every name; a generate() option of the evaluation's own replaces the callback's for it.
     """
 
     def __init__(self, trainer: Any, *, data: Mapping[str, Mapping[str, Any]] | None = None,
@@ -75,125 +86,247 @@ class EvalCallback(TrainerCallback):
         self.last: EvalResult | None = None
         self._results: dict[str, EvalResult] = {}  # by what_is_evaluated's key
         self._folders: set[Path] = set()  # the folders this callback's evaluations wrote
-        self._warned: set[str] = set()  # the names and score keys that got their warning
-        self._bound: dict[str, Any] = {}  # declared name -> the dataset its data is of (held: lists have no weakref)
-        self._datasets: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._warned: set[str] = set()  # the warnings given once
+        self._bound: dict[str, tuple[Any, Any]] = {}  # declared name -> (dataset_key, dataset held) of its rows
+        # A dataset the Trainer removed unused columns from -> the dataset as given (text columns included).
+        self._stored: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._computed: list[str] = []  # the keys compute_metrics returned in the running loop
+        self._handled: list[_Loop] = []  # the loops this callback saw, until their event
         check_checkpoints_hold_the_model(trainer.model)
         self._unsaved = unsaved_of(trainer.model)  # what a checkpoint rebuilds, as it is now
         self._join(trainer)
 
     def _join(self, trainer: Any) -> None:
         """Wrap the trainer's evaluation loop (scores added to what it returns, before Trainer.log,
-        the best-checkpoint choice and any callback read it) and its dataloaders (which dataset
-        each evaluation is of, as given, before the Trainer drops its text columns)."""
+        the best-checkpoint choice and any callback read it), its column removal (the dataset as
+        given, before the Trainer drops its text columns) and its evaluate/predict events (an
+        evaluation that ran another loop than this one gets its warning)."""
         if isinstance(getattr(trainer, "_seq2seq_eval_callback", None), EvalCallback):
             raise ConfigError("EvalCallback: this Trainer has one already; give every name's data to that one (data=)")
         trainer._seq2seq_eval_callback = self
-        loop, get_eval, get_test = trainer.evaluation_loop, trainer.get_eval_dataloader, trainer.get_test_dataloader
-        signature = inspect.signature(loop)
-
-        def get_eval_dataloader(eval_dataset: Any = None) -> Any:
-            loader = get_eval(eval_dataset)
-            if isinstance(eval_dataset, str):
-                eval_dataset = trainer.eval_dataset[eval_dataset]
-            return self._remember(loader, trainer.eval_dataset if eval_dataset is None else eval_dataset)
-
-        def get_test_dataloader(test_dataset: Any) -> Any:
-            return self._remember(get_test(test_dataset), test_dataset)
+        loop = trainer.evaluation_loop
 
         def evaluation_loop(*args: Any, **kwargs: Any) -> Any:
+            handler = getattr(trainer, "callback_handler", None)
+            if handler is not None:  # Trainer.evaluation_loop sets it to the dataloader it iterates
+                handler.eval_dataloader = None
+            self._computed = []
+            self._watch_compute_metrics()
+            for earlier in self._handled:  # a loop whose name no event came to tell
+                if earlier.pending:
+                    earlier.pending = False
+                    self.scores(None, earlier.rows, earlier.generation, earlier.metrics)
+            # Seq2SeqTrainer.evaluate/predict store them before the loop, and prediction_step reads them there.
+            generation = generation_of(trainer)
+            check_generation(generation)  # before the Trainer's loop does its work
             output = loop(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs)
-            given = signature.parameters.get("metric_key_prefix")
-            name = bound.arguments.get("metric_key_prefix", given.default if given is not None else "eval")
-            scores = self.scores(name, self._dataset_of(bound.arguments.get("dataloader")))
-            replaced = sorted(k for k in scores if k in output.metrics and k not in self._warned)
-            if replaced:  # the Trainer's compute_metrics named a score as the tool names its own
-                self._warned.update(replaced)
-                logger.warning("EvalCallback: %s: the Trainer's compute_metrics gives it too; the tool's score on "
-                               "%r's data replaces it", ", ".join(replaced), name)
-            output.metrics.update(scores)
+            metrics = output.metrics
+            rows = rows_of(getattr(handler, "eval_dataloader", None), self._stored,
+                           getattr(getattr(trainer, "args", None), "world_size", 1))
+            seen = _Loop(metrics, rows, generation, list(self._computed))
+            self._handled.append(seen)
+            name = name_of(metrics, seen.computed)
+            if name is not None:
+                self._add_scores(name, seen, metrics)
+            else:
+                # Keys without a loss (rows without labels): evaluate() and predict() add their
+                # speed metrics under the prefix before their event, where the name is read.
+                seen.pending = True
             return output
 
-        trainer.get_eval_dataloader, trainer.get_test_dataloader = get_eval_dataloader, get_test_dataloader
         trainer.evaluation_loop = evaluation_loop
+        remove = getattr(trainer, "_remove_unused_columns", None)
+        if remove is not None:
+            def _remove_unused_columns(dataset: Any, description: str | None = None) -> Any:
+                kept = remove(dataset, description)
+                if kept is not dataset:
+                    try:
+                        self._stored[kept] = self._stored.get(dataset, dataset)
+                    except TypeError:
+                        pass  # no weak reference to it: its text stays unknown
+                return kept
 
-    def _remember(self, loader: Any, dataset: Any) -> Any:
-        # A loader the Trainer keeps (persistent workers) stays with the dataset it was made for,
-        # whatever the dataset later given: it is that one the Trainer evaluates.
-        if dataset is not None and self._dataset_of(loader) is None:
-            try:
-                self._datasets[loader] = dataset
-            except TypeError:
-                pass  # a loader with no weak reference: its dataset stays unknown
-        return loader
+            trainer._remove_unused_columns = _remove_unused_columns
+        handler = getattr(trainer, "callback_handler", None)
+        for event in ("on_evaluate", "on_predict"):
+            original = getattr(handler, event, None)
+            if original is not None:
+                setattr(handler, event, self._after(event, original))
 
-    def _dataset_of(self, loader: Any) -> Any:
-        try:
-            return self._datasets.get(loader)
-        except TypeError:  # no weak reference to it: never remembered
-            return None
+    def _watch_compute_metrics(self) -> None:
+        """Record the keys compute_metrics returns (name_of tells its keys from the loop's by them);
+        wrapped at each loop, as a Trainer's compute_metrics can be set at any time."""
+        trainer = self.trainer
+        compute = getattr(trainer, "compute_metrics", None)
+        if compute is None or getattr(compute, "_seq2seq_eval_watched", False):
+            return
 
-    def scores(self, name: str, dataset: Any) -> dict[str, float]:
-        """The scores of the evaluation named `name` of `dataset` (None: not known), under that
-        name; {} when there is no data for it."""
-        data = self.data.get(name)
-        if data is not None and dataset is not None:
-            # Declared data belongs to the dataset first evaluated under its name; another dataset
-            # evaluated under that name (trainer.evaluate(eval_dataset=other)) is not it.
-            first = self._bound.setdefault(name, dataset)
-            if first is not dataset:
-                data = None
-        if data is None:
-            data = examples_of(dataset)
-        if data is None:
-            if name not in self._warned:
-                self._warned.add(name)
-                why = (f"its declared data is that of the dataset first evaluated as {name!r}, and this is another"
-                       if name in self.data else f"no data is declared for it (data={{{name!r}: {{...}}}})")
-                logger.warning("EvalCallback: no %s_bleu...: %s; the dataset evaluated as %r carries no %s and %s "
-                               "columns", name, why, name, COLUMNS["sources"], COLUMNS["references"])
+        def compute_metrics(*args: Any, **kwargs: Any) -> Any:
+            result = compute(*args, **kwargs)
+            self._computed = [k for k in result if isinstance(k, str)] if isinstance(result, Mapping) else []
+            return result
+
+        compute_metrics._seq2seq_eval_watched = True  # type: ignore[attr-defined]
+        trainer.compute_metrics = compute_metrics
+
+    def _add_scores(self, name: str, seen: _Loop, metrics: dict[str, Any]) -> None:
+        scores = self.scores(name, seen.rows, seen.generation, metrics)
+        replaced = sorted(k for k in scores if k in metrics and k not in self._warned)
+        if replaced:  # the Trainer's compute_metrics named a score as the tool names its own
+            self._warned.update(replaced)
+            logger.warning("EvalCallback: %s: the Trainer's compute_metrics gives it too; the tool's score on "
+                           "%r's data replaces it", ", ".join(replaced), name)
+        metrics.update(scores)
+
+    def _after(self, event: str, original: Any) -> Any:
+        def after(args: Any, state: Any, control: Any, metrics: Any = None, *rest: Any, **kwargs: Any) -> Any:
+            # The loop's own dict, or a copy a subclass's evaluate made of it (every key it returned).
+            mine = [s for s in self._handled if s.metrics is metrics
+                    or (s.metrics and set(s.metrics) <= set(metrics or ()))]
+            self._handled = []
+            if not mine and f"bypass:{event}" not in self._warned:
+                self._warned.add(f"bypass:{event}")
+                keys = ", ".join(sorted(metrics or {})[:4])
+                logger.warning("EvalCallback: an evaluation (%s) ran without the Trainer's evaluation_loop (a subclass "
+                               "calls another loop): it has no score under any name", keys or "no metrics")
+            for seen in mine[-1:]:
+                if seen.pending and isinstance(metrics, dict):
+                    name = name_of(metrics, seen.computed, EVENT_SUFFIXES)
+                    if name is None:
+                        self.scores(None, seen.rows, seen.generation, metrics)  # its warning
+                    else:  # in the metrics every callback reads and evaluate()/predict() returns
+                        self._add_scores(name, seen, metrics)
+            return original(args, state, control, metrics, *rest, **kwargs)
+
+        return after
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
+    def scores(self, name: str | None, rows: Rows, generation: Mapping[str, Any] | None = None,
+               metrics: Mapping[str, Any] | None = None) -> dict[str, float]:
+        """The scores of the evaluation named `name` (None: not known) of `rows` (what its loop
+        iterated), generated with `generation` (the evaluation's own generate() options), under
+        that name; {} and one warning when any of it is not known."""
+        if name is None:
+            keys = ", ".join(sorted(metrics or {})) or "none"
+            self._warn_once(f"name:{keys}", "EvalCallback: an evaluation's name is not known: its keys are %s, under "
+                            "no one metric_key_prefix; no score under any name", keys)
             return {}
-        result = self.evaluation(name, data)
+        if rows.why is not None:
+            self._warn_once(f"rows:{name}", "EvalCallback: no %s_bleu...: the rows the Trainer evaluated as %r are "
+                            "not known: %s", name, name, rows.why)
+            return {}
+        data = self.data.get(name)
+        if data is not None:
+            # Declared data belongs to the rows first evaluated under its name; other rows
+            # evaluated under that name (trainer.evaluate(eval_dataset=other)) are not it.
+            key = dataset_key(rows.dataset, rows.indices)
+            if self._bound.setdefault(name, (key, rows.dataset))[0] != key:
+                data = None
+        declared = data is not None
+        if data is None:
+            data = examples_of(rows.dataset, rows.indices)
+        if data is None:
+            why = (f"its declared data is that of the dataset first evaluated as {name!r}, and this is another"
+                   if name in self.data else f"no data is declared for it (data={{{name!r}: {{...}}}})")
+            self._warn_once(name, "EvalCallback: no %s_bleu...: %s; the dataset evaluated as %r carries no %s and "
+                            "%s columns", name, why, name, COLUMNS["sources"], COLUMNS["references"])
+            return {}
+        result = self.evaluation(name, data, generation or {})
+        # The Trainer's loss is on its rows: a score on another number of examples is not of them.
+        n_obs = self.options.get("n_obs")
+        expected = min(rows.count, n_obs) if isinstance(n_obs, int) else rows.count
+        scored = result.metrics.get("n_obs")
+        if declared and isinstance(scored, int) and scored != expected:
+            self._warn_once(f"count:{name}", "EvalCallback: no %s_bleu...: the Trainer evaluated %d rows as %r, the "
+                            "data declared for it gives %d examples%s; declare data of those rows", name,
+                            rows.count, name, scored, f" (n_obs={n_obs})" if n_obs else "")
+            return {}
         return scores_of(result.metrics, name)
 
-    def evaluation(self, name: str, data: dict[str, Any]) -> EvalResult:
-        """`evaluate` on the Trainer's model and `data`, or the result of an earlier identical one."""
+    def evaluation(self, name: str, data: dict[str, Any], generation: Mapping[str, Any] | None = None) -> EvalResult:
+        """`evaluate` on the Trainer's model and `data`, with the callback's options and the
+        evaluation's own generate() options (`generation`, in place of the callback's), or the
+        result of an earlier identical one."""
         trainer = self.trainer
         model, tokenizer = trainer.model, trainer.processing_class
         if model is None or tokenizer is None:
             raise ConfigError("EvalCallback: the Trainer has no model or no processing_class (the tokenizer); "
                               "pass processing_class=tokenizer to the Trainer")
         check_checkpoints_hold_the_model(model, self._unsaved)  # unfrozen or changed since
-        key, weights = self.what_is_evaluated(model, tokenizer, data)
+        generation = dict(generation or {})
+        # The evaluation's setting replaces the callback's of the same thing, named either way
+        # (max_new_tokens beside the Trainer's max_length would win in generate()).
+        replaced = set(generation).union(*(group for group in _TOGETHER if group & set(generation)))
+        for k in sorted(replaced & set(self.options)):
+            if generation.get(k, _ABSENT) != self.options[k]:
+                same = {k}.union(*(group for group in _TOGETHER if k in group)) & set(generation)
+                given = ", ".join(f"{g}={generation[g]!r}" for g in sorted(same))
+                self._warn_once(f"setting:{k}:{given}", "EvalCallback: the Trainer's evaluation gives %s (the call's, "
+                                "or its arguments' generation_*), in place of the callback's %s=%r", given, k,
+                                self.options[k])
+        options = {**{k: v for k, v in self.options.items() if k not in replaced},
+                   **{k: v for k, v in generation.items() if k in CONFIG_FIELDS}}
+        generate_kwargs = {k: v for k, v in generation.items() if k not in CONFIG_FIELDS}
+        key, _ = self.what_is_evaluated(model, tokenizer, data, {**options, "generate_kwargs": generate_kwargs})
         result = self._results.get(key)
         if result is None:
             step = trainer.state.global_step
             root = Path(self.save_dir or Path(trainer.args.output_dir) / "seq2seq_eval") / name
-            save_dir = root / f"step_{step}"
-            if save_dir in self._folders:  # other weights at the same step (loaded by hand)
-                save_dir = root / f"step_{step}_weights_{weights[:12]}"
-            result = evaluate(model, tokenizer, save_dir=str(save_dir), **data, **self.options)
+            # A folder of its own for each evaluation that generates: another at the same step
+            # (other data, settings or weights) goes to the next free step_{step}_{k}. The names
+            # depend only on this callback's own evaluations, the same on every rank.
+            save_dir, k = root / f"step_{step}", 2
+            while save_dir in self._folders:
+                save_dir, k = root / f"step_{step}_{k}", k + 1
             self._folders.add(save_dir)
+            result = evaluate(model, tokenizer, save_dir=str(save_dir), **data, **options,
+                              generate_kwargs=generate_kwargs or None)
             self._results[key] = result
         self.last = result
         return result
 
-    def what_is_evaluated(self, model: Any, tokenizer: Any, data: dict[str, Any]) -> tuple[str, str]:
+    def what_is_evaluated(self, model: Any, tokenizer: Any, data: dict[str, Any],
+                          options: Mapping[str, Any] | None = None) -> tuple[str, str]:
         """(the key of an evaluation's result, the weights' fingerprint): everything the result
         depends on. The weights (their bytes, dtypes and devices), the model's config and
-        generation config (generate() reads its defaults there), the tokenizer, the options, the
-        data options or examples, and the size and modification time of the data files."""
+        generation config (generate() reads its defaults there), the tokenizer, the options
+        (default the callback's), the data options or examples, and the size and modification
+        time of the data files."""
         from .model.fingerprint import tokenizer_digest, weights_fingerprint
 
         weights = weights_fingerprint(model)
         configs = [getattr(getattr(model, name, None), "to_json_string", lambda: None)()
                    for name in ("config", "generation_config")]
         devices = sorted({str(t.device) for t in model.state_dict().values() if hasattr(t, "device")})
-        options = {**self.options, **data}
+        options = {**(self.options if options is None else options), **data}
         parts = [weights, devices, configs, tokenizer_digest(tokenizer),
                  json.dumps(options, sort_keys=True, default=str), _data_stamp(options)]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest(), weights
+
+
+def check_generation(generation: Mapping[str, Any]) -> None:
+    """Refuse, of an evaluation's own settings, an option of evaluate() that is no generate()
+    option: Seq2SeqTrainer hands them all to generate(), and evaluate() would read it as its own
+    (n_obs=..., data_dir=...: other examples than the Trainer's rows)."""
+    other = sorted(k for k in generation if k in CONFIG_FIELDS and k not in _GENERATE_FIELDS)
+    if other:
+        raise ConfigError(f"EvalCallback: {', '.join(other)}: given to the Trainer's evaluate()/predict(), which "
+                          "hands it to generate(), and not a generate() option; give it to EvalCallback")
+
+
+@dataclass
+class _Loop:
+    """One run of the Trainer's evaluation loop, as the callback saw it, until its event."""
+
+    metrics: dict[str, Any]
+    rows: Rows
+    generation: dict[str, Any]
+    computed: list[str]
+    pending: bool = False  # its name is read at its event
 
 
 def _declared(data: Any, direct: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -218,28 +351,6 @@ def _declared(data: Any, direct: dict[str, Any]) -> dict[str, dict[str, Any]]:
                               f"{', '.join(DATA_OPTIONS)}); give the other options to EvalCallback itself")
         declared[name] = {k: v for k, v in options.items() if v is not None}
     return declared
-
-
-def examples_of(dataset: Any) -> dict[str, Any] | None:
-    """evaluate's in-memory examples from the rows of a Trainer dataset (a datasets.Dataset, or a
-    list of dicts) that carry them in COLUMNS (the id column optional); None when they do not."""
-    if dataset is None:
-        return None
-    columns = getattr(dataset, "column_names", None)
-    if isinstance(columns, (list, tuple)):  # datasets.Dataset
-        def column(c: str) -> list[Any]:
-            return list(dataset[c])
-    elif isinstance(dataset, Sequence) and not isinstance(dataset, str) and len(dataset) \
-            and all(isinstance(row, Mapping) for row in dataset):
-        columns = set.intersection(*(set(row) for row in dataset))  # columns every row has
-
-        def column(c: str) -> list[Any]:
-            return [row[c] for row in dataset]
-    else:
-        return None
-    if COLUMNS["sources"] not in columns or COLUMNS["references"] not in columns:
-        return None
-    return {k: column(c) for k, c in COLUMNS.items() if c in columns}
 
 
 def unsaved_of(model: Any) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import (AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, EarlyStoppingCallback,
-                          Seq2SeqTrainer, Seq2SeqTrainingArguments)
+from transformers import (AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, DataCollatorWithPadding,
+                          EarlyStoppingCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments)
 
 import seq2seq_eval
 from seq2seq_eval import EvalCallback
@@ -74,6 +74,12 @@ def test_every_score_is_its_own_data_on_its_checkpoint(tmp_path, caplog):
 
     on_val = trainer.evaluate(eval_dataset=val, metric_key_prefix="test")
     predicted = trainer.predict(test).metrics
+    # Rows without labels: the loop returns no loss (no key tells its name) and predict() adds its
+    # speed metrics under the name before on_predict, where the score is added.
+    collator, trainer.data_collator = trainer.data_collator, DataCollatorWithPadding(tokenizer)  # no labels: None
+    trainer.args.predict_with_generate = True  # the model needs decoder inputs to run without labels
+    unlabeled = trainer.predict([{k: v for k, v in r.items() if k != "labels"} for r in test]).metrics
+    trainer.args.predict_with_generate, trainer.data_collator = False, collator
     after = trainer.evaluate()
 
     def reference(split: str) -> float:  # the command line's run on the checkpoint
@@ -87,6 +93,7 @@ def test_every_score_is_its_own_data_on_its_checkpoint(tmp_path, caplog):
     # The Trainer's loss and the tool's score are of the same data.
     assert (on_val["test_bleu"], on_val["test_loss"]) == (bleu["val"], after["eval_a_loss"])
     assert (predicted["test_bleu"], predicted["test_loss"]) == (bleu["test"], after["eval_b_loss"])
+    assert unlabeled["test_bleu"] == bleu["test"] and not any(k.endswith("_loss") for k in unlabeled)
     assert not any(k.startswith("eval") for k in on_val) and not any(k.startswith("eval") for k in predicted)
 
     # Another dataset evaluated as "eval_a" is not the one its declared files are of: it is scored
