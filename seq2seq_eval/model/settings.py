@@ -121,6 +121,10 @@ def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"--model_name {cfg.model_name}: cannot load a model config ({first_line(e)})") from e
     model_kind(config, cfg.model_name)
+    # The weights from_pretrained will read, when pickled: nothing but tensors (seq2seq_eval/pickles.py).
+    from ..pickles import refuse_code_in_model
+
+    refuse_code_in_model(name)
     return config, model_generation_config(name)
 
 

@@ -86,6 +86,12 @@ def _from_pretrained(name: str, **kwargs: Any) -> Any:
     from transformers import AutoModel, T5EncoderModel
     from transformers.utils import logging as hf_logging
 
+    from ...pickles import refuse_code_in_model
+
+    # transformers reads a pytorch_model.bin with weights_only=True; a file naming anything but
+    # tensors is refused here in one line (the tool's rule for every pickle it reads).
+    refuse_code_in_model(name)
+
     # transformers logs its load report (a table of keys) as a warning; what it finds is said
     # below in one line, or not at all where it does not matter (the pooler).
     verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -122,6 +128,9 @@ def check_model(name: str) -> None:
     try:
         import accelerate  # noqa: F401  transformers places a model on the meta device through it
     except ImportError:
+        from ...pickles import refuse_code_in_model
+
+        refuse_code_in_model(name)  # that much needs no model
         return  # load_model checks the same when it loads the model
     _from_pretrained(name, device_map="meta")
 

@@ -125,34 +125,22 @@ def encoder_source(folder: Path, hparams: dict[str, Any]) -> str:
 
 
 def load_state_dict(folder: Path) -> dict[str, Any]:
-    """The checkpoint's state dict. Read with weights_only=True (no code runs while reading) when
-    the checkpoint holds only containers and tensors; a checkpoint that pickled other objects
-    besides is read as unbabel-comet reads it (weights_only=False), with a warning: the user
-    chose the model, as with `comet-score`. The tensors are mapped, not read: their names and
-    shapes cost nothing whatever the checkpoint's size, and loading copies them once."""
-    import logging
-    import pickle
-    import zipfile
-
-    import torch
+    """The checkpoint's state dict, read with no code from the file run (seq2seq_eval/pickles.py:
+    weights_only=True, a checkpoint naming any other global than tensors' and Lightning's
+    containers refused in one line before it is read). The tensors are mapped, not read: their
+    names and shapes cost nothing whatever the checkpoint's size, and loading copies them once."""
+    from ...pickles import read
 
     path = folder / "checkpoints" / "model.ckpt"
-    # torch maps only its zip format (torch.save's since torch 1.6); an older one is read whole.
-    mmap = zipfile.is_zipfile(path)
-    try:
-        try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-        except pickle.UnpicklingError as e:
-            if "Weights only load failed" not in str(e):
-                raise
-            logging.getLogger("seq2seq_eval").warning(
-                "%s holds objects besides tensors; read with weights_only=False, as unbabel-comet does", path)
-            ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
-    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
-        raise ModelError(f"{path}: not a readable checkpoint ({str(e).splitlines()[0]})") from e
+    ckpt = read(path, "COMET checkpoints hold")
     state = ckpt.get("state_dict") if isinstance(ckpt, dict) else None
     if not isinstance(state, dict):
         raise ModelError(f"{path}: no state_dict; expected a Lightning checkpoint")
+    import torch
+
+    odd = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
+    if odd is not None:
+        raise ModelError(f"{path}: state_dict[{odd!r}] is a {type(state[odd]).__name__}; expected a tensor")
     return state
 
 

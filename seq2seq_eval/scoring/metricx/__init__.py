@@ -174,8 +174,6 @@ def _weight_paths(folder: Path) -> list[Path]:
 def _shapes(paths: Sequence[Path]) -> dict[str, tuple[int, ...]]:
     """Every stored tensor's shape, its values left unread (safetensors' header; a torch file
     mapped, not read)."""
-    import torch
-
     shapes: dict[str, tuple[int, ...]] = {}
     for path in paths:
         if path.suffix == ".safetensors":
@@ -184,9 +182,25 @@ def _shapes(paths: Sequence[Path]) -> dict[str, tuple[int, ...]]:
             with safe_open(str(path), framework="pt") as f:
                 shapes.update((key, tuple(f.get_slice(key).get_shape())) for key in f.keys())
         else:
-            part = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-            shapes.update((key, tuple(v.shape)) for key, v in part.items())
+            shapes.update((key, tuple(v.shape)) for key, v in _torch_part(path).items())
     return shapes
+
+
+def _torch_part(path: Path, mmap: bool | None = None) -> Mapping[str, Any]:
+    """A pytorch_model.bin (or shard): read with no code from the file run (seq2seq_eval/pickles.py),
+    its tensors mapped where `mmap` is None (torch's zip format); a mapping of tensors, else refused
+    in one line."""
+    import torch
+
+    from ...pickles import read
+
+    part = read(path, "MetricX checkpoints hold", mmap=mmap)
+    if not isinstance(part, dict):
+        raise ModelError(f"{path}: holds a {type(part).__name__}; expected a state dict (names to tensors)")
+    odd = next((k for k, v in part.items() if not isinstance(v, torch.Tensor)), None)
+    if odd is not None:
+        raise ModelError(f"{path}: {odd!r} is a {type(part[odd]).__name__}; expected a state dict (names to tensors)")
+    return part
 
 
 def _layout_problem(network: Any, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
@@ -211,8 +225,6 @@ def _layout_problem(network: Any, shapes: Mapping[str, tuple[int, ...]]) -> str 
 def _weights(folder: Path, tied: bool) -> tuple[dict[str, Any], Any]:
     """(every weight but lm_head, lm_head's row 250089: the only one read); a tied checkpoint's
     row is the embedding's."""
-    import torch
-
     paths = _weight_paths(folder)
     state: dict[str, Any] = {}
     row = None
@@ -227,7 +239,7 @@ def _weights(folder: Path, tied: bool) -> tuple[dict[str, Any], Any]:
                     else:
                         state[key] = f.get_tensor(key)
         else:
-            part = torch.load(str(path), map_location="cpu", weights_only=True)
+            part = dict(_torch_part(path, mmap=False))  # read whole: the network keeps them
             if "lm_head.weight" in part:
                 row = part.pop("lm_head.weight")[SCORE_ID:SCORE_ID + 1].clone()
             state.update(part)

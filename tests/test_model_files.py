@@ -1,0 +1,235 @@
+"""Model files as a hostile user would give them. No code from a file the tool reads: a torch pickle
+(COMET's model.ckpt, a MetricX, BERTScore or generation model's pytorch_model.bin) naming a
+function beside its tensors is refused in one line naming it, before any work, and the function
+never runs; the containers real checkpoints hold beside tensors still load. Model-metric inputs
+checked to fit: every id a tokenizer gives within the model's embeddings, its special ids those
+the model was trained with, hparams.yaml's faults in one line, signatures naming what was read."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from conftest import REPO, single
+
+from seq2seq_eval.errors import ModelError
+
+COMET = REPO / "tests" / "data" / "comet_tiny"
+TINY = COMET / "wmt22_like"
+SAMPLES = json.loads((COMET / "reference_scores.json").read_text(encoding="utf-8"))["samples"]
+METRICX = REPO / "tests" / "data" / "metricx_tiny"
+BERT = REPO / "tests" / "data" / "bertscore_tiny" / "bert"
+
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
+class _System:
+    """Unpickled, runs `touch marker` through os.system (pickled as posix.system)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+class _Subprocess(_System):
+    def __reduce__(self):
+        return subprocess.call, (["touch", str(self.marker)],)
+
+
+class _Exec(_System):
+    def __reduce__(self):
+        return exec, (f"open({str(self.marker)!r}, 'w').close()",)
+
+
+PAYLOADS = {"posix.system": _System, "subprocess.call": _Subprocess, "builtins.exec": _Exec}
+
+
+def _with(path: Path, extra: dict, **save) -> None:
+    """The torch file at `path` rewritten with `extra`'s entries beside its own."""
+    import torch
+
+    saved = torch.load(path, weights_only=False)
+    saved.update(extra)
+    torch.save(saved, path, **save)
+
+
+def _comet_copy(tmp_path: Path, name: str = "model") -> Path:
+    folder = tmp_path / name
+    shutil.copytree(TINY, folder)
+    return folder
+
+
+def _one_line_refusal(text: str, path: Path, global_name: str) -> None:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    assert f"{path}: holds a pickled {global_name}, which is not a tensor" in lines[0], text
+    assert "refused: reading it would run code from the file" in lines[0]
+
+
+@pytest.mark.parametrize("global_name", list(PAYLOADS))
+def test_a_comet_checkpoint_that_would_run_code_is_refused_everywhere_and_never_runs(tmp_path, global_name):
+    """check() and load(), the run's dry run, a run and `score`: one line naming the global, and
+    the payload's marker file never appears."""
+    from seq2seq_eval.scoring.comet import check, load
+
+    marker = tmp_path / "ran"
+    folder = _comet_copy(tmp_path)
+    ckpt = folder / "checkpoints" / "model.ckpt"
+    # Hidden in the hyper-parameters, as a value among plain ones.
+    _with(ckpt, {"hyper_parameters": {"layer": "mix", "pool": PAYLOADS[global_name](marker)}})
+    for step in (check, load):
+        with pytest.raises(ModelError) as e:
+            step(str(folder))
+        _one_line_refusal(str(e.value), ckpt, global_name)
+    for dry in (["--dry_run"], []):
+        proc = single(["--metrics", "bleu,comet", "--comet_model", str(folder), "--n_obs", "8",
+                       "--save_dir", str(tmp_path / "out"), *dry], tmp_path)
+        assert proc.returncode != 0
+        _one_line_refusal(proc.stderr, ckpt, global_name)
+        assert not (tmp_path / "out").exists()
+    for name in ("src", "pred", "ref"):
+        (tmp_path / name).write_text("a b c\n", encoding="utf-8")
+    proc = single(["score", "--metrics", "comet", "--comet_model", str(folder), "--predictions", str(tmp_path / "pred"),
+                   "--references", str(tmp_path / "ref"), "--sources", str(tmp_path / "src")], tmp_path)
+    assert proc.returncode != 0
+    _one_line_refusal(proc.stderr, ckpt, global_name)
+    assert not marker.exists()
+
+
+def test_every_shape_of_a_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
+    """torch's legacy format, a payload inside an allowed container (a Namespace's attribute), and
+    pickle protocol 4 (whose STACK_GLOBAL names its function from the stack)."""
+    from seq2seq_eval.scoring.comet import check
+
+    marker = tmp_path / "ran"
+    cases = {"legacy format": ({"x": _System(marker)}, {"_use_new_zipfile_serialization": False}, "posix.system"),
+             "inside a Namespace": ({"hparams": argparse.Namespace(a=1, b=_Exec(marker))}, {}, "builtins.exec"),
+             "protocol 4": ({"x": _Subprocess(marker)}, {"pickle_protocol": 4}, "<a global given by the STACK_GLOBAL op>")}
+    for case, (extra, save, name) in cases.items():
+        folder = _comet_copy(tmp_path, case.replace(" ", "_"))
+        ckpt = folder / "checkpoints" / "model.ckpt"
+        _with(ckpt, extra, **save)
+        with pytest.raises(ModelError) as e:
+            check(str(folder))
+        _one_line_refusal(str(e.value), ckpt, name)
+    assert not marker.exists()
+
+
+def _fake_lightning(monkeypatch) -> type:
+    """Lightning's AttributeDict as Lightning defines it, in a module of its real name (Lightning is
+    not installed here), so that torch.save pickles it under that name."""
+    for name in ("lightning_fabric", "lightning_fabric.utilities", "lightning_fabric.utilities.data"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+
+    class AttributeDict(dict):
+        def __getattr__(self, key):
+            try:
+                return self[key]
+            except KeyError as e:
+                raise AttributeError(key) from e
+
+        def __setattr__(self, key, value):
+            self[key] = value
+
+    AttributeDict.__module__, AttributeDict.__qualname__ = "lightning_fabric.utilities.data", "AttributeDict"
+    sys.modules["lightning_fabric.utilities.data"].AttributeDict = AttributeDict
+    return AttributeDict
+
+
+def test_a_checkpoint_with_lightning_s_containers_loads_and_scores_as_before(tmp_path, monkeypatch):
+    """Lightning's hyper-parameter dict, an argparse Namespace (older Lightning), numpy scalars and
+    dtypes, callback states: read (the zip format and the legacy one), the scores equal the plain
+    checkpoint's exactly."""
+    import numpy as np
+
+    from seq2seq_eval.scoring.comet import load
+
+    attribute_dict = _fake_lightning(monkeypatch)
+    extra = {"hyper_parameters": attribute_dict(layer="mix", hidden_sizes=[48], nr_frozen_epochs=0.3),
+             "hparams_name": "kwargs", "module_arguments": argparse.Namespace(batch_size=16, pool="avg"),
+             "callbacks": {"ModelCheckpoint{'monitor': 'val_kendall'}": {"best_model_score": np.float64(0.31),
+                                                                         "dtype": np.dtype("float32"),
+                                                                         "steps": np.int64(12)}},
+             "loops": {"fit_loop": {"epoch_progress": {"total": {"ready": 2}}}}}
+    refs = [(r,) for r in SAMPLES["ref"][:6]]
+    before = load(str(TINY)).score(SAMPLES["src"][:6], SAMPLES["mt"][:6], refs)
+    for legacy in (False, True):
+        folder = _comet_copy(tmp_path, f"lightning_{legacy}")
+        _with(folder / "checkpoints" / "model.ckpt", extra, _use_new_zipfile_serialization=not legacy)
+        # (Read by name: torch's weights-only reader imports nothing.)
+        assert load(str(folder)).score(SAMPLES["src"][:6], SAMPLES["mt"][:6], refs) == before
+
+
+def test_the_same_rule_for_metricx_weights(tmp_path):
+    """A pytorch_model.bin (the hub's MetricX-23 checkpoints' format): one naming a function is
+    refused by the checks before any work and by the load, in one line; a plain one scores as
+    the safetensors copy does."""
+    import torch
+    from safetensors.torch import load_file
+
+    from seq2seq_eval.scoring import registry
+
+    marker = tmp_path / "ran"
+    source = tmp_path / "safetensors"
+    source.mkdir()
+    (source / "config.json").write_bytes((METRICX / "float32" / "config.json").read_bytes())
+    (source / "model.safetensors").write_bytes(lzma.decompress((METRICX / "float32" / "model.safetensors.xz").read_bytes()))
+    state = load_file(str(source / "model.safetensors"))
+    for name, extra in (("plain", {}), ("hostile", {"note": _System(marker)})):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_bytes((source / "config.json").read_bytes())
+        torch.save({**state, **extra}, folder / "pytorch_model.bin")
+    given = {"metricx_tokenizer": str(METRICX / "tokenizer"), "metricx_max_length": 64}
+    scores = {}
+    for name in ("safetensors", "plain"):
+        resolved = dict(registry.resolve_options({**given, "metricx_model": str(tmp_path / name)}))
+        registry.check("metricx", resolved)
+        scores[name] = registry.load("metricx", resolved).score(["a b"], ["c d e"], [("c d",)])
+    assert scores["plain"] == scores["safetensors"]
+    resolved = dict(registry.resolve_options({**given, "metricx_model": str(tmp_path / "hostile")}))
+    for step in (registry.check, registry.load):
+        with pytest.raises(ModelError) as e:
+            step("metricx", resolved)
+        _one_line_refusal(str(e.value), tmp_path / "hostile" / "pytorch_model.bin", "posix.system")
+    assert not marker.exists()
+
+
+def _bin_copy(source: Path, folder: Path, extra: dict) -> Path:
+    """A model folder's copy whose weights are a pytorch_model.bin with `extra` beside them."""
+    import torch
+    from safetensors.torch import load_file
+
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save({**load_file(str(source / "model.safetensors")), **extra}, folder / "pytorch_model.bin")
+    return folder
+
+
+def test_the_same_rule_for_bertscore_and_the_generation_model(tmp_path, tiny_model):
+    """transformers reads a pytorch_model.bin with weights_only=True; the tool refuses one naming a
+    function first, in one line, by the checks before any work (the dry run's)."""
+    from seq2seq_eval.scoring.bertscore import check
+
+    marker = tmp_path / "ran"
+    bert = _bin_copy(BERT, tmp_path / "bert", {"x": _System(marker)})
+    with pytest.raises(ModelError) as e:
+        check({"bertscore_model": str(bert), "bertscore_num_layers": 2, "bertscore_idf": False,
+               "bertscore_rescale_with_baseline": False, "bertscore_lang": "en", "bertscore_baseline_path": None})
+    _one_line_refusal(str(e.value), bert / "pytorch_model.bin", "posix.system")
+    model = _bin_copy(tiny_model, tmp_path / "model", {"x": _Exec(marker)})
+    for engine in ("hf", "ctranslate2"):
+        proc = single(["--model_name", str(model), "--engine", engine, "--n_obs", "4", "--save_dir",
+                       str(tmp_path / "out"), "--dry_run"], tmp_path)
+        assert proc.returncode != 0
+        _one_line_refusal(proc.stderr, model / "pytorch_model.bin", "builtins.exec")
+    assert not marker.exists()
