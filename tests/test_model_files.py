@@ -233,3 +233,195 @@ def test_the_same_rule_for_bertscore_and_the_generation_model(tmp_path, tiny_mod
         assert proc.returncode != 0
         _one_line_refusal(proc.stderr, model / "pytorch_model.bin", "builtins.exec")
     assert not marker.exists()
+
+
+# --- Inputs that fit -------------------------------------------------------------------------
+
+
+def _one_line(text: str, *parts: str) -> None:
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    for part in parts:
+        assert part in lines[0], text
+
+
+@pytest.fixture(scope="module")
+def metricx_model(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("metricx")
+    (folder / "config.json").write_bytes((METRICX / "float32" / "config.json").read_bytes())
+    (folder / "model.safetensors").write_bytes(lzma.decompress((METRICX / "float32" / "model.safetensors.xz").read_bytes()))
+    return folder
+
+
+def _metricx_tokenizer(folder: Path, pieces: int | None = None, post_processor: bool = True) -> Path:
+    """The fixture's mT5-style tokenizer (tokenizer.json), its vocabulary grown to `pieces` entries
+    (each a piece the text `far<i>` gives), or without its post-processor (no end token)."""
+    folder.mkdir()
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).write_bytes((METRICX / "tokenizer" / name).read_bytes())
+    spec = json.loads((METRICX / "tokenizer" / "tokenizer.json").read_text(encoding="utf-8"))
+    if pieces is not None:
+        spec["model"]["vocab"] += [[f"\u2581far{i}", -30.0] for i in range(pieces - len(spec["model"]["vocab"]))]
+    if not post_processor:
+        # transformers' T5Tokenizer makes its own post-processor: the generic class keeps the file's.
+        spec["post_processor"] = None
+        config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    (folder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    return folder
+
+
+def test_a_metricx_tokenizer_that_does_not_fit_the_model_is_refused_before_any_work(tmp_path, metricx_model):
+    """The issue's ids past the vocabulary (255,625 tokens against 250,112 embeddings: an
+    IndexError after generation before), an XLM-R tokenizer (pad 1, end 2, `<s>` first: a
+    meaningless number before), and one that adds no end token (predict.py removes the last token
+    as the end token: a text token was dropped): refused in one line by the checks (the dry run's)
+    and by the load (`score`'s)."""
+    from seq2seq_eval.api import score
+    from seq2seq_eval.scoring import registry
+
+    cases = {
+        "past": (_metricx_tokenizer(tmp_path / "past", pieces=255_625),
+                 "its ids reach 255624 ('\u2581far255124') (255625 tokens with the added ones), past the model's 250112 embeddings"),
+        "xlm-r": (TINY / "tiny-xlmr", f"its pad id is 1 where --metricx_model {metricx_model}'s config.json says 0"),
+        "no end": (_metricx_tokenizer(tmp_path / "no_end", post_processor=False),
+                   "it frames a text as [3, 12, 3, 499] (the text alone: [3, 12, 3, 499]) where the model's tokenizer gives the "
+                   "text's ids then the end token 1"),
+    }
+    for case, (tokenizer, why) in cases.items():
+        given = {"metricx_model": str(metricx_model), "metricx_tokenizer": str(tokenizer)}
+        with pytest.raises(ModelError) as e:
+            registry.check("metricx", dict(registry.resolve_options(given)))
+        _one_line(str(e.value), f"--metricx_tokenizer {tokenizer}: {why}; expected the model's own tokenizer")
+        if case == "xlm-r":  # (the big tokenizer is loaded once: seconds)
+            with pytest.raises(ModelError, match="its pad id is 1 where"):
+                score(["a b"], ["a b"], metrics="metricx", sources=["a"], **given)
+    fits = {"metricx_model": str(metricx_model), "metricx_tokenizer": str(METRICX / "tokenizer")}
+    registry.check("metricx", dict(registry.resolve_options(fits)))
+
+
+def _comet_with(tmp_path: Path, name: str, tokens: int = 0, **config) -> Path:
+    """The tiny COMET model with `tokens` tokens added to its encoder's tokenizer, or its encoder's
+    config.json changed."""
+    from transformers import AutoTokenizer
+
+    folder = _comet_copy(tmp_path, name)
+    encoder = folder / "tiny-xlmr"
+    if tokens:
+        tok = AutoTokenizer.from_pretrained(str(encoder))
+        tok.add_tokens([f"zzadded{i}" for i in range(tokens)])
+        tok.save_pretrained(str(encoder))
+    if config:
+        spec = json.loads((encoder / "config.json").read_text(encoding="utf-8"))
+        spec.update(config)
+        (encoder / "config.json").write_text(json.dumps(spec), encoding="utf-8")
+    return folder
+
+
+def test_a_comet_encoder_tokenizer_that_does_not_fit_is_refused_everywhere_before_any_work(tmp_path):
+    """The issue's 840 ids against 602 embeddings, a config whose pad or end id is not the
+    tokenizer's (XLM-R numbers positions from the config's pad id: a wrong number before): by
+    check() and load(), the dry run and `score`, in one line."""
+    from seq2seq_eval.scoring.comet import check, load
+
+    cases = {"past": (_comet_with(tmp_path, "past", tokens=238), "its ids reach 839 ('zzadded237') (840 tokens with "
+                      "the added ones), past the model's 602 embeddings"),
+             "pad": (_comet_with(tmp_path, "pad", pad_token_id=3), "its pad id is 1 where its config.json says 3"),
+             "eos": (_comet_with(tmp_path, "eos", eos_token_id=5), "its eos id is 2 where its config.json says 5")}
+    for name in ("src", "pred", "ref"):
+        (tmp_path / name).write_text("a b c\n", encoding="utf-8")
+    for case, (folder, why) in cases.items():
+        line = f"--comet_model {folder}: the encoder's tokenizer ('{folder / 'tiny-xlmr'}', hparams.yaml's pretrained_model) " \
+               f"does not fit its config.json: {why}"
+        for step in (check, load):
+            with pytest.raises(ModelError) as e:
+                step(str(folder))
+            _one_line(str(e.value), line)
+        if case == "past":
+            proc = single(["--metrics", "bleu,comet", "--comet_model", str(folder), "--n_obs", "8",
+                           "--save_dir", str(tmp_path / "out"), "--dry_run"], tmp_path)
+            assert proc.returncode != 0 and not (tmp_path / "out").exists()
+            _one_line(proc.stderr, line)
+            proc = single(["score", "--metrics", "comet", "--comet_model", str(folder), "--predictions",
+                           str(tmp_path / "pred"), "--references", str(tmp_path / "ref"), "--sources", str(tmp_path / "src")],
+                          tmp_path)
+            assert proc.returncode != 0
+            _one_line(proc.stderr, line)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("# the whole file\nlayer: [mix\n", r"not YAML at line 3, column 1 \(expected ',' or '\]', but got '<stream end>'\)"),
+    ("# the whole file\na: 1\n  b: 2\n", r"not YAML at line 3, column 4 \(mapping values are not allowed here\)"),
+    ("# the whole file\n- regression_metric\n", r"holds a list; expected a mapping of COMET's hyper-parameters"),
+    ("# the whole file\n", r"holds nothing; expected a mapping"),
+    ("hidden_sizes: abc\n", r"hidden_sizes is 'abc'; expected a list of positive integers"),
+    ("hidden_sizes: [48, 0]\n", r"hidden_sizes is \[48, 0\]; expected a list of positive integers"),
+    ("pool: mean\n", r"pool is 'mean'; expected avg, max, cls or default"),
+    ("layer: top\n", r"layer is 'top'; expected mix or a layer number"),
+    ("layer_norm: 'no'\n", r"layer_norm is 'no'; expected true or false"),
+    ("class_identifier: [regression_metric]\n", r"class_identifier is \['regression_metric'\]; expected a class name"),
+    ("pretrained_model: 7\n", r"pretrained_model is 7; expected a hub name or a folder"),
+])
+def test_a_malformed_hparams_yaml_is_one_line_naming_the_file_and_the_place(tmp_path, text, why):
+    from seq2seq_eval.scoring.comet import check
+
+    folder = _comet_copy(tmp_path)
+    path = folder / "hparams.yaml"
+    if text.startswith(("hidden_sizes", "pool", "layer", "class_identifier", "pretrained_model")):
+        key = text.split(":")[0]
+        text = "".join(line + "\n" for line in path.read_text(encoding="utf-8").splitlines()
+                       if not line.startswith((f"{key}:", "- 48", "- 16") if key == "hidden_sizes" else f"{key}:")) + text
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ModelError) as e:
+        check(str(folder))
+    assert len(str(e.value).splitlines()) == 1
+    assert __import__("re").match(rf"--comet_model {folder}: {path}: {why}", str(e.value)), str(e.value)
+
+
+def test_a_bertscore_tokenizer_that_does_not_fit_the_model_is_refused_before_any_work(tmp_path):
+    """Ids past the embeddings (added tokens) and texts cut past the position embeddings."""
+    from transformers import AutoTokenizer
+
+    from seq2seq_eval.scoring.bertscore import check, load
+
+    options = {"bertscore_num_layers": 2, "bertscore_idf": False, "bertscore_rescale_with_baseline": False,
+               "bertscore_lang": "en", "bertscore_baseline_path": None}
+    past = tmp_path / "past"
+    shutil.copytree(BERT, past)
+    tok = AutoTokenizer.from_pretrained(str(past), use_fast=False)
+    tok.add_tokens(["zzadded0", "zzadded1"])
+    tok.save_pretrained(str(past))
+    long = tmp_path / "long"
+    shutil.copytree(BERT, long)
+    spec = json.loads((long / "tokenizer_config.json").read_text(encoding="utf-8"))
+    spec["model_max_length"] = 100
+    (long / "tokenizer_config.json").write_text(json.dumps(spec), encoding="utf-8")
+    for folder, why in ((past, "its ids reach 801 ('zzadded1') (802 tokens with the added ones), past the model's 800 "
+                               "embeddings"),
+                        (long, "texts are cut to its model_max_length 100, whose positions reach 99, past the model's 64 "
+                               "position embeddings")):
+        for step in (check, lambda o: load(o)):
+            with pytest.raises(ModelError) as e:
+                step({"bertscore_model": str(folder), **options})
+            _one_line(str(e.value), f"--bertscore_model {folder}: its tokenizer does not fit the model: {why}")
+    check({"bertscore_model": str(BERT), **options})
+
+
+def test_signatures_name_only_what_was_read(metricx_model):
+    """A metric that read no reference says nothing of references (MetricX-QE said refs:mean,
+    CometKiwi says nothing); one that read them says how they combine."""
+    from seq2seq_eval.scoring import registry
+
+    cases = {("metricx", True): {"metricx_model": str(metricx_model), "metricx_tokenizer": str(METRICX / "tokenizer"),
+                                 "metricx_qe": True},
+             ("metricx", False): {"metricx_model": str(metricx_model), "metricx_tokenizer": str(METRICX / "tokenizer")},
+             ("comet", True): {"comet_model": str(COMET / "kiwi_like")},
+             ("comet", False): {"comet_model": str(TINY)}}
+    for (name, reference_free), given in cases.items():
+        resolved = dict(registry.resolve_options(given))
+        assert registry.reads_references(name, resolved) is not reference_free
+        metric = registry.load(name, resolved)
+        refs = [()] if reference_free else [("a b",)]
+        signature = registry.signature(name, resolved, metric, refs)
+        assert ("refs:" in signature) is not reference_free, signature
