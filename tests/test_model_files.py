@@ -301,13 +301,21 @@ def test_a_metricx_tokenizer_that_does_not_fit_the_model_is_refused_before_any_w
     registry.check("metricx", dict(registry.resolve_options(fits)))
 
 
-def _comet_with(tmp_path: Path, name: str, tokens: int = 0, **config) -> Path:
-    """The tiny COMET model with `tokens` tokens added to its encoder's tokenizer, or its encoder's
-    config.json changed."""
+def _comet_with(tmp_path: Path, name: str, tokens: int = 0, no_start: bool = False, **config) -> Path:
+    """The tiny COMET model with `tokens` tokens added to its encoder's tokenizer, or a tokenizer
+    that puts no start token ahead of a text, or its encoder's config.json changed."""
     from transformers import AutoTokenizer
 
     folder = _comet_copy(tmp_path, name)
     encoder = folder / "tiny-xlmr"
+    if no_start:
+        spec = json.loads((encoder / "tokenizer.json").read_text(encoding="utf-8"))
+        spec["post_processor"]["single"] = spec["post_processor"]["single"][1:]
+        (encoder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+        # transformers' XLM-R class makes its own post-processor: the generic one keeps the file's.
+        spec = json.loads((encoder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        spec["tokenizer_class"] = "PreTrainedTokenizerFast"
+        (encoder / "tokenizer_config.json").write_text(json.dumps(spec), encoding="utf-8")
     if tokens:
         tok = AutoTokenizer.from_pretrained(str(encoder))
         tok.add_tokens([f"zzadded{i}" for i in range(tokens)])
@@ -321,14 +329,18 @@ def _comet_with(tmp_path: Path, name: str, tokens: int = 0, **config) -> Path:
 
 def test_a_comet_encoder_tokenizer_that_does_not_fit_is_refused_everywhere_before_any_work(tmp_path):
     """The issue's 840 ids against 602 embeddings, a config whose pad or end id is not the
-    tokenizer's (XLM-R numbers positions from the config's pad id: a wrong number before): by
-    check() and load(), the dry run and `score`, in one line."""
+    tokenizer's (XLM-R numbers positions from the config's pad id: a wrong number before), a
+    tokenizer that puts no start token first (the unified models read the first token's
+    embedding): by check() and load(), the dry run and `score`, in one line."""
     from seq2seq_eval.scoring.comet import check, load
 
     cases = {"past": (_comet_with(tmp_path, "past", tokens=238), "its ids reach 839 ('zzadded237') (840 tokens with "
                       "the added ones), past the model's 602 embeddings"),
              "pad": (_comet_with(tmp_path, "pad", pad_token_id=3), "its pad id is 1 where its config.json says 3"),
-             "eos": (_comet_with(tmp_path, "eos", eos_token_id=5), "its eos id is 2 where its config.json says 5")}
+             "eos": (_comet_with(tmp_path, "eos", eos_token_id=5), "its eos id is 2 where its config.json says 5"),
+             "no start": (_comet_with(tmp_path, "no_start", no_start=True),
+                          "it frames a text as [4, 13, 4, 600, 2] (the text alone: [4, 13, 4, 600]) where the model's "
+                          "tokenizer gives the start token 0, the text's ids, the end token 2 (XLM-R's)")}
     for name in ("src", "pred", "ref"):
         (tmp_path / name).write_text("a b c\n", encoding="utf-8")
     for case, (folder, why) in cases.items():
