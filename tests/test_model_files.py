@@ -123,6 +123,17 @@ def test_every_shape_of_a_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
             check(str(folder))
         _one_line_refusal(str(e.value), ckpt, name)
     assert not marker.exists()
+    # Allowed containers where the tensors should be: one line, not a traceback from their use.
+    import torch
+
+    folder = _comet_copy(tmp_path, "odd_state")
+    ckpt = folder / "checkpoints" / "model.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    saved["state_dict"]["estimator.ff.0.weight"] = argparse.Namespace(shape=(48, 192))
+    torch.save(saved, ckpt)
+    with pytest.raises(ModelError) as e:
+        check(str(folder))
+    assert str(e.value) == f"{ckpt}: state_dict['estimator.ff.0.weight'] is a Namespace; expected a tensor"
 
 
 def _fake_lightning(monkeypatch) -> type:
@@ -197,11 +208,23 @@ def test_the_same_rule_for_metricx_weights(tmp_path):
         registry.check("metricx", resolved)
         scores[name] = registry.load("metricx", resolved).score(["a b"], ["c d e"], [("c d",)])
     assert scores["plain"] == scores["safetensors"]
-    resolved = dict(registry.resolve_options({**given, "metricx_model": str(tmp_path / "hostile")}))
-    for step in (registry.check, registry.load):
-        with pytest.raises(ModelError) as e:
-            step("metricx", resolved)
-        _one_line_refusal(str(e.value), tmp_path / "hostile" / "pytorch_model.bin", "posix.system")
+    # Sharded, the function in the second shard.
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    (sharded / "config.json").write_bytes((source / "config.json").read_bytes())
+    keys = sorted(state)
+    shards = {"pytorch_model-00001-of-00002.bin": keys[:5], "pytorch_model-00002-of-00002.bin": keys[5:]}
+    for i, (shard, names) in enumerate(shards.items()):
+        torch.save({**{k: state[k] for k in names}, **({"note": _Subprocess(marker)} if i else {})}, sharded / shard)
+    (sharded / "pytorch_model.bin.index.json").write_text(json.dumps(
+        {"weight_map": {k: shard for shard, names in shards.items() for k in names}}), encoding="utf-8")
+    for folder, file, name in ((tmp_path / "hostile", "pytorch_model.bin", "posix.system"),
+                               (sharded, "pytorch_model-00002-of-00002.bin", "subprocess.call")):
+        resolved = dict(registry.resolve_options({**given, "metricx_model": str(folder)}))
+        for step in (registry.check, registry.load):
+            with pytest.raises(ModelError) as e:
+                step("metricx", resolved)
+            _one_line_refusal(str(e.value), folder / file, name)
     assert not marker.exists()
 
 
@@ -225,6 +248,12 @@ def test_the_same_rule_for_bertscore_and_the_generation_model(tmp_path, tiny_mod
     with pytest.raises(ModelError) as e:
         check({"bertscore_model": str(bert), "bertscore_num_layers": 2, "bertscore_idf": False,
                "bertscore_rescale_with_baseline": False, "bertscore_lang": "en", "bertscore_baseline_path": None})
+    _one_line_refusal(str(e.value), bert / "pytorch_model.bin", "posix.system")
+    from seq2seq_eval.scoring.bertscore import load  # `score`'s way in: no check first
+
+    with pytest.raises(ModelError) as e:
+        load({"bertscore_model": str(bert), "bertscore_num_layers": 2, "bertscore_idf": False,
+              "bertscore_rescale_with_baseline": False, "bertscore_lang": "en", "bertscore_baseline_path": None})
     _one_line_refusal(str(e.value), bert / "pytorch_model.bin", "posix.system")
     model = _bin_copy(tiny_model, tmp_path / "model", {"x": _Exec(marker)})
     for engine in ("hf", "ctranslate2"):
