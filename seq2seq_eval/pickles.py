@@ -127,10 +127,25 @@ def read(path: Path | str, holds: str = "checkpoints hold", mmap: bool | None = 
     try:
         with torch.serialization.safe_globals(_allowed()):
             return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError, ValueError) as e:
-        first = next((line.strip() for line in str(e).splitlines() if "GLOBAL" in line), "")
-        why = first or (str(e).splitlines()[0] if str(e) else type(e).__name__)
-        raise ModelError(f"{path}: not a readable checkpoint ({why})") from e
+    except pickle.UnpicklingError as e:
+        raise refusal(str(path), e, holds) from e
+    except (RuntimeError, OSError, EOFError, ValueError) as e:
+        raise ModelError(f"{path}: not a readable checkpoint ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from e
+
+
+def refusal(where: str, error: Exception, holds: str = "checkpoints hold") -> ModelError:
+    """torch's weights-only refusal (several lines of advice, one of them to run the file's code)
+    as one line: the global it names, else its reason."""
+    import re
+
+    text = str(error)
+    found = re.search(r"GLOBAL (\S+)", text)
+    if found:
+        return ModelError(f"{where}: holds a pickled {found.group(1)}, which is not a tensor or one of the types "
+                          f"{holds} beside tensors; refused: reading it would run code from the file")
+    reason = next((line.strip() for line in text.splitlines() if "error:" in line.lower() and line.strip()), "")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return ModelError(f"{where}: not a readable checkpoint ({reason or (lines[0] if lines else type(error).__name__)})")
 
 
 def transformers_weights(name_or_path: str) -> list[Path]:

@@ -466,3 +466,25 @@ def test_signatures_name_only_what_was_read(metricx_model):
         refs = [()] if reference_free else [("a b",)]
         signature = registry.signature(name, resolved, metric, refs)
         assert ("refs:" in signature) is not reference_free, signature
+
+
+def test_a_file_fetched_after_the_checks_is_refused_by_transformers_in_one_line(tmp_path, tiny_model, monkeypatch):
+    """A hub model's weights are fetched at the load, after the checks scanned what was cached:
+    transformers reads them with weights_only=True, and its several lines of advice (one of them
+    to run the file's code) become the tool's one line naming the global."""
+    import seq2seq_eval.pickles
+    from seq2seq_eval.config import EvalConfig
+    from seq2seq_eval.model.settings import load_model
+    from seq2seq_eval.scoring.bertscore.encoder import load_model as bertscore_model
+
+    monkeypatch.setattr(seq2seq_eval.pickles, "transformers_weights", lambda name: [])  # as for a hub name not cached
+    marker = tmp_path / "ran"
+    bert = _bin_copy(BERT, tmp_path / "bert", {"x": _System(marker)})
+    with pytest.raises(ModelError) as e:
+        bertscore_model(str(bert), 2, "cpu")
+    _one_line_refusal(str(e.value), Path(f"--bertscore_model {bert}"), "posix.system")
+    model = _bin_copy(tiny_model, tmp_path / "model", {"x": _Exec(marker)})
+    with pytest.raises(ModelError) as e:
+        load_model(EvalConfig(model_name=str(model)), "cpu")
+    _one_line_refusal(str(e.value), Path(f"--model_name {model}"), "exec")
+    assert not marker.exists()

@@ -86,7 +86,9 @@ def _from_pretrained(name: str, **kwargs: Any) -> Any:
     from transformers import AutoModel, T5EncoderModel
     from transformers.utils import logging as hf_logging
 
-    from ...pickles import refuse_code_in_model
+    import pickle
+
+    from ...pickles import refusal, refuse_code_in_model
 
     # transformers reads a pytorch_model.bin with weights_only=True; a file naming anything but
     # tensors is refused here in one line (the tool's rule for every pickle it reads).
@@ -103,6 +105,8 @@ def _from_pretrained(name: str, **kwargs: Any) -> Any:
     except (OSError, ValueError) as e:
         raise ModelError(f"--bertscore_model {name}: the model was not found ({type(e).__name__}); expected a hub "
                          "name (or its cached copy with HF_HUB_OFFLINE=1) or a local folder") from e
+    except pickle.UnpicklingError as e:  # transformers' weights_only=True refused a file fetched since the checks
+        raise refusal(f"--bertscore_model {name}", e, "model checkpoints hold") from e
     except RuntimeError as e:  # the checkpoint's tensors could not be read or converted
         raise ModelError(f"--bertscore_model {name}: the weights were not loaded ({str(e).splitlines()[0]})") from e
     finally:
