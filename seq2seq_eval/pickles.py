@@ -1,11 +1,11 @@
 """The one rule for every torch pickle the tool reads (a COMET model.ckpt, a MetricX or BERTScore
 pytorch_model.bin): no code from the file runs. A pickle names the functions and classes it calls
 (its GLOBALs); the file is first scanned for them without unpickling anything, and one that is
-neither torch's own (tensors, storages, dtypes, OrderedDict...) nor in ALLOWED is refused in one
-line naming it, before the file is read. Then torch reads it with weights_only=True, which
+neither torch's own (tensors, storages, dtypes, OrderedDict...) nor in the allowed list (_allowed)
+is refused in one line naming it, before the file is read. Then torch reads it with weights_only=True, which
 enforces the same list (a scan that missed a name would still run nothing).
 
-ALLOWED holds what Lightning checkpoints (COMET's layout) hold beside tensors, each a container
+The allowed list holds what Lightning checkpoints (COMET's layout) hold beside tensors, each a container
 of values whose unpickling runs nothing of the file's: Lightning's hyper-parameter dict
 (AttributeDict, under each module name Lightning has put it in: it is not a dependency, so a
 stand-in of the same behaviour is registered under those names), argparse.Namespace (hparams of
@@ -58,7 +58,7 @@ def _allowed() -> list[Any]:
 
 
 def allowed_names() -> frozenset[str]:
-    """The GLOBALs a file may name: torch's defaults and ALLOWED's."""
+    """The GLOBALs a file may name: torch's defaults and the allowed list's names."""
     from torch import _weights_only_unpickler as wo
 
     return frozenset(wo._get_allowed_globals()) | {p[1] for p in _allowed() if isinstance(p, tuple)}
@@ -98,7 +98,7 @@ def _globals(data: bytes | io.BufferedReader) -> Iterator[str]:
 
 def refuse_code(path: Path | str, holds: str = "checkpoints hold") -> None:
     """Raises ModelError in one line when the torch file names a global that is not a tensor's
-    nor in ALLOWED (`holds` completes "one of the types ... beside tensors" in the message)."""
+    nor in the allowed list (`holds` completes "one of the types ... beside tensors" in the message)."""
     path = Path(path)
     allowed = allowed_names()
     try:
