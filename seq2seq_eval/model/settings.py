@@ -121,6 +121,10 @@ def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
     except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"--model_name {cfg.model_name}: cannot load a model config ({first_line(e)})") from e
     model_kind(config, cfg.model_name)
+    # The weights from_pretrained will read, when pickled: nothing but tensors (seq2seq_eval/pickles.py).
+    from ..pickles import refuse_code_in_model
+
+    refuse_code_in_model(name)
     return config, model_generation_config(name)
 
 
@@ -151,8 +155,14 @@ def load_model(cfg: EvalConfig, device: Any, kind: str = SEQ2SEQ) -> Any:
 
     name = os.path.expanduser(cfg.model_name)
     auto = AutoModelForCausalLM if kind == CAUSAL else AutoModelForSeq2SeqLM
+    import pickle
+
+    from ..pickles import refusal
+
     try:
         model = auto.from_pretrained(name)
+    except pickle.UnpicklingError as e:  # transformers' weights_only=True refused a file fetched since the checks
+        raise refusal(f"--model_name {cfg.model_name}", e, "model checkpoints hold") from e
     except (OSError, ValueError) as e:
         raise ModelError(f"--model_name {cfg.model_name}: cannot load the model ({first_line(e)})") from e
     if cfg.fp16:

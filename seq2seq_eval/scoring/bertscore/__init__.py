@@ -153,8 +153,23 @@ def check(options: Mapping[str, Any]) -> None:
                           f"expected 0 to {count}")
     from .encoder import check_model, load_tokenizer
 
-    load_tokenizer(options["bertscore_model"])  # so that it fails here, not after generation
+    # So that it fails here, not after generation.
+    check_fit(options["bertscore_model"], config, load_tokenizer(options["bertscore_model"]))
     check_model(options["bertscore_model"])
+
+
+def check_fit(name: str, config: Any, tokenizer: Any) -> None:
+    """The tokenizer fits the model: every id it gives within the embeddings' vocab_size rows, and
+    a text cut to its model_max_length within the position embeddings (else an IndexError in the
+    middle of scoring)."""
+    from ...errors import ModelError
+    from ..fit import first_problem, ids_past_embeddings, positions_past_embeddings
+
+    rows = getattr(config, "vocab_size", None)
+    problem = first_problem(ids_past_embeddings(tokenizer, rows) if isinstance(rows, int) else None,
+                            positions_past_embeddings(int(tokenizer.model_max_length), config))
+    if problem is not None:
+        raise ModelError(f"--bertscore_model {name}: its tokenizer does not fit the model: {problem}")
 
 
 def _baseline(options: Mapping[str, Any], layers: int) -> tuple[tuple[float, float, float] | None, str | None]:
@@ -184,6 +199,7 @@ def load(options: Mapping[str, Any], device: Any = "cpu") -> BERTScore:
     baseline, kind = _baseline(options, layers)
     tokenizer = load_tokenizer(options["bertscore_model"])
     model = load_model(options["bertscore_model"], layers, device)
+    check_fit(options["bertscore_model"], model.config, tokenizer)  # `score` runs no check first
     return BERTScore(options, tokenizer, model, torch.device(device), baseline, kind)
 
 

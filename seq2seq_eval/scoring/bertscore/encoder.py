@@ -86,6 +86,14 @@ def _from_pretrained(name: str, **kwargs: Any) -> Any:
     from transformers import AutoModel, T5EncoderModel
     from transformers.utils import logging as hf_logging
 
+    import pickle
+
+    from ...pickles import refusal, refuse_code_in_model
+
+    # transformers reads a pytorch_model.bin with weights_only=True; a file naming anything but
+    # tensors is refused here in one line (the tool's rule for every pickle it reads).
+    refuse_code_in_model(name)
+
     # transformers logs its load report (a table of keys) as a warning; what it finds is said
     # below in one line, or not at all where it does not matter (the pooler).
     verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -97,6 +105,8 @@ def _from_pretrained(name: str, **kwargs: Any) -> Any:
     except (OSError, ValueError) as e:
         raise ModelError(f"--bertscore_model {name}: the model was not found ({type(e).__name__}); expected a hub "
                          "name (or its cached copy with HF_HUB_OFFLINE=1) or a local folder") from e
+    except pickle.UnpicklingError as e:  # transformers' weights_only=True refused a file fetched since the checks
+        raise refusal(f"--bertscore_model {name}", e, "model checkpoints hold") from e
     except RuntimeError as e:  # the checkpoint's tensors could not be read or converted
         raise ModelError(f"--bertscore_model {name}: the weights were not loaded ({str(e).splitlines()[0]})") from e
     finally:
@@ -122,6 +132,9 @@ def check_model(name: str) -> None:
     try:
         import accelerate  # noqa: F401  transformers places a model on the meta device through it
     except ImportError:
+        from ...pickles import refuse_code_in_model
+
+        refuse_code_in_model(name)  # that much needs no model
         return  # load_model checks the same when it loads the model
     _from_pretrained(name, device_map="meta")
 

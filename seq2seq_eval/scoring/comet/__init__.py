@@ -139,11 +139,34 @@ def _encoder(name_or_path: str, folder: Any, hparams: dict[str, Any]) -> tuple[A
     source = encoder_source(folder, hparams)
     try:
         # The config class COMET's encoder names (XLM-R or XLM-R-XL), whatever config.json's model_type.
-        return encoder_class(hparams)[0].from_pretrained(source), AutoTokenizer.from_pretrained(source)
+        config, tokenizer = encoder_class(hparams)[0].from_pretrained(source), AutoTokenizer.from_pretrained(source)
     except Exception as e:  # a malformed file raises whatever its parser meets (KeyError, ...)
         raise ModelError(f"--comet_model {name_or_path}: the encoder's config and tokenizer ({source!r}, hparams.yaml's "
                          f"pretrained_model) were not found or not read ({type(e).__name__}); put them in a folder of "
                          "that name beside hparams.yaml (docs/metrics.md#comet)") from e
+    _check_tokenizer(name_or_path, source, config, tokenizer)
+    return config, tokenizer
+
+
+def _check_tokenizer(name_or_path: str, source: str, config: Any, tokenizer: Any) -> None:
+    """The encoder's tokenizer fits its config (and so the checkpoint, whose shapes the config's
+    are): every id within the embeddings' vocab_size rows, the pad, start and end ids the config's
+    (XLM-R finds padding by the config's pad id, to number positions and to pool), and a text
+    framed by the start and end tokens, as COMET's encoders frame it (the first token's embedding
+    is the unified models' sentence embedding)."""
+    from ...errors import ModelError
+    from ..fit import first_problem, framing_problem, ids_past_embeddings, special_ids_disagree
+
+    ids = {"pad": config.pad_token_id, "bos": config.bos_token_id, "eos": config.eos_token_id}
+    problem = first_problem(
+        ids_past_embeddings(tokenizer, int(config.vocab_size)),
+        special_ids_disagree(tokenizer, ids, "its config.json", needed=("pad",)),  # the tool pads with it
+        framing_problem(tokenizer, [ids["bos"]] if ids["bos"] is not None else [],
+                        [ids["eos"]] if ids["eos"] is not None else [],
+                        f"the start token {ids['bos']}, the text's ids, the end token {ids['eos']} (XLM-R's)"))
+    if problem is not None:
+        raise ModelError(f"--comet_model {name_or_path}: the encoder's tokenizer ({source!r}, hparams.yaml's "
+                         f"pretrained_model) does not fit its config.json: {problem}")
 
 
 def weights_bytes(hparams: dict[str, Any], config: Any) -> int:

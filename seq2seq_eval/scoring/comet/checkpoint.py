@@ -87,15 +87,62 @@ def tags_words(hparams: dict[str, Any]) -> bool:
         hparams["class_identifier"] == "unified_metric" and bool(hparams.get("word_level_training", False)))
 
 
+def _is_layer(v: Any) -> bool:
+    return v == "mix" or (isinstance(v, int) and not isinstance(v, bool))
+
+
+def _is_list(kind: type, v: Any, ok: Any = lambda x: True) -> bool:
+    return isinstance(v, list) and all(isinstance(x, kind) and not isinstance(x, bool) and ok(x) for x in v)
+
+
+FIELDS: dict[str, tuple[Any, str]] = {
+    # The keys the tool reads (absent: the class's default, as unbabel-comet's constructors give it).
+    "class_identifier": (lambda v: isinstance(v, str), "a class name"),
+    "encoder_model": (lambda v: isinstance(v, str), "an encoder name"),
+    "pretrained_model": (lambda v: isinstance(v, str), "a hub name or a folder"),
+    "pool": (lambda v: v in ("avg", "max", "cls", "default"), "avg, max, cls or default"),
+    "layer": (_is_layer, "mix or a layer number"),
+    "sent_layer": (_is_layer, "mix or a layer number"),
+    "word_layer": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a layer number"),
+    "layer_transformation": (lambda v: v in ("softmax", "sparsemax", "sparsemax_patch"),
+                             "softmax, sparsemax or sparsemax_patch"),
+    "layer_norm": (lambda v: isinstance(v, bool), "true or false"),
+    "word_level_training": (lambda v: isinstance(v, bool), "true or false"),
+    "hidden_sizes": (lambda v: _is_list(int, v, lambda x: x > 0) and bool(v), "a list of positive integers"),
+    "activations": (lambda v: isinstance(v, str), "a torch.nn activation's name"),
+    "final_activation": (lambda v: v is None or isinstance(v, str), "null or a torch.nn activation's name"),
+    "input_segments": (lambda v: _is_list(str, v, lambda x: x in ("mt", "src", "ref")) and "mt" in v
+                       and len(set(v)) == len(v), "a list of distinct mt, src, ref, mt among them"),
+    "error_labels": (lambda v: _is_list(str, v) and bool(v), "a list of labels"),
+}
+"""What each hparams.yaml key the tool reads must hold: (test, what is expected)."""
+
+
 def read_hparams(folder: Path, shown: str) -> dict[str, Any]:
+    """hparams.yaml, checked field by field: a file that is not YAML, not a mapping, or a key the
+    tool reads holding another kind of value is refused in one line naming the file, the place and
+    what was expected (never a parser's several lines, nor a traceback when the network is built)."""
     import yaml
 
+    path = folder / "hparams.yaml"
+    where = f"--comet_model {shown}: {path}"
     try:
-        hparams = yaml.safe_load((folder / "hparams.yaml").read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise ModelError(f"--comet_model {shown}: cannot read {folder / 'hparams.yaml'} ({e})") from e
+        hparams = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ModelError(f"{where}: cannot be read ({e.strerror or type(e).__name__})") from e
+    except UnicodeDecodeError as e:
+        raise ModelError(f"{where}: not UTF-8 text (byte {e.start}); expected COMET's hparams.yaml") from e
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or type(e).__name__
+        raise ModelError(f"{where}: not YAML{at} ({problem}); expected a mapping of COMET's hyper-parameters") from e
     if not isinstance(hparams, dict):
-        raise ModelError(f"--comet_model {shown}: {folder / 'hparams.yaml'} is not a mapping")
+        raise ModelError(f"{where}: holds {'nothing' if hparams is None else f'a {type(hparams).__name__}'}; expected "
+                         "a mapping of COMET's hyper-parameters (class_identifier, pretrained_model, ...)")
+    for key, (ok, expected) in FIELDS.items():
+        if key in hparams and not ok(hparams[key]):
+            raise ModelError(f"{where}: {key} is {hparams[key]!r}; expected {expected}")
     kind = hparams.get("class_identifier", REGRESSION)
     if kind in REFUSED:
         raise ModelError(f"--comet_model {shown}: {REFUSED[kind]} ({kind}) is not supported; supported classes: "
@@ -125,34 +172,22 @@ def encoder_source(folder: Path, hparams: dict[str, Any]) -> str:
 
 
 def load_state_dict(folder: Path) -> dict[str, Any]:
-    """The checkpoint's state dict. Read with weights_only=True (no code runs while reading) when
-    the checkpoint holds only containers and tensors; a checkpoint that pickled other objects
-    besides is read as unbabel-comet reads it (weights_only=False), with a warning: the user
-    chose the model, as with `comet-score`. The tensors are mapped, not read: their names and
-    shapes cost nothing whatever the checkpoint's size, and loading copies them once."""
-    import logging
-    import pickle
-    import zipfile
-
-    import torch
+    """The checkpoint's state dict, read with no code from the file run (seq2seq_eval/pickles.py:
+    weights_only=True, a checkpoint naming any other global than tensors' and Lightning's
+    containers refused in one line before it is read). The tensors are mapped, not read: their
+    names and shapes cost nothing whatever the checkpoint's size, and loading copies them once."""
+    from ...pickles import read
 
     path = folder / "checkpoints" / "model.ckpt"
-    # torch maps only its zip format (torch.save's since torch 1.6); an older one is read whole.
-    mmap = zipfile.is_zipfile(path)
-    try:
-        try:
-            ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-        except pickle.UnpicklingError as e:
-            if "Weights only load failed" not in str(e):
-                raise
-            logging.getLogger("seq2seq_eval").warning(
-                "%s holds objects besides tensors; read with weights_only=False, as unbabel-comet does", path)
-            ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
-    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
-        raise ModelError(f"{path}: not a readable checkpoint ({str(e).splitlines()[0]})") from e
+    ckpt = read(path, "COMET checkpoints hold")
     state = ckpt.get("state_dict") if isinstance(ckpt, dict) else None
     if not isinstance(state, dict):
         raise ModelError(f"{path}: no state_dict; expected a Lightning checkpoint")
+    import torch
+
+    odd = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
+    if odd is not None:
+        raise ModelError(f"{path}: state_dict[{odd!r}] is a {type(state[odd]).__name__}; expected a tensor")
     return state
 
 

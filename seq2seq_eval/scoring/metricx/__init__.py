@@ -54,8 +54,10 @@ class MetricX(ModelMetric):
     def signature(self) -> str:
         from ... import __version__
 
+        # What was read: the mean over references, or (QE) none, so no refs part.
+        refs = "" if self.qe else "|refs:mean"
         return (f"model:{self.model_name}|tokenizer:{self.tokenizer_name}|version:{self.version}|qe:{self.qe}"
-                f"|max_length:{self.max_length}|refs:mean|seq2seq_eval:{__version__}")
+                f"|max_length:{self.max_length}{refs}|seq2seq_eval:{__version__}")
 
     def _inputs(self, sources: Sequence[str], predictions: Sequence[str],
                 references: Sequence[Sequence[str]]) -> tuple[list[list[int]], list[int]]:
@@ -135,7 +137,7 @@ def _config(folder: Path, name: str) -> dict[str, Any]:
             a in ("MT5ForRegression", "MT5ForConditionalGeneration", "T5ForConditionalGeneration") for a in arch):
         raise ModelError(f"--metricx_model {name}: config.json has model_type {raw.get('model_type')!r}, architectures "
                          f"{arch}; expected an mT5 regression checkpoint (MT5ForRegression)")
-    if raw.get("vocab_size", 0) <= SCORE_ID:
+    if not isinstance(raw.get("vocab_size"), int) or raw["vocab_size"] <= SCORE_ID:
         raise ModelError(f"--metricx_model {name}: vocab_size {raw.get('vocab_size')}; expected above {SCORE_ID} "
                          "(the score is the logit of id 250089)")
     if not any((folder / f).exists() for f in WEIGHT_FILES):
@@ -174,8 +176,6 @@ def _weight_paths(folder: Path) -> list[Path]:
 def _shapes(paths: Sequence[Path]) -> dict[str, tuple[int, ...]]:
     """Every stored tensor's shape, its values left unread (safetensors' header; a torch file
     mapped, not read)."""
-    import torch
-
     shapes: dict[str, tuple[int, ...]] = {}
     for path in paths:
         if path.suffix == ".safetensors":
@@ -184,9 +184,25 @@ def _shapes(paths: Sequence[Path]) -> dict[str, tuple[int, ...]]:
             with safe_open(str(path), framework="pt") as f:
                 shapes.update((key, tuple(f.get_slice(key).get_shape())) for key in f.keys())
         else:
-            part = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
-            shapes.update((key, tuple(v.shape)) for key, v in part.items())
+            shapes.update((key, tuple(v.shape)) for key, v in _torch_part(path).items())
     return shapes
+
+
+def _torch_part(path: Path, mmap: bool | None = None) -> Mapping[str, Any]:
+    """A pytorch_model.bin (or shard): read with no code from the file run (seq2seq_eval/pickles.py),
+    its tensors mapped where `mmap` is None (torch's zip format); a mapping of tensors, else refused
+    in one line."""
+    import torch
+
+    from ...pickles import read
+
+    part = read(path, "MetricX checkpoints hold", mmap=mmap)
+    if not isinstance(part, dict):
+        raise ModelError(f"{path}: holds a {type(part).__name__}; expected a state dict (names to tensors)")
+    odd = next((k for k, v in part.items() if not isinstance(v, torch.Tensor)), None)
+    if odd is not None:
+        raise ModelError(f"{path}: {odd!r} is a {type(part[odd]).__name__}; expected a state dict (names to tensors)")
+    return part
 
 
 def _layout_problem(network: Any, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
@@ -211,8 +227,6 @@ def _layout_problem(network: Any, shapes: Mapping[str, tuple[int, ...]]) -> str 
 def _weights(folder: Path, tied: bool) -> tuple[dict[str, Any], Any]:
     """(every weight but lm_head, lm_head's row 250089: the only one read); a tied checkpoint's
     row is the embedding's."""
-    import torch
-
     paths = _weight_paths(folder)
     state: dict[str, Any] = {}
     row = None
@@ -227,7 +241,7 @@ def _weights(folder: Path, tied: bool) -> tuple[dict[str, Any], Any]:
                     else:
                         state[key] = f.get_tensor(key)
         else:
-            part = torch.load(str(path), map_location="cpu", weights_only=True)
+            part = dict(_torch_part(path, mmap=False))  # read whole: the network keeps them
             if "lm_head.weight" in part:
                 row = part.pop("lm_head.weight")[SCORE_ID:SCORE_ID + 1].clone()
             state.update(part)
@@ -251,7 +265,25 @@ def check(options: Mapping[str, Any]) -> None:
     if not any((tokenizer / f).exists() for f in TOKENIZER_FILES):
         raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: no tokenizer in {tokenizer}; expected "
                          f"one of {', '.join(TOKENIZER_FILES)} (mT5's, as google/mt5-xl)")
-    _tokenizer(options)  # what load() reads of it, so that it fails here, not after generation
+    # What load() reads of it, and that it fits the model, so that it fails here, not after generation.
+    _check_tokenizer(options, raw, _tokenizer(options))
+
+
+def _check_tokenizer(options: Mapping[str, Any], raw: Mapping[str, Any], tokenizer: Any) -> None:
+    """mT5's tokenizer, as the model was trained on: every id it gives within config.json's
+    vocab_size, its pad and end ids config.json's (MT5Config's defaults 0 and 1 where it is silent),
+    and a text framed by the end token alone (predict.py removes the last token as that)."""
+    from ..fit import first_problem, framing_problem, ids_past_embeddings, special_ids_disagree
+
+    config = f"--metricx_model {options['metricx_model']}'s config.json"
+    eos = raw.get("eos_token_id", 1)
+    problem = first_problem(
+        ids_past_embeddings(tokenizer, int(raw["vocab_size"])),
+        special_ids_disagree(tokenizer, {"pad": raw.get("pad_token_id", 0), "eos": eos}, config),
+        framing_problem(tokenizer, [], [eos], f"the text's ids then the end token {eos}"))
+    if problem is not None:
+        raise ModelError(f"--metricx_tokenizer {options['metricx_tokenizer']}: {problem}; expected the model's own "
+                         "tokenizer (mT5's, google/mt5-xl)")
 
 
 def _check_layout(name: str, network: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
@@ -285,6 +317,8 @@ def load(options: Mapping[str, Any], device: Any = "cpu") -> MetricX:
     name = options["metricx_model"]
     folder = _folder(name, "metricx_model", CHECKPOINT_FILES)
     raw = _config(folder, name)
+    tokenizer = _tokenizer(options)
+    _check_tokenizer(options, raw, tokenizer)  # before the weights are read (`score` runs no check first)
     tied = bool(raw.get("tie_word_embeddings", True))
     # As from_pretrained(torch_dtype="auto"): the dtype the checkpoint says, float32 when silent.
     dtype = getattr(torch, str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
@@ -301,7 +335,6 @@ def load(options: Mapping[str, Any], device: Any = "cpu") -> MetricX:
         raise ModelError(f"--metricx_model {name}: the weights do not match MT5ForRegression (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     network.eval().to(device)
-    tokenizer = _tokenizer(options)
     scale = config.d_model ** -0.5 if tied else 1.0
     return MetricX(options, network, row.to(device=device, dtype=dtype), scale, tokenizer,
                    int(raw.get("pad_token_id") or 0), torch.device(device))
