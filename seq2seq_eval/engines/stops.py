@@ -110,13 +110,18 @@ class Stops:
                 found[i] = n
         return found
 
-    def generate_criteria(self, padded: Any, pads: Sequence[int]) -> Any:
-        """generate()'s `stopping_criteria` for one batch: `padded` the input ids handed to
-        generate() (a decoder-only model's prompts padded on the left, on the model's device),
-        `pads` how many padding tokens each of its rows starts with."""
+    def generate_criteria(self, padded: Any = None, pads: Sequence[int] = ()) -> Any:
+        """generate()'s `stopping_criteria` for one batch. A decoder-only model's: `padded` the
+        input ids handed to generate() (its prompts padded on the left, on the model's device),
+        `pads` how many padding tokens each of its rows starts with. An encoder-decoder's (no
+        arguments): the criterion reads the decoder's tokens, which begin with the decoder start
+        token and hold no padding, and the encoder's input is no part of what it reads; the
+        criterion is then generate()'s own, as it is, and so is a batch that no row pads."""
         from transformers import StoppingCriteria, StoppingCriteriaList
 
         criterion, reach, most = self.criterion, self.reach, max(pads, default=0)
+        if padded is None or most == 0:
+            return StoppingCriteriaList([criterion])
         width = padded.shape[1]
 
         class Unpadded(StoppingCriteria):
