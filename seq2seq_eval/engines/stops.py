@@ -16,7 +16,9 @@ is no part of the sequence generate() sees for that prompt alone. A row the crit
 its padding lies within the criterion's reach (its longest stop string, in characters or bytes, as
 tokens) is asked again on its sequence without the padding (which prompt a row continues is read
 from its place among the rows generate() asks about); dropping tokens from the front of a sequence
-can only take matches away, never add one, so rows it does not stop need no second look.
+can only take matches away, never add one, so rows it does not stop need no second look. An
+encoder-decoder's batch pads only the encoder's input, which the criterion never reads (it reads
+the decoder start token and the generated tokens): generate()'s criterion is handed over as it is.
 
 After generation each returned sequence is cut at the first token on which the criterion stops it
 (`Stops.ends`, asked of every prefix of the prompt and continuation), and the prediction is that
