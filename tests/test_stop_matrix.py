@@ -9,9 +9,10 @@ The matrix is every combination of
 - a decoding: greedy, beam search (4 beams, the translation task's default, and 3 beams returning
   3 candidates), sampling with a seed (one candidate, and 3);
 - a stop-string shape, each built from the model's own greedy output (`SHAPES`): one token's text,
-  several tokens', the first generated tokens' (completing at the first steps, one token and more),
-  a list of a string and its own prefix, a leading space, a trailing space, non-ASCII text, one that
-  begins in the prompt, and one that no output shows;
+  several tokens', the first word and the first two (completing at the first steps), a list of a
+  string and its own prefix, a leading space, a trailing space, non-ASCII text, one that begins in
+  the prompt (an encoder-decoder's: in the decoder start token), a single space, and one that no
+  output shows;
 
 and each cell must give what `model.generate(stop_strings=..., tokenizer=tok)` gives for each prompt
 alone, each candidate ending where transformers' StopStringCriteria (asked of every prefix of the
@@ -24,8 +25,8 @@ any work, in one line: CTranslate2 with beam search. CTranslate2's samples are i
 (docs/engines.md), so its sampled cells compare with its own unstopped samples at the same seed cut
 where the criterion first stops them.
 
-The suite runs a sample of the matrix (`sample_cells`: each model with every engine and decoding,
-each shape on four of them); `STOP_MATRIX=full` runs all of it.
+The suite runs 50 of the 440 cells (`sample_cells`: each model with every engine and decoding, each
+shape on four of them, and issue 61's cells); `STOP_MATRIX=full` runs all of them.
 """
 
 from __future__ import annotations
