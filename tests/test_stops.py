@@ -167,6 +167,23 @@ def test_the_padding_is_kept_out_of_the_match_and_an_unknown_layout_refused(bigr
             criteria(torch.tensor(rows), None)
 
 
+def test_a_sequence_without_padding_is_asked_as_generate_asks_it(bigram):
+    """An encoder-decoder's criterion (no arguments: what it reads is the decoder's tokens, never
+    the encoder's input ids) and a decoder-only batch no row of which is padded: the criterion's
+    own answer, on sequences shorter than its reach and than the batch's input (issue 61: a
+    multi-token stop string met in the first decoder steps crashed comparing them)."""
+    s = Setup(bigram)
+    tok = s.tokenizer
+    stops = Stops(tok, ["x日", "<|im_end|>z"])
+    x, z, end = tok.convert_tokens_to_ids(["x", "z", "<|im_end|>"])
+    cjk = tok.convert_tokens_to_ids(byte_tokens("日"))
+    rows = torch.tensor([[end, x, *cjk], [x] * 5, [x, end, z, z, z]])
+    assert stops.reach > 3  # the first three tokens are within its reach
+    for criteria in (stops.generate_criteria(), stops.generate_criteria(torch.ones(3, 20, dtype=torch.long), [0] * 3)):
+        assert criteria(rows, None).tolist() == [True, False, False]
+        assert criteria(rows[:, :3], None).tolist() == [False, False, True]
+
+
 def test_ctranslate2_greedy_stops_where_generate_stops(bigram):
     """The Generator has no stopping criterion of its own: its continuation is cut at the first
     token generate()'s criterion stops on (with one beam the tokens before it do not depend on

@@ -150,8 +150,11 @@ class HFEngine:
             extra["custom_generate"] = shrink.shrinking_beam_search
         input_ids = input_ids.to(self.device, non_blocking=True)
         if self.stops is not None:
-            pads = [width - len(ids) for ids in batch_ids] if self.causal else [0] * len(batch_ids)
-            extra["stopping_criteria"] = self.stops.generate_criteria(input_ids, pads)
+            # An encoder-decoder's criterion reads the decoder's tokens, never `input_ids` (the
+            # encoder's): there is no padding of the sequence it reads to keep out.
+            extra["stopping_criteria"] = (
+                self.stops.generate_criteria(input_ids, [width - len(ids) for ids in batch_ids]) if self.causal
+                else self.stops.generate_criteria())
         try:
             with torch.inference_mode(), self._once.on(logging.getLogger("transformers")), \
                     attention_backends(self.device):

@@ -16,7 +16,9 @@ is no part of the sequence generate() sees for that prompt alone. A row the crit
 its padding lies within the criterion's reach (its longest stop string, in characters or bytes, as
 tokens) is asked again on its sequence without the padding (which prompt a row continues is read
 from its place among the rows generate() asks about); dropping tokens from the front of a sequence
-can only take matches away, never add one, so rows it does not stop need no second look.
+can only take matches away, never add one, so rows it does not stop need no second look. An
+encoder-decoder's batch pads only the encoder's input, which the criterion never reads (it reads
+the decoder start token and the generated tokens): generate()'s criterion is handed over as it is.
 
 After generation each returned sequence is cut at the first token on which the criterion stops it
 (`Stops.ends`, asked of every prefix of the prompt and continuation), and the prediction is that
@@ -110,13 +112,18 @@ class Stops:
                 found[i] = n
         return found
 
-    def generate_criteria(self, padded: Any, pads: Sequence[int]) -> Any:
-        """generate()'s `stopping_criteria` for one batch: `padded` the input ids handed to
-        generate() (a decoder-only model's prompts padded on the left, on the model's device),
-        `pads` how many padding tokens each of its rows starts with."""
+    def generate_criteria(self, padded: Any = None, pads: Sequence[int] = ()) -> Any:
+        """generate()'s `stopping_criteria` for one batch. A decoder-only model's: `padded` the
+        input ids handed to generate() (its prompts padded on the left, on the model's device),
+        `pads` how many padding tokens each of its rows starts with. An encoder-decoder's (no
+        arguments): the criterion reads the decoder's tokens, which begin with the decoder start
+        token and hold no padding, and the encoder's input is no part of what it reads; the
+        criterion is then generate()'s own, as it is, and so is a batch that no row pads."""
         from transformers import StoppingCriteria, StoppingCriteriaList
 
         criterion, reach, most = self.criterion, self.reach, max(pads, default=0)
+        if padded is None or most == 0:
+            return StoppingCriteriaList([criterion])
         width = padded.shape[1]
 
         class Unpadded(StoppingCriteria):
