@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from seq2seq_eval.errors import RunFailed
+
 from seq2seq_eval.model import settings as model_settings
 from seq2seq_eval.run import oom, runner
 from seq2seq_eval.config import EvalConfig
@@ -133,8 +135,12 @@ def test_other_errors_are_not_retried(tmp_path):
     def broken(batch_ids, batch_index):
         raise RuntimeError("The size of tensor a (3) must match the size of tensor b (4)")
 
-    with pytest.raises(RuntimeError, match="size of tensor"):
+    with pytest.raises(RunFailed) as e:
         run(tmp_path, broken)
+    # Not retried, and one typed line naming the batch and the engine's reason, its cause kept.
+    assert "\n" not in str(e.value) and str(e.value).startswith("batch 0 (example ids ")
+    assert "the engine failed (RuntimeError: The size of tensor a (3) must match" in str(e.value)
+    assert isinstance(e.value.__cause__, RuntimeError)
     assert journal_lines(tmp_path) == []
 
 

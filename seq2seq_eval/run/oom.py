@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import OutOfMemory
+from ..errors import EvalError, OutOfMemory, RunFailed, first_line
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -150,8 +150,15 @@ def run_batch(
         try:
             out = generate(batch_ids, index)
         except Exception as e:
-            if not is_out_of_memory(e):
+            if isinstance(e, EvalError):
                 raise
+            if not is_out_of_memory(e):
+                # An engine's own failure is one typed line (evaluate()'s callers and every rank
+                # see its type), naming the batch; --debug keeps the traceback.
+                shown = ", ".join(repr(i) for i in list(ids[start:stop])[:3]) + (", ..." if stop - start > 3 else "")
+                raise RunFailed(f"batch {index} (example ids {shown}): the engine failed ({type(e).__name__}: "
+                                f"{first_line(e)}); the batches journaled before it are kept: --debug shows the "
+                                "traceback, and once the cause is fixed the same command with --resume goes on") from e
             reason = _short_reason(e)
         else:
             dt = time.perf_counter() - t0
