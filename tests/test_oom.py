@@ -138,7 +138,7 @@ def test_other_errors_are_not_retried(tmp_path):
     with pytest.raises(RunFailed) as e:
         run(tmp_path, broken)
     # Not retried, and one typed line naming the batch and the engine's reason, its cause kept.
-    assert "\n" not in str(e.value) and str(e.value).startswith("batch 0 (example ids ")
+    assert "\n" not in str(e.value) and re.match(r"batch \d+ \(example ids ", str(e.value))
     assert "the engine failed (RuntimeError: The size of tensor a (3) must match" in str(e.value)
     assert isinstance(e.value.__cause__, RuntimeError)
     assert journal_lines(tmp_path) == []
