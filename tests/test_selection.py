@@ -235,6 +235,12 @@ def test_empty_candidates_are_scored_not_refused():
     assert sel.index in (1, 2)
 
 
+def test_select_is_a_subcommand_not_a_legacy_model_path():
+    from seq2seq_eval.legacy import is_legacy_command
+
+    assert not is_legacy_command(["select", "--candidates", "c.jsonl", "--select", "mbr", "--select_metric", "chrf"])
+
+
 # --- parity with mbrs 0.1.8 (side environment) -----------------------------------------------
 
 F32_TOLERANCE = 1e-4
