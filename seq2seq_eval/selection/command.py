@@ -17,9 +17,6 @@ from .mbr import MBR_UTILITIES, select_mbr
 
 MODES = ("mbr", "qe")
 
-MODEL_METRICS = ("comet", "metricx", "bertscore")
-"""Model metrics the issue names for selection, which `select` does not run yet."""
-
 
 def build_parser() -> argparse.ArgumentParser:
     from ..options import Parser
@@ -37,23 +34,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_selection(mode: str, metric: str) -> None:
     """The mode and its metric, before anything is read: one line each for what cannot work and
-    for what is not built yet."""
+    for what is not built yet. Every metric name the tool knows (scoring/names.py) is judged by
+    its kind, so a model metric registered later is named as not built here, never run."""
+    from ..scoring import registry
+    from ..scoring.names import accepted_metric_names
+
+    models = registry.names()
+    texts = [n for n in accepted_metric_names() if n not in models]
     if mode not in MODES:
         raise ConfigError(f"--select {mode!r}: expected one of {', '.join(MODES)}")
     if mode == "qe":
-        if metric in MBR_UTILITIES:
+        if metric in texts:
             raise ConfigError(f"--select qe --select_metric {metric}: {metric} needs a reference, and qe scores each "
                               "candidate against its source alone; expected a reference-free model (comet with a "
                               "CometKiwi-style --comet_model, metricx with --metricx_qe), which select does not run "
                               "yet: use --select mbr")
-        raise ConfigError(f"--select qe --select_metric {metric}: qe reranking with a reference-free model (comet, "
-                          "metricx) is not built yet; expected --select mbr with --select_metric "
+        named = f"{metric} is not a metric the tool knows; " if metric not in models else ""
+        raise ConfigError(f"--select qe --select_metric {metric}: {named}qe reranking with a reference-free model "
+                          "(comet, metricx) is not built yet; expected --select mbr with --select_metric "
                           f"{' or '.join(MBR_UTILITIES)}")
-    if metric in MODEL_METRICS:
+    if metric in models:
         raise ConfigError(f"--select mbr --select_metric {metric}: MBR with {metric} as the utility is not built yet; "
                           f"expected {' or '.join(MBR_UTILITIES)}")
     if metric not in MBR_UTILITIES:
-        raise ConfigError(f"--select_metric {metric!r}: expected one of {', '.join(MBR_UTILITIES)} for --select mbr")
+        kind = "is not an MBR utility here" if metric in texts else "is not a metric the tool knows"
+        raise ConfigError(f"--select_metric {metric!r} {kind}; expected one of {', '.join(MBR_UTILITIES)} for "
+                          "--select mbr")
 
 
 def _check_output(candidates: Path, output: str) -> Path:
