@@ -240,6 +240,18 @@ def test_empty_candidates_are_scored_not_refused():
     assert sel.index in (1, 2)
 
 
+def test_a_reader_that_stops_reading_ends_it_quietly(tmp_path):
+    """`select ... | head -1`: more than a pipe's buffer of output, the reader gone after one line."""
+    long = "a" * 6000
+    path = write_lines(tmp_path / "c.jsonl", [{"id": i, "source": "s", "candidates": [long, long + "b"]} for i in range(40)])
+    proc = subprocess.Popen([sys.executable, "-m", "seq2seq_eval", "select", "--candidates", str(path), "--select", "mbr",
+                             "--select_metric", "chrf"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert json.loads(proc.stdout.readline())["id"] == 0
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr.read() == b""
+
+
 def test_select_is_a_subcommand_not_a_legacy_model_path():
     from seq2seq_eval.legacy import is_legacy_command
 

@@ -97,8 +97,15 @@ def select_main(argv: Sequence[str], world_size: int = 1, write: Callable[[str],
     n = check_candidates_file(candidates, args.select)
     lines = selection_lines(candidates, args.select, args.select_metric)
     if output is None:
-        for line in lines:
-            write(line)
+        try:
+            for line in lines:
+                write(line)
+        except BrokenPipeError:
+            # The reader stopped reading (`| head`): nothing left to say to it, and no traceback.
+            # stdout goes to /dev/null so that the interpreter's last flush does not fail again.
+            import sys
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     from ..outputs.publish import publish_bytes
 
