@@ -143,6 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if env.is_main:
                 print(json.dumps(result, indent=1, sort_keys=True, ensure_ascii=False))
             return 0
+        if argv[:1] == ["select"]:
+            from .selection.command import select_main
+
+            select_main(argv[1:], env.world_size)
+            return 0
         if argv[:1] == ["compare"]:
             from .comparison.command import compare_main
 

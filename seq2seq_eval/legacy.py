@@ -29,7 +29,7 @@ from .atomic import COPY_BYTES
 from .outputs.locations import Role, planned_outputs
 from .outputs.publish import NAMED_WAY_OUT, Staging
 
-SUBCOMMANDS = ("score", "compare")
+SUBCOMMANDS = ("score", "compare", "select")
 """First words that name a subcommand; any other first word that is not an option is MODEL."""
 
 LEGACY_ONLY = ("--score_path", "--score-path", "--dump-args", "--dump_args", "--info")
