@@ -15,8 +15,8 @@ from transformers import TrainerCallback
 
 from .api import EvalResult, evaluate
 from .config import CONFIG_FIELDS
-from .errors import ConfigError, EvalError
-from .trainer_view import (COLUMNS, EVENT_SUFFIXES, Rows, dataset_key, examples_of, generation_of, name_of,
+from .errors import ConfigError
+from .trainer_view import (data_stamp_of, COLUMNS, EVENT_SUFFIXES, Rows, dataset_key, examples_of, generation_of, name_of,
                            rows_of)
 
 logger = logging.getLogger("seq2seq_eval")
@@ -30,8 +30,6 @@ _NOT_SCORES = ("n_obs", "n_gpus", "seconds_per_sample", "seconds_per_generated_s
 # never shared by all of them.
 DATA_OPTIONS = ("data_dir", "dataset", "dataset_config", "split", "source_column", "target_column", "id_column",
                 "input_path", "reference_path", "type_path", "sources", "references", "ids", "reference_layout")
-# The ones that name files (their size and modification time enter the cache key).
-_FILE_OPTIONS = ("data_dir", "dataset", "input_path", "reference_path", "type_path", "task")
 # generate() options that set one thing between them: an evaluation's one replaces the callback's other.
 _TOGETHER = ({"max_length", "max_new_tokens"}, {"min_length", "min_new_tokens"})
 _ABSENT = object()
@@ -304,7 +302,7 @@ class EvalCallback(TrainerCallback):
         devices = sorted({str(t.device) for t in model.state_dict().values() if hasattr(t, "device")})
         options = {**(self.options if options is None else options), **data}
         parts = [weights, devices, configs, tokenizer_digest(tokenizer),
-                 json.dumps(options, sort_keys=True, default=str), _data_stamp(options)]
+                 json.dumps(options, sort_keys=True, default=str), data_stamp_of(options)]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest(), weights
 
 
@@ -388,19 +386,3 @@ def check_checkpoints_hold_the_model(model: Any, unsaved_at_start: dict[str, Any
             f"EvalCallback: {', '.join(changed)}: changed since the callback was made, but no checkpoint holds it "
             "(the model's _keys_to_ignore_on_save), so a step's score would not be the score of its checkpoint; "
             "expected it as loaded")
-
-
-def _data_stamp(options: dict[str, Any]) -> list[list[Any]] | None:
-    """The local data files the options name, with their sizes and modification times, so that a
-    data file changed between two evaluations makes them differ. In-memory sources are in the
-    options themselves; a hub dataset has no files here."""
-    from .config import EvalConfig
-    from .outputs.locations import data_stamp
-
-    if options.get("sources") is not None:
-        return None
-    try:
-        cfg = EvalConfig(**{k: options[k] for k in _FILE_OPTIONS if options.get(k) is not None})
-        return data_stamp(cfg)
-    except (EvalError, OSError):
-        return None  # evaluate() says what is wrong with them

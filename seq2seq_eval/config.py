@@ -23,8 +23,7 @@ COMPUTE_TYPES = ("default", "auto", "float32", "int8", "int8_float32", "int8_flo
                  "float16", "bfloat16")
 """CTranslate2's compute types, passed through by --compute_type."""
 
-# The embedded default (model and sample data shipped in the repo) lets a newcomer run the tool
-# with no arguments and no network. It exists only in a source checkout (or editable install).
+# The embedded default (model and data in the repo, in a source checkout or editable install only): no arguments, no network.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_MODEL = REPO_ROOT / "data_samples" / "model"
 EMBEDDED_DATA = {task: REPO_ROOT / "data_samples" / task for task in TASKS}

@@ -182,3 +182,24 @@ def generation_of(trainer: Any) -> dict[str, Any]:
     if not isinstance(given, Mapping):
         return {}
     return {k: v for k, v in given.items() if not (v is None and k in ("num_beams", "max_length"))}
+
+
+# evaluate()'s options that name files (their size and modification time enter the callback's cache key).
+_FILE_OPTIONS = ("data_dir", "dataset", "input_path", "reference_path", "type_path", "task")
+
+
+def data_stamp_of(options: dict[str, Any]) -> list[list[Any]] | None:
+    """The local data files the options name, with their sizes and modification times, so that a
+    data file changed between two evaluations makes them differ. In-memory sources are in the
+    options themselves; a hub dataset has no files here."""
+    from .config import EvalConfig
+    from .errors import EvalError
+    from .outputs.locations import data_stamp
+
+    if options.get("sources") is not None:
+        return None
+    try:
+        cfg = EvalConfig(**{k: options[k] for k in _FILE_OPTIONS if options.get(k) is not None})
+        return data_stamp(cfg)
+    except (EvalError, OSError):
+        return None  # evaluate() says what is wrong with them

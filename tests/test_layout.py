@@ -88,9 +88,11 @@ def test_the_tree_shows_the_data_flow():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     # At the top: the entry points, the config and what every step shares (version: read by the
     # package and by the provenance the outputs step writes, without importing the package;
-    # numerics: MKL's mode, set by the run and by a model metric before their models run).
+    # numerics: MKL's mode, set by the run and by a model metric before their models run; pickles:
+    # torch files read without running code, by the model step and by the model metrics alike;
+    # trainer_view: what the callback reads of a Trainer's own loop).
     assert top == ["__init__", "__main__", "api", "atomic", "callback", "cli", "config", "errors", "legacy", "mapped",
-                   "numerics", "options", "version"]
+                   "numerics", "options", "pickles", "trainer_view", "version"]
     # A subpackage's __init__ says what the step is, and runs no code (engines/__init__ is the
     # registry of engines, which the rest of the package calls).
     for step in (s for s in STEPS if s != "engines"):

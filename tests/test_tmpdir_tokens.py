@@ -20,7 +20,7 @@ from seq2seq_eval.errors import OutputError, RunStateError
 from seq2seq_eval.legacy import build_legacy
 from seq2seq_eval.outputs.locations import check_output_locations, try_folders
 from seq2seq_eval.outputs.record import INTENT, RECORD, STAGING
-from seq2seq_eval.run import tmpdir
+from seq2seq_eval.run import tmpdir, tmpmarker
 from seq2seq_eval.run.journal import Journal, journal_file
 
 
@@ -70,7 +70,6 @@ def test_a_marker_copied_beside_a_users_manifest_is_refused(tmp_path):
     second.mkdir()
     (second / tmpdir.MARKER).write_bytes((first / tmpdir.MARKER).read_bytes())
     (second / "manifest.json").write_text(json.dumps({"model": 1, "data": 2, "plan": {}, "generation": 3}))
-    before = files(second)
     with pytest.raises(RunStateError, match="manifest.json does not carry the token of the folder's"):
         tmpdir.claim_tmp_dir(second)
     tmpdir.cleanup_tmp_dir(second)
@@ -117,10 +116,10 @@ def test_a_published_runs_leftovers_are_cleared_not_refused(tmp_path):
     token = a_run(tmp)
     with pytest.raises(RunStateError, match="pass --resume"):
         tmpdir.refuse_earlier_run(tmp, resume=False)
-    tmpdir.mark_published(tmp, "f" * 32)  # another run's token: nothing said
+    tmpmarker.mark_published(tmp, "f" * 32)  # another run's token: nothing said
     with pytest.raises(RunStateError, match="pass --resume"):
         tmpdir.refuse_earlier_run(tmp, resume=False)
-    tmpdir.mark_published(tmp, token)
+    tmpmarker.mark_published(tmp, token)
     tmpdir.claim_tmp_dir(tmp)
     tmpdir.refuse_earlier_run(tmp, resume=False)
     lock = tmpdir.RunLock(tmp)

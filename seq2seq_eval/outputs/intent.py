@@ -1,5 +1,5 @@
 """The on-disk steps of a publish (outputs/publish.py), and how a publish cut short is completed
-or undone: one transaction over every folder a command writes.
+or undone (the recovery itself: outputs/transaction.py): one transaction over every folder a command writes.
 
 Each folder of a transaction holds, while it is under way, its staging folder
 {folder}/.seq2seq_eval_staging/<run>/ (new/: the files to put in place, old/: the files moved
@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..atomic import fsync_dir, write_atomic
 from ..errors import OutputError
 from .digest import file_digest
-from .record import INTENT, RECORD, STAGING, Entry, OutputRecord, locked, read_intent
+from .record import INTENT, RECORD, STAGING, Entry, OutputRecord, read_intent
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -327,115 +326,3 @@ def remove_abandoned(folder: Path) -> None:
             os.close(fd)
     with contextlib.suppress(OSError):
         os.rmdir(staging)
-
-
-# ---------------------------------------------------------------- transactions over folders
-
-
-def members(folder: Path, intent: Mapping[str, Any]) -> list[Path]:
-    """Every folder of the transaction `intent` belongs to (the folder alone for a publish of one)."""
-    txn = intent.get("txn")
-    return [Path(p) for p in txn["folders"]] if txn else [folder]
-
-
-def _peek(folder: Path) -> list[Path]:
-    """The folders a publish cut short in `folder` involves, read without its lock (the caller
-    locks them all, then reads again)."""
-    try:
-        intent = read_intent(folder) if folder.is_dir() else None
-    except OutputError:
-        return [folder]
-    return members(folder, intent) if intent else [folder]
-
-
-@contextlib.contextmanager
-def locked_all(folders: Iterable[Path]) -> Iterator[None]:
-    """The flocks of several folders, always taken in one order (sorted real paths), so that two
-    commands locking overlapping sets never wait for each other in a circle."""
-    with contextlib.ExitStack() as stack:
-        for folder in sorted({os.path.realpath(f) for f in folders}):
-            if os.path.isdir(folder):
-                stack.enter_context(locked(Path(folder)))
-        yield
-
-
-@contextlib.contextmanager
-def recovered(folders: Iterable[Path]) -> Iterator[list[dict[str, Any]]]:
-    """Every folder in `folders`, and every folder a publish cut short there involves, locked;
-    those publishes completed or undone, whole (recover_locked); yields the intents completed."""
-    wanted = {Path(os.path.abspath(f)) for f in folders}
-    while True:
-        involved = set(wanted)
-        for f in wanted:
-            involved.update(_peek(f))
-        with locked_all(involved):
-            # Read again under the locks: a publish may have begun or ended meanwhile.
-            now = set(wanted)
-            for f in wanted:
-                now.update(_peek(f))
-            if {os.path.realpath(f) for f in now} <= {os.path.realpath(f) for f in involved}:
-                try:
-                    completed = recover_locked(involved)
-                except OSError as e:
-                    raise recovery_error(sorted(involved), e) from e
-                yield completed
-                return
-
-
-def recovery_error(folders: Iterable[Path], e: OSError) -> OutputError:
-    """A publish cut short that the next command could neither complete nor undo (the same fault
-    again: a file made immutable, a read-only or full disk): one line, what is there, what to do."""
-    where = ", ".join(str(f) for f in folders)
-    return OutputError(f"{where}: a publish cut short there could neither be completed nor undone ({e.strerror or e}"
-                       f"{': ' + e.filename if getattr(e, 'filename', None) else ''}); its intent {INTENT} and "
-                       f"staged files are kept as they are: fix that (permissions, space, a file's flags), then run "
-                       "the command again, which completes or undoes it first")
-
-
-def recover_locked(folders: Iterable[Path]) -> list[dict[str, Any]]:
-    """With every folder's lock held: each transaction cut short there completed (its
-    coordinator holds its intent: past the commit point) or undone, every folder of it, the
-    coordinator last; then staging folders whose owner is gone removed. Returns the intents
-    completed."""
-    done: list[dict[str, Any]] = []
-    folders = sorted({Path(os.path.abspath(f)) for f in folders})
-    for folder in folders:
-        intent = read_intent(folder) if folder.is_dir() else None
-        if intent is None:
-            continue
-        check_owned(folder, intent)
-        group = members(folder, intent)
-        if not {os.path.realpath(f) for f in group} <= {os.path.realpath(f) for f in folders}:
-            continue  # a transaction over folders not locked here: the next command on one of them
-        coordinator = Path(intent["txn"]["coordinator"]) if intent.get("txn") else folder
-        parts = [(folder, intent)] if not intent.get("txn") else []
-        for f in group if intent.get("txn") else ():
-            other = read_intent(f) if f.is_dir() else None
-            if other is not None and (other.get("txn") or {}).get("token") == intent["txn"]["token"]:
-                check_owned(f, other)
-                parts.append((f, other))
-        committed = any(f == coordinator and not i.get("undo") for f, i in parts)
-        records = {f: OutputRecord(f) for f, _ in parts}
-        # One verdict for the whole transaction: completed in every folder, or undone in every one.
-        if committed and all(completable(f, i, records[f]) for f, i in parts):
-            for f, i in parts:
-                logger.warning("%s: completing the publish of run %s, cut short", f, i["run"])
-            apply_all([(f, i, records[f]) for f, i in parts])
-            for f, i in parts:
-                commit_record(f, i, records[f])
-            # The coordinator last: its intent, the commit point, stays until every other folder is done.
-            for f, i in sorted(parts, key=lambda p: p[0] == coordinator):
-                clean(f, i)
-                done.append(i)
-        else:
-            why = ("with staged files missing" if committed else "before it was whole" if any(i.get("undo") for _, i in parts)
-                   else "before every folder of it was ready")
-            # The coordinator first: once its intent is gone, a kill here leaves the rest to be undone too.
-            ordered = sorted(parts, key=lambda p: p[0] != coordinator)
-            for f, i in ordered:
-                logger.warning("%s: undoing the publish of run %s, cut short %s", f, i["run"], why)
-            roll_back_all(ordered)
-    for folder in folders:
-        if folder.is_dir():
-            remove_abandoned(folder)
-    return done

@@ -10,7 +10,7 @@ filesystem), each hashed as it is written (outputs/digest.py); the staging folde
 run's random token (intent.STAGE_MARKER). Then, holding the flock of every folder of the
 transaction for the whole sequence (taken in one order), `publish_together`:
 
-1. completes or undoes what a publisher that died there left (intent.recovered);
+1. completes or undoes what a publisher that died there left (transaction.recovered);
 2. checks again that every file it replaces is the tool's and of its own prefix (record.py), and
    takes the stale results of its prefix from the record (exact names, never a pattern);
 3. writes each folder's intent, {folder}/.seq2seq_eval_publish.json: the run and its token, each
@@ -55,7 +55,8 @@ from typing import Any
 from ..atomic import COPY_BYTES, dumps, write_atomic, write_error
 from ..errors import EvalError, Interrupted, OutputError, first_line
 from .digest import ContentHash
-from .intent import apply_all, check_owned, clean, commit_record, completable, mark, recovered, remove_staged, roll_back_all
+from .intent import apply_all, check_owned, clean, commit_record, completable, mark, remove_staged
+from .transaction import meet_fault, recovered
 from .record import INTENT, RECORD, STAGING, OutputRecord, read_intent
 
 logger = logging.getLogger("seq2seq_eval")
@@ -288,7 +289,7 @@ def publish_together(stagings: Sequence[Staging], on_whole: Callable[[], None] |
                 except (OSError, EvalError) as e:
                     if not written:
                         raise
-                    _met(stagings, planned, written, whole, e)
+                    meet_fault(stagings, [intent for intent, _ in planned], written, whole, e)
                 done = True
     except BaseException as e:
         if done:
@@ -305,38 +306,6 @@ def publish_together(stagings: Sequence[Staging], on_whole: Callable[[], None] |
         for s in stagings:
             s._release()
     return [removed for _, removed in planned]
-
-
-def _met(stagings: Sequence[Staging], planned: list[tuple[dict[str, Any], list[str]]], written: list[Staging],
-         whole: bool, e: BaseException) -> None:
-    """A step of the publish failed with `e`, under the locks: undone at once, or, once every
-    folder held its new files and record, left whole with its leftovers; raises the one line
-    that says which, unless the publish is whole (then a warning, and the command goes on)."""
-    where = ", ".join(str(s.folder) for s in stagings)
-    reason = first_line(e) if isinstance(e, EvalError) else f"{e.strerror or e}" + (
-        f": {e.filename}" if getattr(e, "filename", None) else "")
-    if whole:
-        logger.warning("%s: the outputs are published; removing what the publish had moved aside failed (%s): "
-                       "the next command in %s removes it", where, reason, "these folders" if len(stagings) > 1 else "it")
-        return
-    intents = {s.id: intent for s, (intent, _) in zip(stagings, planned)}
-    coordinator = stagings[-1]
-    try:
-        # The coordinator first: once its intent is gone, what a kill leaves here is undone too.
-        roll_back_all([(s.folder, intents[s.id]) for s in sorted(written, key=lambda s: s is not coordinator)])
-    except OSError as again:
-        raise OutputError(f"{where}: putting the outputs in place failed ({reason}), and undoing it failed too "
-                          f"({again.strerror or again}); the intent {INTENT} and the staged files are kept: fix the "
-                          "cause, then run any command on the folder, which completes or undoes it first"
-                          f"{_resume(stagings)}") from e
-    raise OutputError(f"{where}: putting the outputs in place failed ({reason}); undone: "
-                      f"{'each folder holds' if len(stagings) > 1 else 'it holds'} what it held before{_resume(stagings)}") from e
-
-
-def _resume(stagings: Sequence[Staging]) -> str:
-    tmp = next((s.tmp_dir for s in stagings if s.tmp_dir is not None), None)
-    return (f"; this run's batches are kept in {tmp}: fix the cause, then rerun the same command with --resume"
-            if tmp is not None else "; fix the cause, then run the command again")
 
 
 @contextlib.contextmanager

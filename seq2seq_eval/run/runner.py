@@ -16,7 +16,7 @@ from ..config import EvalConfig
 from ..errors import EvalError, Interrupted, RunFailed, RunStateError
 from ..inputs.memory import InMemoryInputs
 from ..outputs.locations import Role, check_output_locations, run_inputs, try_folders
-from ..outputs.intent import recovered
+from ..outputs.transaction import recovered
 from ..outputs.publish import pending
 from ..outputs.record import OutputRecord
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device

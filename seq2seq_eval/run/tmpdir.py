@@ -38,19 +38,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..atomic import dumps, write_atomic, write_json_atomic
-from ..errors import EvalError, OutputError, RunStateError
+from ..atomic import write_json_atomic
+from ..errors import OutputError, RunStateError
 from ..outputs.locations import Role
 from .journal import journal_files
 from .steal import CLAIMS, claims_dir
+from .tmpmarker import (  # noqa: F401  (MANIFEST, MARKER, tmp_token: read here by the rest of the run)
+    FOLDER_KEY, MANIFEST, MARKER, _MARKER_WRITING, folder_token, half_made_markers, manifest_carries, marked,
+    read_marker, tmp_token, write_marker)
 
-MANIFEST = "manifest.json"
 LOCK = "run.lock"
 STOPPED = "rank0.stopped"  # rank 0 was interrupted and reports for itself (see runner)
 DONE = "rank0.done"  # rank 0 wrote the outputs: the other ranks may exit (see runner)
-MARKER = ".seq2seq_eval_tmp"
-FOLDER_KEY = "tmp_dir_token"
-"""The manifest's copy of the marker's folder token: a manifest without it is not this folder's."""
 OWN = re.compile(
     r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl"
     r"|rank_\d+_output\.(arrow|arrow\.partial|json)|rank_\d+\.present|claims/([a-z][a-z0-9]*_)?\d+"
@@ -95,56 +94,6 @@ def _is_our_manifest(path: Path) -> bool:
     return isinstance(data, dict) and {"model", "data", "plan", "generation"} <= set(data)
 
 
-_TOKEN = re.compile(r"[0-9a-f]{32}")
-_MARKER_WRITING = re.compile(r"\.seq2seq_eval_tmp\.([0-9a-f]{32})\.tmp")
-"""The marker's own temporary file while it is written: named by the marker's folder token, so a
-kill between its write and its rename leaves a file the next command knows by that token."""
-
-
-def read_marker(tmp_dir: Path) -> dict[str, Any] | None:
-    """The temp dir's marker when it is one the tool wrote: the tool's name, the folder's token
-    (`folder`, written once, when the tool first claims the folder; its manifest carries it
-    too) and the token of the run that last claimed it (`token`). A marker without both tokens
-    (an earlier release's, or one written by hand) is not the tool's: None."""
-    try:
-        data = json.loads((tmp_dir / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not (isinstance(data, dict) and data.get("tool") == "seq2seq_eval"
-            and all(isinstance(data.get(k), str) and _TOKEN.fullmatch(data[k]) for k in ("folder", "token"))):
-        return None
-    return data
-
-
-def _marked(tmp_dir: Path) -> bool:
-    return read_marker(tmp_dir) is not None
-
-
-def _write_marker(tmp_dir: Path, marker: Mapping[str, Any]) -> None:
-    """The marker written whole in one step: its temporary file carries the folder token in its
-    name (_MARKER_WRITING), then is renamed into place."""
-    write_atomic(tmp_dir / MARKER, dumps(dict(marker)), name=f"{MARKER}.{marker['folder']}.tmp")
-
-
-def _half_made_markers(tmp_dir: Path) -> list[str]:
-    """The markers a kill left half made in a folder that holds no marker: regular files named
-    by a token (_MARKER_WRITING) that are empty or hold a marker of that token. Nothing else."""
-    found = []
-    with contextlib.suppress(OSError):
-        for name in os.listdir(tmp_dir):
-            m = _MARKER_WRITING.fullmatch(name)
-            if m is None or not os.path.isfile(tmp_dir / name) or os.path.islink(tmp_dir / name):
-                continue
-            try:
-                data = (tmp_dir / name).read_bytes()
-                if data and json.loads(data).get("folder") != m.group(1):
-                    continue
-            except (OSError, ValueError, AttributeError):
-                continue
-            found.append(name)
-    return found
-
-
 def _links(tmp_dir: Path) -> list[str]:
     """Every symbolic link inside the temp dir (none is followed to find them), relative to it."""
     found = []
@@ -173,7 +122,7 @@ def claim_tmp_dir(tmp_dir: Path, inputs: Sequence[Role] = (), create: bool = Tru
         raise OutputError(f"--tmp_dir {tmp_dir}: is a file; expected a folder (created if missing)")
     else:
         marker = read_marker(tmp_dir)
-        half = _half_made_markers(tmp_dir) if marker is None else []
+        half = half_made_markers(tmp_dir) if marker is None else []
         entries = [e for e in _entries(tmp_dir) if e not in half]
         if marker is None and entries:
             if MARKER in entries:
@@ -215,24 +164,16 @@ def claim_tmp_dir(tmp_dir: Path, inputs: Sequence[Role] = (), create: bool = Tru
         if is_own(rel.as_posix()):
             raise OutputError(f"{r.path}: {r.what} is a file of the temp dir, which the run removes; "
                               "expected inputs outside --tmp_dir")
-    if create and not _marked(tmp_dir):
+    if create and not marked(tmp_dir):
         # Both tokens in the first write: there is never a marker of the tool's without them.
-        _write_marker(tmp_dir, {"tool": "seq2seq_eval", "folder": secrets.token_hex(16),
+        write_marker(tmp_dir, {"tool": "seq2seq_eval", "folder": secrets.token_hex(16),
                                 "token": secrets.token_hex(16), "made": made})
-
-
-def _manifest_carries(tmp_dir: Path, folder_token: str | None) -> bool:
-    try:
-        token = json.loads((tmp_dir / MANIFEST).read_text(encoding="utf-8")).get(FOLDER_KEY)
-    except (OSError, ValueError, AttributeError):
-        return False
-    return folder_token is not None and token == folder_token
 
 
 def _check_manifest_token(tmp_dir: Path, folder_token: str) -> None:
     """A manifest in a marked temp dir must carry the marker's folder token: one that does not
     (copied in, written by hand, or an earlier release's) is not read as this folder's run."""
-    if os.path.lexists(tmp_dir / MANIFEST) and not _manifest_carries(tmp_dir, folder_token):
+    if os.path.lexists(tmp_dir / MANIFEST) and not manifest_carries(tmp_dir, folder_token):
         raise RunStateError(
             f"--tmp_dir {tmp_dir}: {MANIFEST} does not carry the token of the folder's {MARKER} marker, so it was "
             "not written by seq2seq_eval for this temp dir (copied in, written by hand, or an earlier release's); "
@@ -249,18 +190,6 @@ def _through_link(tmp_dir: Path, rel: str) -> bool:
     return False
 
 
-def tmp_token(tmp_dir: Path) -> str | None:
-    """The token of the run that last claimed the temp dir (its marker's), or None."""
-    marker = read_marker(tmp_dir)
-    return marker["token"] if marker is not None else None
-
-
-def folder_token(tmp_dir: Path) -> str | None:
-    """The temp dir's own token (its marker's `folder`), which its manifest carries; or None."""
-    marker = read_marker(tmp_dir)
-    return marker["folder"] if marker is not None else None
-
-
 def new_token(tmp_dir: Path) -> str:
     """Rank 0, holding the run lock: the marker carries a fresh token, this run's. A publish
     names it, and a recovery that completes that publish removes the temp dir only while the
@@ -274,20 +203,9 @@ def new_token(tmp_dir: Path) -> str:
         _remove_own_files(tmp_dir, keep=(MARKER, LOCK))
         logger.info("%s: removed what the run published from here had left (its outputs were in place)", tmp_dir)
     token = secrets.token_hex(16)
-    _write_marker(tmp_dir, {"tool": "seq2seq_eval", "folder": marker["folder"], "made": marker.get("made") or [],
+    write_marker(tmp_dir, {"tool": "seq2seq_eval", "folder": marker["folder"], "made": marker.get("made") or [],
                             "token": token})
     return token
-
-
-def mark_published(tmp_dir: Path, token: str | None) -> None:
-    """The run with `token` has its outputs in place: said in the marker before the run removes
-    its files here, so that a kill or a signal while it removes them leaves a folder the next
-    command clears (new_token), never one it refuses as an unfinished run."""
-    marker = read_marker(tmp_dir)
-    if marker is None or token is None or marker["token"] != token:
-        return
-    with contextlib.suppress(OSError, EvalError):  # then the next command is told to --resume: still safe
-        _write_marker(tmp_dir, {**marker, "published": True})
 
 
 def remove_finished_tmp_dir(tmp_dir: Path, token: str | None) -> None:
@@ -457,7 +375,7 @@ def _remove_own_files(tmp_dir: Path, keep: Sequence[str] = (MARKER,)) -> None:
     `keep`; then its own folders if empty."""
     token = (read_marker(tmp_dir) or {}).get("folder")
     for rel in _entries(tmp_dir):
-        if rel == MANIFEST and not _manifest_carries(tmp_dir, token):
+        if rel == MANIFEST and not manifest_carries(tmp_dir, token):
             continue  # not this folder's manifest (_check_manifest_token): not the tool's to remove
         if is_own(rel) and rel not in keep and not _through_link(tmp_dir, rel):
             with contextlib.suppress(OSError):
