@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import conftest  # noqa: E402  (the fork server, the environment the tests' runs get)
-from faultloop import loop, kinds, make_inputs  # noqa: E402
+from faultloop import failure_class, kinds, loop, make_inputs  # noqa: E402
 from fsfaults import FAULTS  # noqa: E402
 
 
@@ -24,7 +24,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kinds", nargs="+", help="the kinds of command (default: all)")
     ap.add_argument("--sample", type=int, help="this many operations per kind (default: every one)")
-    ap.add_argument("--faults", nargs="+", default=list(FAULTS), choices=FAULTS)
+    ap.add_argument("--faults", nargs="+", default=list(FAULTS), choices=(*FAULTS, "EROFS"))
     ap.add_argument("--faults_per_op", type=int, help="this many of the faults at each operation, at random")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", help="where the cases run (default: a new temporary folder)")
@@ -40,6 +40,13 @@ def main() -> int:
     finally:
         for server in conftest._FORK_SERVER:
             server.close()
+    classes: dict[str, list[str]] = {}
+    for name, o in outcomes.items():
+        for f in o.failures:
+            classes.setdefault(f"{name}: {failure_class(f)}", []).append(f)
+    print("\nfailures by class (count, class, first case):")
+    for c, found in sorted(classes.items(), key=lambda kv: -len(kv[1])):
+        print(f"{len(found):5d}  {c}\n       e.g. {found[0][:300]}")
     cases = sum(o.cases for o in outcomes.values())
     failures = sum(len(o.failures) for o in outcomes.values())
     print(f"total: {len(outcomes)} kinds, {cases} cases, {failures} failures, {time.monotonic() - t0:.0f} s")

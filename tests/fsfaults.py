@@ -147,7 +147,6 @@ class Instrument:
         self.plan = plan
         self.count = 0
         self.matched = 0
-        self.ops: list[tuple[int, str, str, str]] = []
         self.reader = reader
         self._log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644) if log else None
         self._local = threading.local()
@@ -349,14 +348,12 @@ def _evaluate(kwargs: dict) -> int:
     """api.evaluate with in-memory examples, reported as the command line reports: one line."""
     from seq2seq_eval import evaluate
     from seq2seq_eval.errors import EvalError
-    from seq2seq_eval.run.dist import dist_env
 
     try:
         evaluate(**kwargs)
     except EvalError as e:
         print(f"seq2seq_eval: error: {e}", file=sys.stderr)
         return e.exit_code
-    del dist_env
     return 0
 
 
