@@ -302,6 +302,7 @@ def one_line(ran: Ran) -> str | None:
 
 PUBLISHED = re.compile(r"after the outputs were published|the run is complete|were published|publish was completed")
 UNCHANGED = re.compile(r"nothing was published|is unchanged|are unchanged|undone|left as they were|as it was")
+RECOVERED = re.compile(r"(completing|undoing) the publish of run \S+, cut short")
 LEFT = re.compile(r"left for the next command|complete or undo")
 
 
@@ -420,6 +421,11 @@ def run_case(p: Prepared, name: str, n: int, fault: str, logs: Path, short: bool
     state = tool_view(r, kind, p.known)
     published = state == p.sets["B"]
     unchanged = state == before
+    # A publish cut short by an earlier command, completed or undone first (said in its own
+    # line): the folders then hold that publish's set or the one before it, which this command's
+    # line need not repeat (the recovery kind: that publish is B's).
+    if RECOVERED.search(ran.err) and not unchanged:
+        unchanged = published and "completing the publish" in ran.err or state == p.sets["A"]
     intent = any((r / f / INTENT).exists() for f in kind.folders)
     line = (error_lines(ran.err) or [""])[-1]
     if ran.code == 0 and not published:
