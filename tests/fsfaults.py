@@ -94,7 +94,9 @@ class Reader:
     """What a reader may find in the output folders at any instant. `sets`: each complete run's
     files per folder (name: normal()), `completion`: the names whose presence says a run
     completed. Whenever one of them is visible, every file of a known run's name visible in any
-    of the folders must be that one run's, and that run's whole set must be there."""
+    of the folders must be that one run's, and all of that run's other files must be there (its
+    completion files are moved aside one after another, first, and put back one after another,
+    last: while they move, some are there and some not, all of one run, beside its whole set)."""
 
     folders: list[str]
     sets: dict[str, dict[str, dict[str, str]]]
@@ -121,7 +123,8 @@ class Reader:
         if not complete:
             return None
         for run, files in self.sets.items():
-            if all(seen[f] == files.get(f, {}) for f in self.folders):
+            if all(files.get(f, {}).get(n) == v for f in self.folders for n, v in seen[f].items()) and all(
+                    seen[f].get(n) == v for f in self.folders for n, v in files.get(f, {}).items() if n not in self.completion):
                 return None
         # Not one run's whole set: the files of two runs, or one run's set with files missing.
         runs = [r for r, files in self.sets.items()

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -170,6 +172,38 @@ def try_folder(flag: str, folder: Path, names: Iterable[str] = ()) -> None:
                                   "expected a folder the run can write") from None
 
 
+_PROBE = re.compile(r"\.seq2seq_eval_probe\.(\d+)\.[0-9a-f]{8}")
+
+
+def _remove_dead_probes(folder: Path) -> None:
+    """Probe folders a killed command left (its pid no longer runs here): removed with the empty
+    files it made in them, which hold nothing. A probe of a live process, or one holding anything
+    else, is left alone. (On a folder shared by several nodes a pid may run elsewhere: its probe
+    stays until a command on that node clears it.)"""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            m = _PROBE.fullmatch(name)
+            path = folder / name
+            if m is None or os.path.islink(path) or not path.is_dir() or _alive(int(m.group(1))):
+                continue
+            with contextlib.suppress(OSError):
+                for entry in os.listdir(path):
+                    st = os.lstat(path / entry)
+                    if stat.S_ISREG(st.st_mode) and st.st_size == 0:
+                        os.unlink(path / entry)
+                os.rmdir(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive
+    return True
+
+
 def _try_once(flag: str, folder: Path, names: list[str]) -> None:
     full = Path(os.path.abspath(folder.expanduser()))
     made: list[Path] = []
@@ -189,6 +223,7 @@ def _try_once(flag: str, folder: Path, names: list[str]) -> None:
                 raise OutputError(f"{flag} {folder}: {where}; expected a folder (created if missing)") from None
             made.append(parent)
         doing = f"write in {full}"
+        _remove_dead_probes(full)
         probe = full / f".seq2seq_eval_probe.{os.getpid()}.{secrets.token_hex(4)}"
         os.mkdir(probe)
         try:

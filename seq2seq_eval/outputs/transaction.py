@@ -68,6 +68,10 @@ def recovered(folders: Iterable[Path]) -> Iterator[list[dict[str, Any]]]:
                     completed = recover_locked(involved)
                 except OSError as e:
                     raise recovery_error(sorted(involved), e) from e
+                except EvalError as e:
+                    if not isinstance(e.__cause__, OSError):  # a refusal (an intent not the tool's): as it is
+                        raise
+                    raise recovery_error(sorted(involved), e.__cause__) from e
                 yield completed
                 return
 

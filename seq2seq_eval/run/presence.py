@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import time
 from pathlib import Path
 
 from .tmpdir import DONE, LOCK, STOPPED
+
+logger = logging.getLogger("seq2seq_eval")
 
 POLL_S = 0.05
 """How often rank 0 tries the locks of ranks still at work: they leave as soon as they see
@@ -107,5 +110,15 @@ def main_is_done(tmp_dir: Path) -> bool:
 
 
 def mark_done(tmp_dir: Path) -> None:
-    """Rank 0 has written the outputs (before cleanup, which removes this file with the rest)."""
-    (tmp_dir / DONE).write_bytes(b"")
+    """Rank 0 has written the outputs (before cleanup, which removes this file with the rest).
+    Never into a folder whose marker is gone (a cleanup cut short by a signal had begun): a file
+    there would make the folder a user's to the next command. A failure to write it is a warning:
+    the outputs are in place, and a waiting rank finds the lock file gone once cleanup is done."""
+    from .tmpmarker import read_marker
+
+    if read_marker(tmp_dir) is None:
+        return
+    try:
+        (tmp_dir / DONE).write_bytes(b"")
+    except OSError as e:
+        logger.warning("%s: cannot write %s (%s); the outputs are in place", tmp_dir, DONE, e.strerror or e)

@@ -3,11 +3,13 @@ rank 0 also wait, merge by id, score and report."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ from .tmpdir import (
     remove_finished_tmp_dir,
     tmp_token,
 )
+from .tmpmarker import read_marker
 from .presence import main_rank_state, mark_done, wait_for_ranks_to_leave
 
 MAIN_POLL_S = 0.5
@@ -130,7 +133,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
     presence: Presence | None = None
     progress: dict[str, Any] = {}
     try:
-        with _Signals():
+        with _Signals(), _one_line(tmp_dir, progress):
             lock = _claim_tmp_dir(cfg, env, pg, tmp_dir, also_writes, also_folders, inputs)
             # Resuming (or restarted by torchrun), the earlier run's budget, read once by rank 0
             # (which holds the lock) and sent to all: every rank plans the same batches.
@@ -203,6 +206,23 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             pg.close()
 
 
+@contextlib.contextmanager
+def _one_line(tmp_dir: Path, progress: dict[str, Any]) -> Iterator[None]:
+    """A filesystem fault anywhere in the run's own steps (its caches, rank files, journals, the
+    model metric's files) as one typed line saying what became of the run, from its state: the
+    outputs published or not, and the command that goes on."""
+    try:
+        yield
+    except OSError as e:
+        where = f"{e.filename}: " if getattr(e, "filename", None) else f"{tmp_dir}: "
+        said = f"{where}{e.strerror or e}"
+        if progress.get("published"):
+            raise RunFailed(f"{said}; the outputs were published before it: the run is complete (the next command in "
+                            f"{tmp_dir} removes what is left there)") from e
+        raise RunFailed(f"{said}; nothing was published: the batches journaled before it are kept in {tmp_dir}: fix the "
+                        "cause (space, permissions), then rerun the same command with --resume") from e
+
+
 def _after_publish(cfg: EvalConfig, env: DistEnv, tmp_dir: Path, e: Interrupted) -> str:
     """A signal handled once the outputs were published: the run is complete. What it had left
     to do is done (the other ranks told, the temp dir removed once they have left it, as
@@ -218,6 +238,8 @@ def _after_publish(cfg: EvalConfig, env: DistEnv, tmp_dir: Path, e: Interrupted)
 
 
 def _write_marker(path: Path) -> None:
+    if read_marker(path.parent) is None:
+        return  # its cleanup had begun: a file there would make the folder a user's
     try:
         path.write_bytes(b"")
     except OSError:

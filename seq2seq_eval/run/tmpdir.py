@@ -28,7 +28,7 @@ and, beside any of them, `.<name>.<pid>.tmp` while it is being written.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
 import logging
 import os
@@ -42,12 +42,13 @@ from ..atomic import write_json_atomic
 from ..errors import OutputError, RunStateError
 from ..outputs.locations import Role
 from .journal import journal_files
+from .runlock import RunLock  # noqa: F401  (imported from here by the run)
 from .steal import CLAIMS, claims_dir
 from .tmpmarker import (  # noqa: F401  (MANIFEST, MARKER, tmp_token: read here by the rest of the run)
     FOLDER_KEY, MANIFEST, MARKER, _MARKER_WRITING, folder_token, half_made_markers, manifest_carries, marked,
     read_marker, tmp_token, write_marker)
 
-LOCK = "run.lock"
+from .runlock import LOCK  # noqa: E402  (one name for the lock file)
 STOPPED = "rank0.stopped"  # rank 0 was interrupted and reports for itself (see runner)
 DONE = "rank0.done"  # rank 0 wrote the outputs: the other ranks may exit (see runner)
 OWN = re.compile(
@@ -235,45 +236,6 @@ def compare_manifests(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[st
     return [k for k in keys if old.get(k) != new.get(k)]
 
 
-class RunLock:
-    """An exclusive flock on {tmp_dir}/run.lock, held by rank 0 for the whole run.
-
-    flock rather than a pid file: the kernel drops it when the holder dies, however it dies
-    (SIGKILL, OOM, node reboot), so a crashed run never blocks the next one.
-    """
-
-    def __init__(self, tmp_dir: Path) -> None:
-        self.path = tmp_dir / LOCK
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        except OSError as e:
-            raise RunStateError(f"{self.path}: cannot create the run lock ({e.strerror}); is --tmp_dir writable?") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            os.close(fd)
-            holder = ""
-            try:
-                holder = f" (held by {self.path.read_text().strip()})"
-            except OSError:
-                pass
-            raise RunStateError(
-                f"{self.path.parent}: another run is using this temp dir{holder}; wait for it to finish, "
-                "or give this run another --save_dir/--tmp_dir"
-            ) from e
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
 def finished_journals(tmp_dir: Path) -> list[Path]:
     """Journals that hold at least part of a line: an earlier run finished (or was writing) a batch."""
     found = []
@@ -369,32 +331,47 @@ def prepare_tmp_dir(tmp_dir: Path, manifest: Mapping[str, Any], resume: bool) ->
     return len(journals)
 
 
-def _remove_own_files(tmp_dir: Path, keep: Sequence[str] = (MARKER,)) -> None:
+def _remove_own_files(tmp_dir: Path, keep: Sequence[str] = (MARKER,)) -> list[str]:
     """The files the tool makes in its temp dir (OWN), found without following a link (a link in
     their place, or in a folder's, is not the tool's, and nothing is removed through one), but
-    `keep`; then its own folders if empty."""
-    token = (read_marker(tmp_dir) or {}).get("folder")
+    `keep`; then its own folders if empty. Returns those that could not be removed."""
+    token, failed = (read_marker(tmp_dir) or {}).get("folder"), []
     for rel in _entries(tmp_dir):
         if rel == MANIFEST and not manifest_carries(tmp_dir, token):
             continue  # not this folder's manifest (_check_manifest_token): not the tool's to remove
         if is_own(rel) and rel not in keep and not _through_link(tmp_dir, rel):
-            with contextlib.suppress(OSError):
+            try:
                 (tmp_dir / rel).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                failed.append(f"{rel} ({e.strerror or e})")
     for folder in _OWN_FOLDERS:
-        with contextlib.suppress(OSError):
+        try:
             (tmp_dir / folder).rmdir()
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY:  # not empty: something not the tool's is in it, and stays
+                failed.append(f"{folder}/ ({e.strerror or e})")
+    return failed
 
 
 def cleanup_tmp_dir(tmp_dir: Path) -> None:
     """Remove the files the tool made in its temp dir (OWN), then the folders it made, if
-    nothing else is left in them. A folder without the tool's marker is not the tool's: left alone."""
+    nothing else is left in them. A folder without the tool's marker is not the tool's: left
+    alone. The marker goes last, and only once every file of the tool's is gone: a folder it
+    could not empty stays the tool's, for the next command to clear."""
     marker = read_marker(tmp_dir)
     if marker is None:
         return
-    made = marker.get("made") or []
-    _remove_own_files(tmp_dir)
+    failed = _remove_own_files(tmp_dir)
+    if failed:
+        logger.warning("%s: could not remove %s; the folder stays seq2seq_eval's: the next command in it removes "
+                       "what is left", tmp_dir, ", ".join(failed[:3]) + (f" and {len(failed) - 3} more" if len(failed) > 3 else ""))
+        return
     with contextlib.suppress(OSError):
         (tmp_dir / MARKER).unlink()
-    for folder in sorted(made, key=len, reverse=True):  # the deepest first
+    for folder in sorted(marker.get("made") or [], key=len, reverse=True):  # the deepest first
         with contextlib.suppress(OSError):
             os.rmdir(folder)
