@@ -89,6 +89,21 @@ class Plan:
     at_match: list | None = None
 
 
+_LEGACY = ("preds.txt", "metrics.json")
+
+
+def _legacy_named(n: str) -> bool:
+    return n in _LEGACY
+
+
+def _run_outputs(n: str) -> bool:
+    return n not in _LEGACY
+
+
+def _group(completion: str) -> Callable[[str], bool]:
+    return _legacy_named if completion in _LEGACY else _run_outputs
+
+
 @dataclass
 class Reader:
     """What a reader may find in the output folders at any instant. `sets`: each complete run's
@@ -122,16 +137,29 @@ class Reader:
         complete = [(f, n) for f in self.folders for n in seen[f] if n in self.completion]
         if not complete:
             return None
-        for run, files in self.sets.items():
-            if all(files.get(f, {}).get(n) == v for f in self.folders for n, v in seen[f].items()) and all(
-                    seen[f].get(n) == v for f in self.folders for n, v in files.get(f, {}).items() if n not in self.completion):
-                return None
-        # Not one run's whole set: the files of two runs, or one run's set with files missing.
-        runs = [r for r, files in self.sets.items()
-                if all(files.get(f, {}).get(n) == v for f in self.folders for n, v in seen[f].items())]
-        what = (f"an incomplete set of {'/'.join(runs)}" if runs else "files of two runs")
-        return (f"{', '.join(f'{os.path.basename(f)}/{n}' for f, n in complete)} visible beside {what}: "
-                + "; ".join(f"{os.path.basename(f)}: {self._whose(seen[f], f)}" for f in self.folders))
+        # What each completion file completes: SCORE_PATH the legacy form's SAVE_PATH, any other the
+        # run's own outputs ({type_path}_*, the legacy pseudolabel file), a report itself. A later
+        # command of another kind may leave one group and replace the other (each its own run's).
+        groups = {id(g): g for c in (n for _, n in complete) for g in [_group(c)]}
+        for governed in groups.values():
+            if not any(governed(n) for _, n in complete):
+                continue
+            view = {f: {n: v for n, v in seen[f].items() if governed(n)} for f in self.folders}
+            if not self._one_whole_run(view, governed):
+                runs = [r for r, files in self.sets.items()
+                        if all(files.get(f, {}).get(n) == v for f in self.folders for n, v in view[f].items())]
+                what = (f"an incomplete set of {'/'.join(runs)}" if runs else "files of two runs")
+                return (f"{', '.join(f'{os.path.basename(f)}/{n}' for f, n in complete if governed(n))} visible "
+                        f"beside {what}: " + "; ".join(f"{os.path.basename(f)}: {self._whose(seen[f], f)}" for f in self.folders))
+        return None
+
+    def _one_whole_run(self, view: dict[str, dict[str, str]], governed: Callable[[str], bool]) -> bool:
+        for files in self.sets.values():
+            if all(files.get(f, {}).get(n) == v for f in self.folders for n, v in view[f].items()) and all(
+                    view[f].get(n) == v for f in self.folders for n, v in files.get(f, {}).items()
+                    if governed(n) and n not in self.completion):
+                return True
+        return False
 
     def _whose(self, files: dict[str, str], folder: str) -> str:
         parts = []
