@@ -81,9 +81,11 @@ class EvalConfig:
     metric_options: tuple[tuple[str, Any], ...] = ()
     """The model metrics' options by name (--comet_model, --model_metric_max_tokens, ...: scoring/registry.py), each given or its default."""
     bs: int | None = None
-    """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --fp16/--bf16 or --engine ctranslate2), lowered on a set too small to keep every rank busy; the run records the budget it took, docs/performance.md)."""
+    """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget, the same at any world size: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --fp16/--bf16 or --engine ctranslate2); the run records the budget it took, docs/performance.md)."""
     max_tokens: int | None = None
     """Fill batches up to this many padded source tokens instead of a fixed --bs (the default on every device; see --bs)."""
+    budget_for_world_size: bool = False
+    """With neither --bs nor --max_tokens: lower the default budget on a set too small to keep every rank busy, so that no rank idles; the budget, and so the outputs' last bits, then depend on the world size (printed and recorded; docs/performance.md)."""
     max_source_length: int | None = None
     """Sources are truncated to this many tokens (default: the model's own limit, as the tokenizer or config gives it)."""
     n_obs: int | None = None
@@ -170,6 +172,10 @@ class EvalConfig:
             _check_min("--bs", self.bs, 1)
         if self.max_tokens is not None:
             _check_min("--max_tokens", self.max_tokens, 1)
+        if self.budget_for_world_size and (self.bs is not None or self.max_tokens is not None):
+            flag = f"--bs {self.bs}" if self.bs is not None else f"--max_tokens {self.max_tokens}"
+            raise ConfigError(f"--budget_for_world_size adapts the default batch budget, and {flag} gives one; "
+                              "pass only one of them")
         if self.max_source_length is not None:
             _check_min("--max_source_length", self.max_source_length, 1)
         if self.device not in DEVICES:

@@ -181,12 +181,18 @@ def _in_memory_identity(model: Any) -> dict[str, Any]:
             "dtype": str(params[0].dtype).removeprefix("torch.") if params else None}
 
 
+BY_WORLD_SIZE = "--budget_for_world_size"
+"""How the provenance names a default budget lowered for the world size (plan.default_plan)."""
+
+
 def _plan(cfg: EvalConfig, lengths: Any, world_size: int, device_type: str, cost: dict[str, Any],
           recorded: tuple[int | None, int | None] | None, kind: str = SEQ2SEQ
           ) -> tuple[Plan, int | None, int | None, dict[str, Any]]:
     """The batches, their budget (bs, max_tokens) and how it was chosen: --bs or --max_tokens as
     given; else, resuming, the budget the earlier run recorded (its batches are the journals');
-    else the default for the device and the world size (plan.default_plan)."""
+    else the device's default, which depends on the data, the model, the device and the
+    precision, never on the world size, so that the outputs are the same bytes at any; with
+    --budget_for_world_size, that default lowered for the world size (plan.default_plan)."""
     if cfg.bs is None and cfg.max_tokens is None and recorded is not None:
         bs, max_tokens = recorded
         how: dict[str, Any] = {"from": "resumed"}
@@ -195,17 +201,21 @@ def _plan(cfg: EvalConfig, lengths: Any, world_size: int, device_type: str, cost
                                       causal=kind == CAUSAL, beams=cost["beams"])
         if cfg.bs is None and cfg.max_tokens is None:
             default = max_tokens
-            max_tokens, plan = default_plan(lengths, world_size, default, **cost)  # type: ignore[arg-type]
-            return plan, None, max_tokens, {"from": "default", "device_default": default, "world_size": world_size}
-        how = {"from": "--max_tokens" if cfg.max_tokens is not None else "--bs"}
+            if cfg.budget_for_world_size:
+                max_tokens, plan = default_plan(lengths, world_size, default, **cost)  # type: ignore[arg-type]
+                return plan, None, max_tokens, {"from": BY_WORLD_SIZE, "device_default": default,
+                                                "world_size": world_size}
+            how = {"from": "default", "device_default": default}
+        else:
+            how = {"from": "--max_tokens" if cfg.max_tokens is not None else "--bs"}
     return make_batches(lengths, bs=bs, max_tokens=max_tokens, **cost), bs, max_tokens, how
 
 
 def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path, device_type: str = "cpu",
             model: Any = None, tokenizer: Any = None, recorded: tuple[int | None, int | None] | None = None,
             read_cfg: EvalConfig | None = None) -> Prepared:
-    """Everything before generation. `device_type` and the world size pick the default batch
-    budget (plan.default_plan); `recorded`: the budget (bs, max_tokens) of the run being resumed
+    """Everything before generation. `device_type` picks the default batch budget (and with
+    --budget_for_world_size the world size too: plan.default_plan); `recorded`: the budget (bs, max_tokens) of the run being resumed
     (tmpdir.recorded_budget), taken when neither --bs nor --max_tokens is given; `model`,
     `tokenizer`: a model (and its tokenizer) already in memory (api.evaluate), used instead of
     loading --model_name; `read_cfg`: the config the examples are read with, when not `cfg`
@@ -278,8 +288,12 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
         manifest.update({"model_kind": kind, "prompt": prompts.record()})
     _give_back_freed_memory()
     timings = {"examples": t1 - t0, "tokenize": t2 - t1, "plan": time.perf_counter() - t2}
-    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings, budget, kind,
+    prep = Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings, budget, kind,
                     prompts)
+    # Said at run time (the dry run prints it with the plan), once: what makes the bytes depend on the layout.
+    if pg is not None and pg.env.is_main and (layout := layout_warning(prep)):
+        logger.warning("%s", layout)
+    return prep
 
 
 def _check_prompt_options(cfg: EvalConfig, kind: str) -> None:
@@ -302,12 +316,26 @@ def describe_budget(prep: Prepared) -> str:
     plan, how, flag = prep.manifest["plan"], prep.budget, _flag(prep)
     if how.get("from") == "resumed":
         return f"{flag}: the budget of the run being resumed"
-    if how.get("from") != "default":
+    if how.get("from") == "default":
+        return f"{flag}: the device's default, the same at any world size"
+    if how.get("from") != BY_WORLD_SIZE:
         return flag
     if plan["max_tokens"] == how["device_default"]:
-        return f"{flag}: the device's default"
-    return (f"{flag}: the default for {how['world_size']} ranks, lowered from the device's {how['device_default']}; "
-            f"give {flag} to get these batches at any world size")
+        return f"{flag}: the device's default, kept by {BY_WORLD_SIZE} for {how['world_size']} ranks"
+    return (f"{flag}: lowered by {BY_WORLD_SIZE} for {how['world_size']} ranks from the device's "
+            f"{how['device_default']}; give {flag} to get these batches at any world size")
+
+
+def layout_warning(prep: Prepared) -> str | None:
+    """One line when the budget in force depends on the world size (--budget_for_world_size
+    lowered it), so that the outputs' last bits may differ at another world size; else None."""
+    how = prep.budget
+    if how.get("from") != BY_WORLD_SIZE or prep.manifest["plan"]["max_tokens"] == how["device_default"]:
+        return None
+    flag = _flag(prep)
+    return (f"{BY_WORLD_SIZE}: {flag} for {how['world_size']} ranks (the device's default is "
+            f"{how['device_default']}): beam scores and near ties may differ in their last bits at another world "
+            f"size; give {flag} for these bytes at any")
 
 
 def idle_ranks_warning(prep: Prepared, world_size: int) -> str | None:
@@ -316,12 +344,18 @@ def idle_ranks_warning(prep: Prepared, world_size: int) -> str | None:
     idle = world_size - min(len(prep.batches), world_size)
     if not idle:
         return None
-    if prep.budget.get("from") == "default":
+    source = prep.budget.get("from")
+    if len(prep.store) < world_size and source in ("default", BY_WORLD_SIZE):
         fix = f"the set has only {len(prep.store)} examples; run it on fewer ranks"
-    elif prep.budget.get("from") == "resumed":
+    elif source == "default":
+        # Idle ranks cost seconds on a small set; a budget for the world size costs the same
+        # bytes at every world size, so it is the user's choice.
+        fix = (f"run it on fewer ranks, or give {BY_WORLD_SIZE} to cut it finer (outputs then depend on the world "
+               "size in their last bits)")
+    elif source == "resumed":
         fix = "the budget of the run being resumed, whose journals hold these batches"
     else:
-        fix = "give a smaller budget, or neither --bs nor --max_tokens for one that keeps every rank busy"
+        fix = f"give a smaller budget, or neither --bs nor --max_tokens with {BY_WORLD_SIZE} for one that keeps every rank busy"
     return f"{idle} of {world_size} ranks get no batch ({len(prep.batches)} batches at {_flag(prep)}); {fix}"
 
 
@@ -347,9 +381,9 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
                      f"est. cost {loads[rank]:.0f}{share}")
     if mean:
         lines.append(f"predicted load (estimated cost): max/mean {loads.max() / mean:.3f} over {world_size} ranks")
-    warning = idle_ranks_warning(prep, world_size)
-    if warning:
-        lines.append(f"WARNING: {warning}")
+    for warning in (idle_ranks_warning(prep, world_size), layout_warning(prep)):
+        if warning:
+            lines.append(f"WARNING: {warning}")
     lines.append("prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
     return "\n".join(lines)
 
