@@ -38,8 +38,8 @@ from ..inputs.leaks import check_shots
 from ..inputs.prompts import Prompts, build_prompts, template_fields
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
-from .plan import (Plan, assign_batches, batch_budget, default_plan, make_batches, padding_efficiency, plan_digest,
-                   rank_loads, step_overhead)
+from .budget import choose_budget, describe_budget, idle_ranks_warning, layout_warning
+from .plan import Plan, assign_batches, padding_efficiency, plan_digest, rank_loads, step_overhead
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -57,7 +57,7 @@ class Prepared:
     batches: Plan  # the batches as arrays; batches[i] makes batch i's Batch
     manifest: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per preparation step on this rank
-    budget: dict[str, Any] = field(default_factory=dict)  # how the batch budget was chosen (_plan)
+    budget: dict[str, Any] = field(default_factory=dict)  # how the batch budget was chosen (budget.choose_budget)
     kind: str = SEQ2SEQ  # the model's kind (model/kind.py)
     prompts: Prompts | None = None  # a decoder-only model's prompt construction (inputs/prompts.py)
 
@@ -181,43 +181,13 @@ def _in_memory_identity(model: Any) -> dict[str, Any]:
             "dtype": str(params[0].dtype).removeprefix("torch.") if params else None}
 
 
-BY_WORLD_SIZE = "--budget_for_world_size"
-"""How the provenance names a default budget lowered for the world size (plan.default_plan)."""
-
-
-def _plan(cfg: EvalConfig, lengths: Any, world_size: int, device_type: str, cost: dict[str, Any],
-          recorded: tuple[int | None, int | None] | None, kind: str = SEQ2SEQ
-          ) -> tuple[Plan, int | None, int | None, dict[str, Any]]:
-    """The batches, their budget (bs, max_tokens) and how it was chosen: --bs or --max_tokens as
-    given; else, resuming, the budget the earlier run recorded (its batches are the journals');
-    else the device's default, which depends on the data, the model, the device and the
-    precision, never on the world size, so that the outputs are the same bytes at any; with
-    --budget_for_world_size, that default lowered for the world size (plan.default_plan)."""
-    if cfg.bs is None and cfg.max_tokens is None and recorded is not None:
-        bs, max_tokens = recorded
-        how: dict[str, Any] = {"from": "resumed"}
-    else:
-        bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type, cfg.engine, half=cfg.fp16 or cfg.bf16,
-                                      causal=kind == CAUSAL, beams=cost["beams"])
-        if cfg.bs is None and cfg.max_tokens is None:
-            default = max_tokens
-            if cfg.budget_for_world_size:
-                max_tokens, plan = default_plan(lengths, world_size, default, **cost)  # type: ignore[arg-type]
-                return plan, None, max_tokens, {"from": BY_WORLD_SIZE, "device_default": default,
-                                                "world_size": world_size}
-            how = {"from": "default", "device_default": default}
-        else:
-            how = {"from": "--max_tokens" if cfg.max_tokens is not None else "--bs"}
-    return make_batches(lengths, bs=bs, max_tokens=max_tokens, **cost), bs, max_tokens, how
-
-
 def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path, device_type: str = "cpu",
             model: Any = None, tokenizer: Any = None, recorded: tuple[int | None, int | None] | None = None,
             read_cfg: EvalConfig | None = None) -> Prepared:
-    """Everything before generation. `device_type` picks the default batch budget (and with
-    --budget_for_world_size the world size too: plan.default_plan); `recorded`: the budget (bs, max_tokens) of the run being resumed
-    (tmpdir.recorded_budget), taken when neither --bs nor --max_tokens is given; `model`,
-    `tokenizer`: a model (and its tokenizer) already in memory (api.evaluate), used instead of
+    """Everything before generation. `device_type` picks the default batch budget (with
+    --budget_for_world_size, the world size too: budget.choose_budget); `recorded`: the budget
+    (bs, max_tokens) of the run being resumed (tmpdir.recorded_budget), taken when neither --bs
+    nor --max_tokens is given; `model`, `tokenizer`: a model (and its tokenizer) already in memory (api.evaluate), used instead of
     loading --model_name; `read_cfg`: the config the examples are read with, when not `cfg`
     (evaluate()'s in-memory examples, read from the temp dir while `cfg` names their copy in
     --save_dir, as the run's provenance does)."""
@@ -258,7 +228,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
             # Outputs are at least this long, whatever the source's length suggests (an
             # encoder-decoder's min_length counts the decoder's start token).
             "out_floor": int(gc.min_new_tokens or max(int(gc.min_length or 0) - 1, 0))}
-    batches, bs, max_tokens, budget = _plan(cfg, tokens.lengths, env.world_size, device_type, cost, recorded, kind)
+    batches, bs, max_tokens, budget = choose_budget(cfg, tokens.lengths, env.world_size, device_type, cost, recorded, kind)
     gen_settings = full_dict(gc)  # every field, generate()'s defaults included
     manifest = {
         "model": identity,
@@ -304,59 +274,6 @@ def _check_prompt_options(cfg: EvalConfig, kind: str) -> None:
     if given:
         raise ConfigError(f"--{given[0]} is for decoder-only models; {cfg.model_name} is an encoder-decoder model, "
                           "whose sources take --prefix")
-
-
-def _flag(prep: Prepared) -> str:
-    plan = prep.manifest["plan"]
-    return f"--bs {plan['bs']}" if plan["bs"] is not None else f"--max_tokens {plan['max_tokens']}"
-
-
-def describe_budget(prep: Prepared) -> str:
-    """The budget and where it came from, as the dry run prints it."""
-    plan, how, flag = prep.manifest["plan"], prep.budget, _flag(prep)
-    if how.get("from") == "resumed":
-        return f"{flag}: the budget of the run being resumed"
-    if how.get("from") == "default":
-        return f"{flag}: the device's default, the same at any world size"
-    if how.get("from") != BY_WORLD_SIZE:
-        return flag
-    if plan["max_tokens"] == how["device_default"]:
-        return f"{flag}: the device's default, kept by {BY_WORLD_SIZE} for {how['world_size']} ranks"
-    return (f"{flag}: lowered by {BY_WORLD_SIZE} for {how['world_size']} ranks from the device's "
-            f"{how['device_default']}; give {flag} to get these batches at any world size")
-
-
-def layout_warning(prep: Prepared) -> str | None:
-    """One line when the budget in force depends on the world size (--budget_for_world_size
-    lowered it), so that the outputs' last bits may differ at another world size; else None."""
-    how = prep.budget
-    if how.get("from") != BY_WORLD_SIZE or prep.manifest["plan"]["max_tokens"] == how["device_default"]:
-        return None
-    flag = _flag(prep)
-    return (f"{BY_WORLD_SIZE}: {flag} for {how['world_size']} ranks (the device's default is "
-            f"{how['device_default']}): beam scores and near ties may differ in their last bits at another world "
-            f"size; give {flag} for these bytes at any")
-
-
-def idle_ranks_warning(prep: Prepared, world_size: int) -> str | None:
-    """One line when some rank would get no batch, else None. The deal gives the costliest
-    batches to distinct ranks first, so with fewer batches than ranks the rest idle."""
-    idle = world_size - min(len(prep.batches), world_size)
-    if not idle:
-        return None
-    source = prep.budget.get("from")
-    if len(prep.store) < world_size and source in ("default", BY_WORLD_SIZE):
-        fix = f"the set has only {len(prep.store)} examples; run it on fewer ranks"
-    elif source == "default":
-        # Idle ranks cost seconds on a small set; a budget for the world size costs the same
-        # bytes at every world size, so it is the user's choice.
-        fix = (f"run it on fewer ranks, or give {BY_WORLD_SIZE} to cut it finer (outputs then depend on the world "
-               "size in their last bits)")
-    elif source == "resumed":
-        fix = "the budget of the run being resumed, whose journals hold these batches"
-    else:
-        fix = f"give a smaller budget, or neither --bs nor --max_tokens with {BY_WORLD_SIZE} for one that keeps every rank busy"
-    return f"{idle} of {world_size} ranks get no batch ({len(prep.batches)} batches at {_flag(prep)}); {fix}"
 
 
 def describe_plan(prep: Prepared, world_size: int) -> str:
