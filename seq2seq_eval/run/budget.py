@@ -85,8 +85,8 @@ def idle_ranks_warning(prep: Any, world_size: int) -> str | None:
     if len(prep.store) < world_size and source in ("default", BY_WORLD_SIZE):
         fix = f"the set has only {len(prep.store)} examples; run it on fewer ranks"
     elif source == "default":
-        # Idle ranks cost seconds on a small set; a budget for the world size costs the same
-        # bytes at every world size, so it is the user's choice.
+        # Idle ranks cost seconds on a small set; a budget for the world size costs bytes that
+        # follow the world size: the user's choice, never the default's.
         fix = (f"run it on fewer ranks, or give {BY_WORLD_SIZE} to cut it finer (outputs then depend on the world "
                "size in their last bits)")
     elif source == "resumed":
