@@ -154,7 +154,7 @@ def narrow_on_one_mkl_thread(owner: Any, device_type: str = "cpu") -> list[str]:
     if device_type != "cpu" or _torch_mkl() is None:
         return []
     modules = [owner] if isinstance(owner, torch.nn.Module) else [
-        value for value in vars(owner).values() if isinstance(value, torch.nn.Module)]
+        value for value in getattr(owner, "__dict__", {}).values() if isinstance(value, torch.nn.Module)]
     covered: list[str] = []
     for module in modules:
         for name, layer in module.named_modules():

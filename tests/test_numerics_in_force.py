@@ -59,7 +59,7 @@ for threads in (1, 2):
     torch.set_num_threads(threads)
     values[threads] = [v.hex() for v in metric.score(src, hyp, [[t] for t in tgt], max_tokens=600)]
 print(json.dumps({"differ": sum(a != b for a, b in zip(values[1], values[2])), "n": len(values[1]),
-                  "narrow": metric.narrow_layers, "found": numerics.narrow_layers(metric.network)}))
+                  "narrow": metric.narrow_layers, "found": numerics.narrow_layers(metric.network), "folder": sys.argv[2]}))
 """
 
 
@@ -106,6 +106,25 @@ def test_a_narrow_model_metric_gives_the_same_bits_at_1_and_2_threads_and_record
     assert any(".DenseReluDense.wo (16)" in name and name.startswith("MT5Model.decoder.") for name in got["narrow"])
 
 
+def test_a_run_says_and_records_the_narrow_layers_it_ran_on_one_thread(probes, tiny_model, data23, tmp_path):
+    """Through the command line: the run logs the narrow layers once and lists them in the metric
+    file (throughput.model_metrics.metricx), beside the MKL mode in force on each rank."""
+    from conftest import assert_ok, single
+
+    folder = probes["narrow"][0]["folder"]
+    proc = single(["--model_name", str(tiny_model), "--data_dir", str(data23), "--metrics", "metricx",
+                   "--metricx_model", folder, "--metricx_tokenizer", str(METRICX / "tokenizer"),
+                   "--save_dir", str(tmp_path / "out")], cwd=tmp_path)
+    assert_ok(proc)
+    metric = json.loads((tmp_path / "out" / "test_bleu.json").read_text())
+    assert metric["throughput"]["model_metrics"]["metricx"]["narrow_layers_on_one_mkl_thread"] == probes["narrow"][0]["narrow"]
+    assert metric["provenance"]["mkl_cbwr_per_rank"] == ["AUTO,STRICT"]
+    said = [line for line in proc.stderr.splitlines() if "run on one MKL thread" in line]
+    assert len(said) == 1 and said[0].endswith("metricx: 19 linear layer(s) 16 wide run on one MKL thread, whose bits "
+                                               "MKL's strict mode would leave depending on the threads per process "
+                                               "(numerics.py)"), proc.stderr
+
+
 def test_narrow_layers_are_covered_on_the_cpu_only_and_once():
     import torch
 
@@ -115,6 +134,7 @@ def test_narrow_layers_are_covered_on_the_cpu_only_and_once():
                               torch.nn.Linear(3, 4))
     assert numerics.narrow_layers(net) == ["0 (16)", "3 (4)"]  # 24 and 3 columns: outside 4 to 20
     assert numerics.narrow_on_one_mkl_thread(net, "cuda") == []
+    assert numerics.narrow_on_one_mkl_thread({"a": net}) == []  # an owner without attributes holds no network
     assert numerics.narrow_on_one_mkl_thread(net) == ["Sequential.0 (16)", "Sequential.3 (4)"]
     assert numerics.narrow_on_one_mkl_thread(net) == []  # hooked already: not twice
     x = torch.randn(2, 8)

@@ -295,7 +295,8 @@ def load(name: str, resolved: Mapping[str, Any], device: Any = "cpu") -> ModelMe
     spec = get(name)
     metric = spec.load(own_options(spec, resolved), device)
     # A checkpoint's narrow layers on one MKL thread: bits independent of the layout (numerics.py), recorded.
-    metric.narrow_layers = numerics.narrow_on_one_mkl_thread(metric, str(device).split(":")[0])
+    if narrow := numerics.narrow_on_one_mkl_thread(metric, str(device).split(":")[0]):
+        metric.narrow_layers = narrow
     return metric
 
 
