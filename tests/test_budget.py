@@ -242,15 +242,21 @@ KINDS = {
 @pytest.fixture(scope="module")
 def defaults(tiny_model, data23, tmp_path_factory):
     """23 examples (one batch at the CPU's default) of each kind on 1, 2 and 3 ranks, no budget flag."""
+    from concurrent.futures import ThreadPoolExecutor
+
     root = tmp_path_factory.mktemp("defaults")
-    out = {}
-    for kind, extra in KINDS.items():
-        for n in (1, 2, 3):
-            save = root / f"{kind}{n}"
-            args = ["--model_name", str(tiny_model), "--data_dir", str(data23), *extra, "--save_dir", str(save)]
-            proc = single(args, cwd=root) if n == 1 else run_ranks(n, args, cwd=root)
-            assert_ok(proc)
-            out[kind, n] = (save, proc)
+
+    def run(kind: str, n: int):
+        save = root / f"{kind}{n}"
+        args = ["--model_name", str(tiny_model), "--data_dir", str(data23), *KINDS[kind], "--save_dir", str(save)]
+        return save, single(args, cwd=root) if n == 1 else run_ranks(n, args, cwd=root)
+
+    # Two at a time: each run is mostly starting up and waiting for its ranks, on 2 cores.
+    with ThreadPoolExecutor(2) as pool:
+        out = dict(zip([(k, n) for k in KINDS for n in (1, 2, 3)],
+                       pool.map(lambda job: run(*job), [(k, n) for k in KINDS for n in (1, 2, 3)])))
+    for save, proc in out.values():
+        assert_ok(proc)
     return out
 
 
