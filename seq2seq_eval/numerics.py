@@ -5,8 +5,11 @@ run of 1 process with 2 threads and one of 2 processes with 1 thread each differ
 bits (sequence scores, BERTScore, COMET; a beam near a tie may even turn). MKL's strict
 conditional numerical reproducibility mode (MKL_CBWR=...,STRICT) gives the same bits at any
 number of threads. MKL takes the mode once, when it first computes, and keeps it for the life
-of the process: `pin` sets it before the run's first model runs, and says what was in force
-(docs/outputs.md, "What is identical", says where it does not reach).
+of the process: `pin` sets it before the run's first model runs, and says what was in force, as
+MKL reports it. Products 4 to 20 columns wide keep depending on MKL's threads even then: the
+tool's own run on one MKL thread (`one_mkl_thread`), and so do a model metric's linear layers of
+such a width (`narrow_on_one_mkl_thread`, recorded). docs/outputs.md, "What is identical", says
+where this does not reach.
 """
 
 from __future__ import annotations
@@ -158,10 +161,11 @@ def narrow_on_one_mkl_thread(owner: Any, device_type: str = "cpu") -> list[str]:
     covered: list[str] = []
     for module in modules:
         for name, layer in module.named_modules():
-            if isinstance(layer, torch.nn.Linear) and layer.out_features in NARROW and not hasattr(layer, _HOOKED):
-                layer.register_forward_pre_hook(_one_thread_in)
-                layer.register_forward_hook(_one_thread_out, always_call=True)  # restored after an error too
-                setattr(layer, _HOOKED, True)
+            if isinstance(layer, torch.nn.Linear) and layer.out_features in NARROW:
+                if not hasattr(layer, _HOOKED):  # a network met again (a cached model) is hooked once
+                    layer.register_forward_pre_hook(_one_thread_in)
+                    layer.register_forward_hook(_one_thread_out, always_call=True)  # restored after an error too
+                    setattr(layer, _HOOKED, True)
                 covered.append(f"{type(module).__name__}.{name} ({layer.out_features})")
     return covered
 

@@ -136,7 +136,9 @@ def test_narrow_layers_are_covered_on_the_cpu_only_and_once():
     assert numerics.narrow_on_one_mkl_thread(net, "cuda") == []
     assert numerics.narrow_on_one_mkl_thread({"a": net}) == []  # an owner without attributes holds no network
     assert numerics.narrow_on_one_mkl_thread(net) == ["Sequential.0 (16)", "Sequential.3 (4)"]
-    assert numerics.narrow_on_one_mkl_thread(net) == []  # hooked already: not twice
+    # Met again: recorded again (it is in force), hooked once.
+    assert numerics.narrow_on_one_mkl_thread(net) == ["Sequential.0 (16)", "Sequential.3 (4)"]
+    assert [len(net[i]._forward_pre_hooks) for i in range(4)] == [1, 0, 0, 1]
     x = torch.randn(2, 8)
     assert torch.equal(net(x), net(x))
     # An error inside a layer leaves MKL's threads as they were (the hook runs after an error too).
