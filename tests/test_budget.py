@@ -323,6 +323,20 @@ def test_the_option_on_one_rank_keeps_the_device_default(adapted_at_3):
     assert "(--max_tokens 1024: the device's default, kept by --budget_for_world_size for 1 ranks)" in dry.stdout
 
 
+def test_the_option_in_the_legacy_form_takes_the_default_not_run_eval_s_bs(adapted_at_3):
+    """run_eval.py's form gives --bs 8 by default; the option asks for the default budget instead."""
+    root, _, _, _ = adapted_at_3
+    data = root / "data"
+    legacy = single([str(REPO / "data_samples" / "model"), str(data / "test.source"), str(root / "legacy.txt"),
+                     "--budget_for_world_size", "--dry_run"], cwd=root, env=world(3))
+    assert_ok(legacy)
+    assert "lowered by --budget_for_world_size for 3 ranks from the device's 1024" in legacy.stdout
+    given = single([str(REPO / "data_samples" / "model"), str(data / "test.source"), str(root / "legacy.txt"),
+                    "--budget_for_world_size", "--bs", "4", "--dry_run"], cwd=root)
+    assert given.returncode != 0 and given.stderr.strip().splitlines()[-1].endswith(
+        "--budget_for_world_size adapts the default batch budget, and --bs 4 gives one; pass only one of them")
+
+
 @pytest.mark.parametrize("flags", [["--max_tokens", "60"], ["--bs", "4"]])
 def test_the_option_with_a_given_budget_is_refused_in_one_line(flags, tmp_path):
     from seq2seq_eval.config import EvalConfig
