@@ -1,13 +1,13 @@
-"""Rank balance of the default batch budget: whole multi-rank runs under the world-size rule
-(run/plan.py, default_plan) against the old rule (the device's default budget at every world
-size), in one invocation.
+"""Rank balance of the batch budget: whole multi-rank runs under the world-size rule
+(--budget_for_world_size: run/plan.py, default_plan) against the default (the device's budget at
+every world size), in one invocation.
 
     python benchmarks/balance.py [--model opus] [--n 240,600] [--engines hf,ctranslate2] [--nproc 2]
                                  [--max_new_tokens 64] [--rounds 1] [--out bench_balance]
 
 For each engine and set size (the first N examples of `scripts/make_data.py --bench`), a real
-job (torchrun, gloo, CPU, one thread per rank) with no budget flag, then the same with the old
-rule pinned (`--max_tokens` = DEFAULT_MAX_TOKENS for the engine on CPU). Where the rule chose the
+job (torchrun, gloo, CPU, one thread per rank) with --budget_for_world_size, then the same with the
+default pinned (`--max_tokens` = DEFAULT_MAX_TOKENS for the engine on CPU). Where the rule chose the
 old budget the plan is the same, and the one run stands for both. Reported per job: the budget,
 the batches per rank, the metric file's rank_imbalance (the slowest rank's generation seconds over
 the mean), its generation seconds and the whole job's wall seconds (torchrun start to exit).
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         jobs: dict[str, Any] = {}
         for engine in engines:
             for n in sizes:
-                rule = run_job(a, model, data, engine, n, [], root / f"{engine}_{n}_rule")
+                rule = run_job(a, model, data, engine, n, ["--budget_for_world_size"], root / f"{engine}_{n}_rule")
                 old_budget = DEFAULT_MAX_TOKENS[engine]["cpu"]
                 same = rule["max_tokens"] == old_budget
                 old = rule if same else run_job(a, model, data, engine, n, ["--max_tokens", str(old_budget)],

@@ -82,9 +82,11 @@ class EvalConfig:
     metric_options: tuple[tuple[str, Any], ...] = ()
     """The model metrics' options by name (--comet_model, --model_metric_max_tokens, ...: scoring/registry.py), each given or its default."""
     bs: int | None = None
-    """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --fp16/--bf16 or --engine ctranslate2), lowered on a set too small to keep every rank busy; the run records the budget it took, docs/performance.md)."""
+    """Examples per batch, instead of a --max_tokens budget (default: neither given, the device's measured best budget, the same at any world size: --max_tokens 1024 on CPU (2048 with --engine ctranslate2), on a GPU 32768 (65536 with --fp16/--bf16 or --engine ctranslate2); the run records the budget it took, docs/performance.md)."""
     max_tokens: int | None = None
     """Fill batches up to this many padded source tokens instead of a fixed --bs (the default on every device; see --bs)."""
+    budget_for_world_size: bool = False
+    """With neither --bs nor --max_tokens: lower the default budget on a set too small to keep every rank busy, so that no rank idles; the budget, and so the outputs' last bits, then depend on the world size (printed and recorded; docs/performance.md)."""
     max_source_length: int | None = None
     """Sources are truncated to this many tokens (default: the model's own limit, as the tokenizer or config gives it)."""
     n_obs: int | None = None
@@ -167,22 +169,20 @@ class EvalConfig:
         if family_of(self.task) is None:
             raise ConfigError(f"--task must be translation, summarization or a name containing one of them "
                               f"(e.g. translation_en_to_de), got {self.task!r}")
-        if self.bs is not None:
-            _check_min("--bs", self.bs, 1)
-        if self.max_tokens is not None:
-            _check_min("--max_tokens", self.max_tokens, 1)
-        if self.max_source_length is not None:
-            _check_min("--max_source_length", self.max_source_length, 1)
+        for flag, value, least in (("--bs", self.bs, 1), ("--max_tokens", self.max_tokens, 1), ("--seed", self.seed, 0),
+                                   ("--max_source_length", self.max_source_length, 1), ("--n_obs", self.n_obs, 1),
+                                   ("--num_return_sequences", self.num_return_sequences, 1)):
+            if value is not None or flag in ("--seed", "--num_return_sequences"):  # the others: None is not given
+                _check_min(flag, value, least)
+                if self.budget_for_world_size and flag in ("--bs", "--max_tokens"):
+                    raise ConfigError(f"--budget_for_world_size adapts the default batch budget, and {flag} {value} "
+                                      "gives one; pass only one of them")
         if self.device not in DEVICES:
             raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.dist_backend not in BACKENDS:
             raise ConfigError(f"--dist_backend must be one of {', '.join(BACKENDS)}, got {self.dist_backend!r}")
         if self.dist_backend == "nccl" and self.device == "cpu":
             raise ConfigError("--dist_backend nccl needs GPUs; with --device cpu use --dist_backend gloo (or auto)")
-        _check_min("--seed", self.seed, 0)
-        if self.n_obs is not None:
-            _check_min("--n_obs", self.n_obs, 1)
-        _check_min("--num_return_sequences", self.num_return_sequences, 1)
         if not (isinstance(self.sync_timeout, (int, float)) and math.isfinite(self.sync_timeout) and self.sync_timeout > 0):
             raise ConfigError(f"--sync_timeout must be a number of seconds > 0, got {self.sync_timeout!r}")
         if self.fp16 and self.bf16:

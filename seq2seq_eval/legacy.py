@@ -183,7 +183,7 @@ def build_legacy(argv: Sequence[str]) -> tuple[EvalConfig, LegacyOutputs]:
     values = config_values({k: v for k, v in vars(ns).items()
                             if (k in CONFIG_FIELDS or k in option_names()) and v is not None})
     values.setdefault("task", "summarization")  # run_eval.py's default
-    if "max_tokens" not in values:
+    if "max_tokens" not in values and not values.get("budget_for_world_size"):  # that option asks for the default
         values.setdefault("bs", LEGACY_BS)
     if values.get("n_obs") is not None and values["n_obs"] <= 0:
         del values["n_obs"]  # run_eval.py: --n_obs -1 (or any value <= 0) means all

@@ -5,8 +5,11 @@ run of 1 process with 2 threads and one of 2 processes with 1 thread each differ
 bits (sequence scores, BERTScore, COMET; a beam near a tie may even turn). MKL's strict
 conditional numerical reproducibility mode (MKL_CBWR=...,STRICT) gives the same bits at any
 number of threads. MKL takes the mode once, when it first computes, and keeps it for the life
-of the process: `pin` sets it before the run's first model runs, and says what was in force
-(docs/outputs.md, "What is identical", says where it does not reach).
+of the process: `pin` sets it before the run's first model runs, and says what was in force, as
+MKL reports it. Products 4 to 20 columns wide keep depending on MKL's threads even then: the
+tool's own run on one MKL thread (`one_mkl_thread`), and so do a model metric's linear layers of
+such a width (`narrow_on_one_mkl_thread`, recorded). docs/outputs.md, "What is identical", says
+where this does not reach.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ import functools
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .errors import ConfigError
 
@@ -32,6 +37,10 @@ _ALL, _AUTO, _STRICT, _TOO_LATE = -1, 2, 0x10000, -8
 OFF = "off: MKL computed before the run could set its strict mode"
 """What the provenance records where the mode could not be set (evaluate() in a process that had
 computed on the CPU already): the outputs may then depend on the threads per process."""
+
+_BRANCHES = {1: "BRANCH_OFF", 2: "AUTO", 3: "COMPATIBLE", 4: "SSE2", 5: "SSE3", 6: "SSSE3", 7: "SSE4_1", 8: "SSE4_2",
+             9: "AVX", 10: "AVX2", 11: "AVX512_MIC", 12: "AVX512", 13: "AVX512_MIC_E1", 14: "AVX512_E1"}
+"""mkl_cbwr.h's branch values, by the names MKL_CBWR takes."""
 
 _state: list[str | None] = []  # what pin() found, once per process (MKL's mode cannot change after)
 
@@ -64,10 +73,19 @@ def _given() -> str | None:
     return given
 
 
+def in_force(code: int) -> str:
+    """MKL's mode as mkl_cbwr_get reports it (`code`), in MKL_CBWR's words: `AUTO,STRICT`."""
+    branch = code & ~_STRICT
+    return _BRANCHES.get(branch, f"branch {branch}") + (",STRICT" if code & _STRICT else "")
+
+
 def pin(device_type: str = "cpu") -> str | None:
     """Put MKL in strict mode before the process's first MKL call, and return the mode in force
-    (recorded in the provenance): MKL_CBWR's value, `OFF`, or None where torch has no MKL.
-    Warns, once, where the mode could not be set and the run computes on the CPU."""
+    (recorded in the provenance): what MKL reports, read back from it (not what MKL_CBWR asked
+    for: MKL ignores a value it does not take, and says so nowhere), `OFF` where the strict mode
+    could not be set, or None where torch has no MKL. Warns, once, where the mode could not be
+    set and the run computes on the CPU, and where MKL_CBWR asked for another mode than the one in
+    force."""
     if _state:
         if _state[0] == OFF and device_type == "cpu":
             _warn()
@@ -79,16 +97,21 @@ def pin(device_type: str = "cpu") -> str | None:
     lib = _torch_mkl()
     if lib is None:
         mode = None
-    elif lib.mkl_serv_cbwr_get(_ALL) & _STRICT:  # MKL read MKL_CBWR from the environment
-        mode = given or DEFAULT
-    elif lib.mkl_serv_cbwr_set(_AUTO | _STRICT) == 0:
-        mode = DEFAULT
+    elif lib.mkl_serv_cbwr_get(_ALL) & _STRICT or lib.mkl_serv_cbwr_set(_AUTO | _STRICT) == 0:
+        # Strict from the environment, or set here before MKL's first call: what MKL now reports.
+        mode = in_force(lib.mkl_serv_cbwr_get(_ALL))
     else:
         mode = OFF
     _state.append(mode)
+    if given is not None and mode is not None and mode != OFF and _words(given) != mode:
+        logger.warning("%s=%s: MKL reports %s in force, which the provenance records", ENV, given, mode)
     if mode == OFF and device_type == "cpu":
         _warn()
     return mode
+
+
+def _words(mode: str) -> str:
+    return ",".join(part for part in mode.upper().replace(" ", "").split(",") if part)
 
 
 @contextlib.contextmanager
@@ -106,6 +129,62 @@ def one_mkl_thread() -> Iterator[None]:
         yield
     finally:
         lib.MKL_Set_Num_Threads_Local(before)
+
+
+NARROW = range(4, 21)
+"""Output widths of the products MKL's strict mode leaves depending on its threads on this
+machine's MKL (one_mkl_thread; docs/outputs.md, "What is identical")."""
+
+
+def narrow_layers(module: Any) -> list[str]:
+    """`module`'s linear layers (torch.nn.Linear) whose output width is in NARROW, by name and width:
+    `decoder.block.0.layer.2.DenseReluDense.wo (16)`. A model metric's own layers are at least a
+    hidden size wide; a checkpoint with a hidden size this narrow (a test's tiny one) has these."""
+    import torch
+
+    return [f"{name} ({layer.out_features})" for name, layer in module.named_modules()
+            if isinstance(layer, torch.nn.Linear) and layer.out_features in NARROW]
+
+
+def narrow_on_one_mkl_thread(owner: Any, device_type: str = "cpu") -> list[str]:
+    """Every narrow linear layer (narrow_layers) of the networks `owner` holds (itself, or its
+    attributes that are torch modules: a loaded model metric) runs on one MKL thread, as
+    one_mkl_thread runs the products the tool makes itself: then their bits do not depend on the
+    threads per process, hence not on the layout. Returns what it covered, for the record; on a
+    device other than the CPU, nothing (MKL computes only on the CPU)."""
+    import torch
+
+    if device_type != "cpu" or _torch_mkl() is None:
+        return []
+    modules = [owner] if isinstance(owner, torch.nn.Module) else [
+        value for value in getattr(owner, "__dict__", {}).values() if isinstance(value, torch.nn.Module)]
+    covered: list[str] = []
+    for module in modules:
+        for name, layer in module.named_modules():
+            if isinstance(layer, torch.nn.Linear) and layer.out_features in NARROW:
+                if not hasattr(layer, _HOOKED):  # a network met again (a cached model) is hooked once
+                    layer.register_forward_pre_hook(_one_thread_in)
+                    layer.register_forward_hook(_one_thread_out, always_call=True)  # restored after an error too
+                    setattr(layer, _HOOKED, True)
+                covered.append(f"{type(module).__name__}.{name} ({layer.out_features})")
+    return covered
+
+
+_HOOKED = "_seq2seq_eval_one_mkl_thread"
+_before = threading.local()  # per calling thread: MKL's local setting before each layer, a stack
+
+
+def _one_thread_in(_module: Any, _args: Any) -> None:
+    lib = _torch_mkl()
+    stack = getattr(_before, "stack", None) or []
+    _before.stack = stack
+    stack.append(lib.MKL_Set_Num_Threads_Local(1))
+
+
+def _one_thread_out(_module: Any, _args: Any, _output: Any) -> None:
+    stack = getattr(_before, "stack", None)
+    if stack:
+        _torch_mkl().MKL_Set_Num_Threads_Local(stack.pop())
 
 
 _warned: list[bool] = []

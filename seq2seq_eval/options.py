@@ -16,7 +16,7 @@ from .scoring.registry import add_arguments as add_metric_arguments
 from .scoring.registry import split_options
 
 _FLAGS = {"fp16", "bf16", "debug", "resume", "no_steal", "shared_tail", "dry_run", "pseudo_target", "no_examples_file",
-          "apply_chat_template", "allow_reference_in_prompt"}
+          "apply_chat_template", "allow_reference_in_prompt", "budget_for_world_size"}
 # Shell text in which \\n is a newline (unescape).
 _SHELL_TEXT = ("prompt_template", "system_instruction")
 

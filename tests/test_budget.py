@@ -1,8 +1,10 @@
-"""The default batch budget (run/plan.py, default_plan): a pure function of the lengths, the world
-size and the device's defaults, tested with no model over a grid of set sizes (300 to 10^6),
-world sizes (1 to 64) and every device default; then, through real ranks, that a run's recorded
-budget gives the same bytes at other world sizes and that --resume (or a torchrun restart) under
-another world size takes it."""
+"""The batch budget. By default the device's, at any world size: through real ranks, 1, 2 and 3
+ranks give the same bytes for translation, summarization and pseudolabels. --budget_for_world_size
+(run/plan.py, default_plan): a pure function of the lengths, the world size and the device's
+defaults, tested with no model over a grid of set sizes (300 to 10^6), world sizes (1 to 64) and
+every device default; then, through real ranks, that it is recorded and said, that its recorded
+budget gives the same bytes at other world sizes and that --resume (or a torchrun restart)
+under another world size takes it."""
 
 from __future__ import annotations
 
@@ -209,23 +211,17 @@ def test_recorded_budget_of_a_missing_or_broken_manifest(tmp_path):
 # ---------------------------------------------------------------- real ranks
 
 
-@pytest.fixture(scope="module")
-def default_at_3(tiny_model, tmp_path_factory):
-    """41 examples (one batch at the CPU default) on 3 ranks with no budget flag, temp dir kept."""
-    root = tmp_path_factory.mktemp("budget")
-    src, tgt = make_corpus(41, seed=45)
-    data = write_legacy(root / "data", src, tgt)
-    args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--num_beams", "2", "--pseudo_target",
-            "--num_return_sequences", "2"]
-    save = root / "w3"
-    assert_ok(run_ranks(3, [*args, "--save_dir", str(save), "--debug"], cwd=root))
-    return root, args, save
-
-
 def outputs(save: Path) -> dict[str, bytes]:
-    """Every output file but the run info (timings, dates)."""
+    """Every output file but those holding timings and dates (the run info, a metric file)."""
     return {p.name: p.read_bytes() for p in sorted(save.iterdir())
-            if p.is_file() and p.name != "test_run_info.json" and not p.name.startswith(".")}
+            if p.is_file() and not p.name.endswith(("_run_info.json", "_bleu.json", "_rouge.json"))
+            and not p.name.startswith(".")}
+
+
+def record(save: Path) -> dict:
+    """The run info, or a scored run's metric file."""
+    name = next(p for p in ("test_run_info.json", "test_bleu.json", "test_rouge.json") if (save / p).exists())
+    return json.loads((save / name).read_text())
 
 
 def run_info(save: Path) -> dict:
@@ -233,32 +229,130 @@ def run_info(save: Path) -> dict:
 
 
 def plan_of(save: Path) -> dict:
-    return run_info(save)["provenance"]["plan"]
+    return record(save)["provenance"]["plan"]
 
 
-def test_the_recorded_budget_gives_the_same_bytes_at_1_2_and_3_ranks(default_at_3):
-    root, args, save = default_at_3
+KINDS = {
+    "translation": ["--task", "translation"],
+    "summarization": ["--task", "summarization"],
+    "pseudolabels": ["--num_beams", "2", "--num_return_sequences", "2", "--pseudo_target"],
+}
+
+
+@pytest.fixture(scope="module")
+def defaults(tiny_model, data23, tmp_path_factory):
+    """23 examples (one batch at the CPU's default) of each kind on 1, 2 and 3 ranks, no budget flag."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = tmp_path_factory.mktemp("defaults")
+
+    def run(kind: str, n: int):
+        save = root / f"{kind}{n}"
+        args = ["--model_name", str(tiny_model), "--data_dir", str(data23), *KINDS[kind], "--save_dir", str(save)]
+        return save, single(args, cwd=root) if n == 1 else run_ranks(n, args, cwd=root)
+
+    # Two at a time: each run is mostly starting up and waiting for its ranks, on 2 cores.
+    with ThreadPoolExecutor(2) as pool:
+        out = dict(zip([(k, n) for k in KINDS for n in (1, 2, 3)],
+                       pool.map(lambda job: run(*job), [(k, n) for k in KINDS for n in (1, 2, 3)])))
+    for save, proc in out.values():
+        assert_ok(proc)
+    return out
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_defaults_give_the_same_bytes_at_1_2_and_3_ranks(defaults, kind):
+    """No budget flag: the device's budget at every world size, recorded as the default, and every
+    output file the same bytes (pseudolabel beam scores included); a third rank with no batch
+    costs seconds, and the run says what would keep it busy and what that costs."""
+    default = DEFAULT_MAX_TOKENS["hf"]["cpu"]
+    files = {n: outputs(defaults[kind, n][0]) for n in (1, 2, 3)}
+    assert files[1] and files[1] == files[2] == files[3], kind
+    plans = [plan_of(defaults[kind, n][0]) for n in (1, 2, 3)]
+    assert all(p == {**plans[0]} for p in plans), plans
+    assert plans[0]["budget"] == {"from": "default", "device_default": default} and plans[0]["max_tokens"] == default
+    assert [record(defaults[kind, n][0])["provenance"]["config"]["budget_for_world_size"] for n in (1, 2, 3)] == [False] * 3
+    assert "--budget_for_world_size:" not in defaults[kind, 3][1].stderr  # nothing depends on the layout
+    idle = [line for line in defaults[kind, 3][1].stderr.splitlines() if "ranks get no batch" in line]
+    assert len(idle) == 1 and idle[0].endswith(
+        "2 of 3 ranks get no batch (1 batches at --max_tokens 1024); run it on fewer ranks, or give "
+        "--budget_for_world_size to cut it finer (outputs then depend on the world size in their last bits)")
+
+
+@pytest.fixture(scope="module")
+def adapted_at_3(tiny_model, tmp_path_factory):
+    """41 examples (2 batches at the CPU default) on 3 ranks with --budget_for_world_size, temp dir kept."""
+    root = tmp_path_factory.mktemp("budget")
+    src, tgt = make_corpus(41, seed=45)
+    data = write_legacy(root / "data", src, tgt)
+    args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--num_beams", "2", "--pseudo_target",
+            "--num_return_sequences", "2"]
+    save = root / "w3"
+    proc = run_ranks(3, [*args, "--budget_for_world_size", "--save_dir", str(save), "--debug"], cwd=root)
+    assert_ok(proc)
+    return root, args, save, proc
+
+
+def test_the_option_lowers_the_budget_says_so_and_records_it(adapted_at_3):
+    """--budget_for_world_size gives the adaptive budget (default_plan for 3 ranks), recorded in
+    the provenance (how, and the option in the config) and said at run time, once; pinned with
+    --max_tokens, that budget gives the same bytes on 1 rank."""
+    root, args, save, proc = adapted_at_3
     plan = plan_of(save)
     default = DEFAULT_MAX_TOKENS["hf"]["cpu"]
-    assert plan["budget"] == {"from": "default", "device_default": default, "world_size": 3}
-    assert plan["bs"] is None and plan["max_tokens"] < default  # lowered: one batch would leave 2 ranks idle
-    pinned = ["--max_tokens", str(plan["max_tokens"])]
-    for n in (1, 2):
-        other = root / f"pinned{n}"
-        run = [*args, *pinned, "--save_dir", str(other), "--debug"]  # as the 3-rank run (it writes the references)
-        assert_ok(single(run, cwd=root) if n == 1 else run_ranks(n, run, cwd=root))
-        assert outputs(other) == outputs(save), n
-        assert {k: v for k, v in plan_of(other).items() if k != "budget"} == {k: v for k, v in plan.items() if k != "budget"}
-        assert plan_of(other)["budget"] == {"from": "--max_tokens"}
+    assert plan["budget"] == {"from": "--budget_for_world_size", "device_default": default, "world_size": 3}
+    assert plan["bs"] is None and plan["max_tokens"] < default  # lowered: 2 batches would leave a rank idle
+    assert run_info(save)["provenance"]["config"]["budget_for_world_size"] is True
+    said = [line for line in proc.stderr.splitlines() if "--budget_for_world_size: " in line]
+    assert len(said) == 1 and said[0].endswith(
+        f"--budget_for_world_size: --max_tokens {plan['max_tokens']} for 3 ranks (the device's default is {default}): "
+        f"beam scores and near ties may differ in their last bits at another world size; give --max_tokens "
+        f"{plan['max_tokens']} for these bytes at any")
+    other = root / "pinned1"
+    assert_ok(single([*args, "--max_tokens", str(plan["max_tokens"]), "--save_dir", str(other), "--debug"], cwd=root))
+    assert outputs(other) == outputs(save)
+    assert {k: v for k, v in plan_of(other).items() if k != "budget"} == {k: v for k, v in plan.items() if k != "budget"}
+    assert plan_of(other)["budget"] == {"from": "--max_tokens"}
     assert outputs(save)["test_generations.txt"].count(b"\n") == 41
 
 
-def test_resume_and_restart_at_other_world_sizes_take_the_recorded_budget(default_at_3):
+def test_the_option_on_one_rank_keeps_the_device_default(adapted_at_3):
+    root, args, _, _ = adapted_at_3
+    dry = single([*args, "--budget_for_world_size", "--save_dir", str(root / "one"), "--dry_run"], cwd=root)
+    assert_ok(dry)
+    assert "(--max_tokens 1024: the device's default, kept by --budget_for_world_size for 1 ranks)" in dry.stdout
+
+
+def test_the_option_in_the_legacy_form_takes_the_default_not_run_eval_s_bs(adapted_at_3):
+    """run_eval.py's form gives --bs 8 by default; the option asks for the default budget instead."""
+    root, _, _, _ = adapted_at_3
+    data = root / "data"
+    legacy = single([str(REPO / "data_samples" / "model"), str(data / "test.source"), str(root / "legacy.txt"),
+                     "--budget_for_world_size", "--dry_run"], cwd=root, env=world(3))
+    assert_ok(legacy)
+    assert "lowered by --budget_for_world_size for 3 ranks from the device's 1024" in legacy.stdout
+    given = single([str(REPO / "data_samples" / "model"), str(data / "test.source"), str(root / "legacy.txt"),
+                    "--budget_for_world_size", "--bs", "4", "--dry_run"], cwd=root)
+    assert given.returncode != 0 and given.stderr.strip().splitlines()[-1].endswith(
+        "--budget_for_world_size adapts the default batch budget, and --bs 4 gives one; pass only one of them")
+
+
+@pytest.mark.parametrize("flags", [["--max_tokens", "60"], ["--bs", "4"]])
+def test_the_option_with_a_given_budget_is_refused_in_one_line(flags, tmp_path):
+    from seq2seq_eval.config import EvalConfig
+    from seq2seq_eval.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^--budget_for_world_size adapts the default batch budget, and "
+                                          rf"{flags[0]} {flags[1]} gives one; pass only one of them$"):
+        EvalConfig(budget_for_world_size=True, **{flags[0][2:]: int(flags[1])})
+
+
+def test_resume_and_restart_at_other_world_sizes_take_the_recorded_budget(adapted_at_3):
     """The 3-rank run's journals resumed on 1 rank with no budget flag, then the temp dir
     restarted by torchrun on 2 ranks: both take the recorded budget, reuse every batch and
-    write the same bytes. Recomputing the default would have planned other batches (the default
-    for 1 rank is the device's) and been refused as a different plan."""
-    root, args, save = default_at_3
+    write the same bytes. The default (the device's) would have planned other batches and been
+    refused as a different plan."""
+    root, args, save, _ = adapted_at_3
     plan = plan_of(save)
     dry = single([*args, "--save_dir", str(save), "--resume", "--dry_run"], cwd=root)
     assert_ok(dry)
@@ -275,8 +369,8 @@ def test_resume_and_restart_at_other_world_sizes_take_the_recorded_budget(defaul
         assert outputs(save) == expected, n
 
 
-def test_resuming_with_another_budget_is_refused_naming_the_recorded_one(default_at_3):
-    root, args, save = default_at_3
+def test_resuming_with_another_budget_is_refused_naming_the_recorded_one(adapted_at_3):
+    root, args, save, _ = adapted_at_3
     budget = plan_of(save)["max_tokens"]
     proc = single([*args, "--max_tokens", str(budget + 1), "--save_dir", str(save), "--resume", "--dry_run"], cwd=root)
     assert proc.returncode != 0
@@ -290,26 +384,36 @@ def world(n: int) -> dict[str, str]:
     return {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n)}
 
 
-def test_the_dry_run_prints_each_rank_s_load_and_warns_of_idle_ranks(default_at_3):
-    root, args, _ = default_at_3
-    lowered = single([*args, "--save_dir", str(root / "d1"), "--dry_run"], cwd=root, env=world(3))
+def test_the_dry_run_prints_each_rank_s_load_and_warns_of_idle_ranks(adapted_at_3):
+    root, args, _, _ = adapted_at_3
+    default = single([*args, "--save_dir", str(root / "d0"), "--dry_run"], cwd=root, env=world(3))
+    assert_ok(default)
+    lines = default.stdout.splitlines()
+    assert "(--max_tokens 1024: the device's default)" in lines[0]
+    assert [line for line in lines if line.startswith("WARNING")] == [
+        "WARNING: 1 of 3 ranks get no batch (2 batches at --max_tokens 1024); run it on fewer ranks, or give "
+        "--budget_for_world_size to cut it finer (outputs then depend on the world size in their last bits)"]
+    lowered = single([*args, "--budget_for_world_size", "--save_dir", str(root / "d1"), "--dry_run"], cwd=root,
+                     env=world(3))
     assert_ok(lowered)
     lines = lowered.stdout.splitlines()
-    assert "the default for 3 ranks, lowered from the device's 1024; give --max_tokens" in lines[0]
+    assert "lowered by --budget_for_world_size for 3 ranks from the device's 1024; give --max_tokens" in lines[0]
     ranks = [line for line in lines if line.startswith("rank ")]
     assert len(ranks) == 3 and all("of the mean)" in line and not line.startswith("rank 0: 0 batches") for line in ranks)
     assert any(line.startswith("predicted load (estimated cost): max/mean ") for line in lines)
-    assert not any("WARNING" in line for line in lines)
+    warnings = [line for line in lines if line.startswith("WARNING")]
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING: --budget_for_world_size: --max_tokens ")
     pinned = single([*args, "--max_tokens", "100000", "--save_dir", str(root / "d2"), "--dry_run"], cwd=root,
                     env=world(5))
     assert_ok(pinned)
     warnings = [line for line in pinned.stdout.splitlines() if line.startswith("WARNING")]
     assert warnings == ["WARNING: 4 of 5 ranks get no batch (1 batches at --max_tokens 100000); give a smaller budget, "
-                        "or neither --bs nor --max_tokens for one that keeps every rank busy"]
-    crowded = single([*args, "--save_dir", str(root / "d3"), "--dry_run"], cwd=root, env=world(64))
+                        "or neither --bs nor --max_tokens with --budget_for_world_size for one that keeps every rank busy"]
+    crowded = single([*args, "--budget_for_world_size", "--save_dir", str(root / "d3"), "--dry_run"], cwd=root,
+                     env=world(64))
     assert_ok(crowded)
     warnings = [line for line in crowded.stdout.splitlines() if line.startswith("WARNING")]
-    assert len(warnings) == 1 and warnings[0].startswith("WARNING: 23 of 64 ranks get no batch (41 batches at --max_tokens ")
+    assert warnings[0].startswith("WARNING: 23 of 64 ranks get no batch (41 batches at --max_tokens ")
     assert warnings[0].endswith("); the set has only 41 examples; run it on fewer ranks")
 
 

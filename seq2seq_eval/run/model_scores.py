@@ -114,6 +114,11 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
         spec = registry.get(name)
         refs = given_references(registry.reads_references(name, options), every_ref)
         metric = loader(name, options, device)
+        narrow = getattr(metric, "narrow_layers", [])
+        if narrow and env.is_main:  # covered, so said once and recorded, not warned
+            logger.info("%s: %d linear layer(s) %s wide run on one MKL thread, whose bits MKL's strict mode "
+                        "would leave depending on the threads per process (numerics.py)", name, len(narrow),
+                        "/".join(sorted({n.rsplit("(", 1)[1].rstrip(")") for n in narrow}, key=int)))
         budget = default_budget(options[MAX_TOKENS.name], getattr(device, "type", str(device)))
         metric.prepare(sources, preds, refs)
         lengths = metric.lengths(sources, preds, refs)
@@ -159,6 +164,8 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
                          "signature": registry.signature(name, options, metric, refs)}
             out["stats"][name] = {"options": registry.own_options(spec, options), "batches": len(batches),
                                   "max_tokens": budget, "resumed_batches": len(done),
+                                  # numerics.narrow_on_one_mkl_thread: what ran on one MKL thread, as it was.
+                                  "narrow_layers_on_one_mkl_thread": narrow,
                                   "rank0_planned_batches": len(shares[env.rank]), "rank0_scored_batches": scored,
                                   "rank0_stolen_batches": stolen, "rank0_seconds": seconds}
         del metric

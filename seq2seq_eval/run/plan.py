@@ -4,9 +4,11 @@ Batches are cut globally from the length-sorted examples, before any rank is inv
 budget, a batch's members, and so every example's padding and its generated text, therefore do
 not depend on the world size; only the dealing of whole batches to ranks does. That is what makes
 1, 2 and 3 processes give identical generations, and what lets a resumed run reuse batches
-finished under another world size. The one thing the world size decides is the default budget of
-a run given neither --bs nor --max_tokens (default_plan: a small set is cut finer so that every
-rank has work); the run records it, and that budget pinned gives the same batches at any world size.
+finished under another world size. The default budget of a run given neither --bs nor
+--max_tokens (batch_budget) depends on the engine, the device, the precision and the model's kind,
+never on the world size: the same bytes at any world size by default. Only --budget_for_world_size
+lowers it on a small set so that every rank has work (default_plan); the run then records and
+says so, and that budget pinned gives the same batches at any world size.
 """
 
 from __future__ import annotations
@@ -167,8 +169,8 @@ def make_batches(
 
 DEFAULT_MAX_TOKENS = {"hf": {"cpu": 1024, "cuda": 32768}, "ctranslate2": {"cpu": 2048, "cuda": 65536},
                       "hf_half": {"cpu": 1024, "cuda": 65536}}
-"""The batch budget of a run given neither --bs nor --max_tokens on one rank (and on many, when
-the set keeps them busy: default_plan), per engine and device type: the measured best for one
+"""The batch budget of a run given neither --bs nor --max_tokens, at any world size (lowered for
+the world size only with --budget_for_world_size: default_plan), per engine and device type: the measured best for one
 device (benchmarks/budget.py on CPU for both engines: the HF engine peaks at 1024 on the
 embedded model and is within 3% of its best there at opus-mt size; CTranslate2 peaks at 2048 on
 both, 10% ahead of 1024 at opus-mt size; on an H100, benchmarks/gpu.py's curve at opus-mt size:
@@ -200,8 +202,9 @@ def batch_budget(bs: int | None, max_tokens: int | None, device_type: str, engin
                  half: bool = False, causal: bool = False, beams: int = 1) -> tuple[int | None, int | None]:
     """(bs, max_tokens), exactly one of them set: --max_tokens when given, else --bs when given,
     else the engine's default token budget for the device (`half`: the HF engine in fp16/bf16;
-    `causal`: a decoder-only model searching with `beams` beams, CAUSAL_MAX_TOKENS), which
-    default_plan may lower for the world size."""
+    `causal`: a decoder-only model searching with `beams` beams, CAUSAL_MAX_TOKENS). No world
+    size here: the default is the same on any number of ranks (default_plan lowers it only when
+    the user asks, --budget_for_world_size)."""
     if max_tokens is not None:
         return None, max_tokens
     if bs is not None:
@@ -223,10 +226,10 @@ on the embedded model (benchmarks/README.md) makes about 16. Unlisted devices ta
 
 BATCHES_PER_RANK = 8
 """A set that gives every rank this many batches at the device's default budget keeps it; below
-that, the default rule (default_plan) tries the budgets that give 1, 2, ..., this many per rank."""
+that, --budget_for_world_size's rule (default_plan) tries the budgets that give 1, 2, ..., this many per rank."""
 
 WALL_TOLERANCE = 1.05
-"""Of the budgets the default rule tries, it takes the largest whose predicted wall time is within
+"""Of the budgets --budget_for_world_size's rule tries, it takes the largest whose predicted wall time is within
 this factor of the lowest (default_plan)."""
 
 
@@ -261,8 +264,8 @@ def _largest_budget(sorted_lengths: np.ndarray, batches: int, upper: int) -> int
 def default_plan(lengths: Sequence[int], world_size: int, default: int, *, out_ratio: float = 1.0,
                  out_cap: int | None = None, beams: int = 1, step_overhead: float = 0.0,
                  out_floor: int = 0) -> tuple[int, Plan]:
-    """The batch budget of a run given neither --bs nor --max_tokens on `world_size` ranks, and
-    its plan. The rule, a pure function of the lengths, the world size and the device's defaults
+    """The batch budget of a run given --budget_for_world_size (and neither --bs nor
+    --max_tokens) on `world_size` ranks, and its plan. The rule, a pure function of the lengths, the world size and the device's defaults
     (`default` from DEFAULT_MAX_TOKENS, `step_overhead` from STEP_OVERHEAD):
 
     - one rank, or a set that gives every rank at least BATCHES_PER_RANK batches at `default`,
@@ -279,8 +282,8 @@ def default_plan(lengths: Sequence[int], world_size: int, default: int, *, out_r
     little and the rule evens the ranks out. On a GPU it is the cost of hundreds of rows, so the
     rule keeps batches as large as keeping every rank busy allows: one batch per rank where more,
     smaller ones would cost more in steps than the imbalance. The budget depends on the world
-    size: the run records it (the manifest's "plan"), and --max_tokens with that value gives the
-    same batches at any world size."""
+    size, which is why it is an option and not the default: the run records it (the manifest's
+    "plan") and says so, and --max_tokens with that value gives the same batches at any world size."""
     lengths = _as_lengths(lengths)
     order = _length_order(lengths)
     sorted_lengths = lengths[order]

@@ -38,8 +38,8 @@ from ..inputs.leaks import check_shots
 from ..inputs.prompts import Prompts, build_prompts, template_fields
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
-from .plan import (Plan, assign_batches, batch_budget, default_plan, make_batches, padding_efficiency, plan_digest,
-                   rank_loads, step_overhead)
+from .budget import choose_budget, describe_budget, idle_ranks_warning, layout_warning
+from .plan import Plan, assign_batches, padding_efficiency, plan_digest, rank_loads, step_overhead
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -57,7 +57,7 @@ class Prepared:
     batches: Plan  # the batches as arrays; batches[i] makes batch i's Batch
     manifest: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)  # seconds per preparation step on this rank
-    budget: dict[str, Any] = field(default_factory=dict)  # how the batch budget was chosen (_plan)
+    budget: dict[str, Any] = field(default_factory=dict)  # how the batch budget was chosen (budget.choose_budget)
     kind: str = SEQ2SEQ  # the model's kind (model/kind.py)
     prompts: Prompts | None = None  # a decoder-only model's prompt construction (inputs/prompts.py)
 
@@ -181,33 +181,13 @@ def _in_memory_identity(model: Any) -> dict[str, Any]:
             "dtype": str(params[0].dtype).removeprefix("torch.") if params else None}
 
 
-def _plan(cfg: EvalConfig, lengths: Any, world_size: int, device_type: str, cost: dict[str, Any],
-          recorded: tuple[int | None, int | None] | None, kind: str = SEQ2SEQ
-          ) -> tuple[Plan, int | None, int | None, dict[str, Any]]:
-    """The batches, their budget (bs, max_tokens) and how it was chosen: --bs or --max_tokens as
-    given; else, resuming, the budget the earlier run recorded (its batches are the journals');
-    else the default for the device and the world size (plan.default_plan)."""
-    if cfg.bs is None and cfg.max_tokens is None and recorded is not None:
-        bs, max_tokens = recorded
-        how: dict[str, Any] = {"from": "resumed"}
-    else:
-        bs, max_tokens = batch_budget(cfg.bs, cfg.max_tokens, device_type, cfg.engine, half=cfg.fp16 or cfg.bf16,
-                                      causal=kind == CAUSAL, beams=cost["beams"])
-        if cfg.bs is None and cfg.max_tokens is None:
-            default = max_tokens
-            max_tokens, plan = default_plan(lengths, world_size, default, **cost)  # type: ignore[arg-type]
-            return plan, None, max_tokens, {"from": "default", "device_default": default, "world_size": world_size}
-        how = {"from": "--max_tokens" if cfg.max_tokens is not None else "--bs"}
-    return make_batches(lengths, bs=bs, max_tokens=max_tokens, **cost), bs, max_tokens, how
-
-
 def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path, device_type: str = "cpu",
             model: Any = None, tokenizer: Any = None, recorded: tuple[int | None, int | None] | None = None,
             read_cfg: EvalConfig | None = None) -> Prepared:
-    """Everything before generation. `device_type` and the world size pick the default batch
-    budget (plan.default_plan); `recorded`: the budget (bs, max_tokens) of the run being resumed
-    (tmpdir.recorded_budget), taken when neither --bs nor --max_tokens is given; `model`,
-    `tokenizer`: a model (and its tokenizer) already in memory (api.evaluate), used instead of
+    """Everything before generation. `device_type` picks the default batch budget (with
+    --budget_for_world_size, the world size too: budget.choose_budget); `recorded`: the budget
+    (bs, max_tokens) of the run being resumed (tmpdir.recorded_budget), taken when neither --bs
+    nor --max_tokens is given; `model`, `tokenizer`: a model (and its tokenizer) already in memory (api.evaluate), used instead of
     loading --model_name; `read_cfg`: the config the examples are read with, when not `cfg`
     (evaluate()'s in-memory examples, read from the temp dir while `cfg` names their copy in
     --save_dir, as the run's provenance does)."""
@@ -248,7 +228,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
             # Outputs are at least this long, whatever the source's length suggests (an
             # encoder-decoder's min_length counts the decoder's start token).
             "out_floor": int(gc.min_new_tokens or max(int(gc.min_length or 0) - 1, 0))}
-    batches, bs, max_tokens, budget = _plan(cfg, tokens.lengths, env.world_size, device_type, cost, recorded, kind)
+    batches, bs, max_tokens, budget = choose_budget(cfg, tokens.lengths, env.world_size, device_type, cost, recorded, kind)
     gen_settings = full_dict(gc)  # every field, generate()'s defaults included
     manifest = {
         "model": identity,
@@ -278,8 +258,12 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
         manifest.update({"model_kind": kind, "prompt": prompts.record()})
     _give_back_freed_memory()
     timings = {"examples": t1 - t0, "tokenize": t2 - t1, "plan": time.perf_counter() - t2}
-    return Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings, budget, kind,
+    prep = Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings, budget, kind,
                     prompts)
+    # Said at run time (the dry run prints it with the plan), once: what makes the bytes depend on the layout.
+    if pg is not None and pg.env.is_main and (layout := layout_warning(prep)):
+        logger.warning("%s", layout)
+    return prep
 
 
 def _check_prompt_options(cfg: EvalConfig, kind: str) -> None:
@@ -290,39 +274,6 @@ def _check_prompt_options(cfg: EvalConfig, kind: str) -> None:
     if given:
         raise ConfigError(f"--{given[0]} is for decoder-only models; {cfg.model_name} is an encoder-decoder model, "
                           "whose sources take --prefix")
-
-
-def _flag(prep: Prepared) -> str:
-    plan = prep.manifest["plan"]
-    return f"--bs {plan['bs']}" if plan["bs"] is not None else f"--max_tokens {plan['max_tokens']}"
-
-
-def describe_budget(prep: Prepared) -> str:
-    """The budget and where it came from, as the dry run prints it."""
-    plan, how, flag = prep.manifest["plan"], prep.budget, _flag(prep)
-    if how.get("from") == "resumed":
-        return f"{flag}: the budget of the run being resumed"
-    if how.get("from") != "default":
-        return flag
-    if plan["max_tokens"] == how["device_default"]:
-        return f"{flag}: the device's default"
-    return (f"{flag}: the default for {how['world_size']} ranks, lowered from the device's {how['device_default']}; "
-            f"give {flag} to get these batches at any world size")
-
-
-def idle_ranks_warning(prep: Prepared, world_size: int) -> str | None:
-    """One line when some rank would get no batch, else None. The deal gives the costliest
-    batches to distinct ranks first, so with fewer batches than ranks the rest idle."""
-    idle = world_size - min(len(prep.batches), world_size)
-    if not idle:
-        return None
-    if prep.budget.get("from") == "default":
-        fix = f"the set has only {len(prep.store)} examples; run it on fewer ranks"
-    elif prep.budget.get("from") == "resumed":
-        fix = "the budget of the run being resumed, whose journals hold these batches"
-    else:
-        fix = "give a smaller budget, or neither --bs nor --max_tokens for one that keeps every rank busy"
-    return f"{idle} of {world_size} ranks get no batch ({len(prep.batches)} batches at {_flag(prep)}); {fix}"
 
 
 def describe_plan(prep: Prepared, world_size: int) -> str:
@@ -347,9 +298,9 @@ def describe_plan(prep: Prepared, world_size: int) -> str:
                      f"est. cost {loads[rank]:.0f}{share}")
     if mean:
         lines.append(f"predicted load (estimated cost): max/mean {loads.max() / mean:.3f} over {world_size} ranks")
-    warning = idle_ranks_warning(prep, world_size)
-    if warning:
-        lines.append(f"WARNING: {warning}")
+    for warning in (idle_ranks_warning(prep, world_size), layout_warning(prep)):
+        if warning:
+            lines.append(f"WARNING: {warning}")
     lines.append("prepared in " + ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
     return "\n".join(lines)
 

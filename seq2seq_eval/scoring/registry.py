@@ -293,7 +293,11 @@ def load(name: str, resolved: Mapping[str, Any], device: Any = "cpu") -> ModelMe
     # Before the metric's model first runs: MKL takes its mode once, at its first call.
     numerics.pin(str(device).split(":")[0])
     spec = get(name)
-    return spec.load(own_options(spec, resolved), device)
+    metric = spec.load(own_options(spec, resolved), device)
+    # A checkpoint's narrow layers on one MKL thread: bits independent of the layout (numerics.py), recorded.
+    if narrow := numerics.narrow_on_one_mkl_thread(metric, str(device).split(":")[0]):
+        metric.narrow_layers = narrow
+    return metric
 
 
 def check(name: str, resolved: Mapping[str, Any]) -> None:
