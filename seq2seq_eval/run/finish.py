@@ -225,8 +225,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
                 "data": prep.manifest["data"],
                 # What --compare_to checks a later run against (comparison.runs).
                 **({"references": {"sha256": _reference_fingerprints(prep)}} if cfg.scored else {}),
-                # The budget and how it was chosen: a default depends on the world size, and
-                # --max_tokens with the recorded value gives the same batches at any other.
+                # The budget and how it was chosen: --budget_for_world_size's depends on the world
+                # size, and --max_tokens with the recorded value gives the same batches at any other.
                 "plan": {**prep.manifest["plan"], "budget": prep.budget},
                 "versions": package_versions(),
                 "date": now_iso(),

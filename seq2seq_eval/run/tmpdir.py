@@ -265,8 +265,8 @@ def refuse_earlier_run(tmp_dir: Path, resume: bool) -> None:
 def recorded_budget(tmp_dir: Path) -> tuple[int | None, int | None] | None:
     """The batch budget (bs, max_tokens) of the earlier run whose journals a resumed run reuses,
     from its manifest; None when there is nothing to resume or no readable budget (check_tmp_dir
-    then says what is wrong). A default budget depends on the world size (plan.default_plan): a
-    run resumed under another one takes this budget, and so the same batches, instead."""
+    then says what is wrong). One cut for the world size (--budget_for_world_size) depends on it:
+    a run resumed under another one takes this budget, and so the same batches, instead."""
     if not finished_journals(tmp_dir):
         return None
     try:
