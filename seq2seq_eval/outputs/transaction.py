@@ -142,8 +142,10 @@ def meet_fault(stagings: Sequence[Any], intents: list[dict[str, Any]], written: 
     folder held its new files and record, left whole with its leftovers; raises the one line
     that says which, unless the publish is whole (then a warning, and the command goes on)."""
     where = ", ".join(str(s.folder) for s in stagings)
-    reason = first_line(e) if isinstance(e, EvalError) else f"{e.strerror or e}" + (
-        f": {e.filename}" if getattr(e, "filename", None) else "")
+    cause = e.__cause__ if isinstance(e, EvalError) and isinstance(e.__cause__, OSError) else e
+    # A write's own line says "the previous version is unchanged": here the publish says what is.
+    reason = first_line(cause) if isinstance(cause, EvalError) else f"{cause.strerror or cause}" + (
+        f": {cause.filename}" if getattr(cause, "filename", None) else "")
     if whole:
         logger.warning("%s: the outputs are published; removing what the publish had moved aside failed (%s): "
                        "the next command in %s removes it", where, reason, "these folders" if len(stagings) > 1 else "it")
