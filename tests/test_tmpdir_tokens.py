@@ -162,3 +162,23 @@ def test_the_legacy_forms_hidden_folder_is_named_as_such(tmp_path):
         check_output_locations(cfg)
     assert f"the hidden folder of SAVE_PATH {save_path}" in str(e.value) and "name another SAVE_PATH" in str(e.value)
     assert "--save_dir" not in str(e.value)
+
+
+def test_journal_lines_carry_the_temp_dirs_token_and_others_are_not_read(tmp_path):
+    """Each journal line carries its temp dir's token, and the run lock says it too: a journal
+    copied in from another temp dir (its lines another folder's) is not resumed from, while the
+    folder's own lines are."""
+    from seq2seq_eval.run.journal import JournalIndex
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    a_run(first)
+    a_run(second)
+    own = json.loads((second / "journal_rank_0.jsonl").read_text().splitlines()[0])
+    assert own["tmp"] == tmpmarker.folder_token(second) != tmpmarker.folder_token(first)
+    assert JournalIndex(second).finished() == {0}
+    (second / "journal_rank_0.jsonl").write_bytes((first / "journal_rank_0.jsonl").read_bytes())
+    assert JournalIndex(second).finished() == set()
+    lock = tmpdir.RunLock(second)
+    lock.acquire()
+    assert tmpmarker.folder_token(second) in (second / tmpdir.LOCK).read_text()
+    lock.release()

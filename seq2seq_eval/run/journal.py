@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic import resumable_write_error
+from .tmpmarker import folder_token
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -41,6 +42,9 @@ class Journal:
         # O_NOFOLLOW: a link in the journal's place is refused (ELOOP), never read, cut or
         # appended through.
         self._f = open(path, "ab", buffering=0, opener=lambda p, flags: os.open(p, flags | os.O_NOFOLLOW, 0o666))
+        # Every line carries the temp dir's token (its marker's): a line of another folder's
+        # (a journal copied in) is never read as this one's (JournalIndex).
+        self._token = folder_token(path.parent)
         self._drop_torn_tail()
 
     def _drop_torn_tail(self) -> None:
@@ -54,6 +58,8 @@ class Journal:
             os.ftruncate(self._f.fileno(), keep)
 
     def append(self, entry: Mapping[str, Any]) -> None:
+        if self._token is not None:
+            entry = {**entry, "tmp": self._token}
         line = json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
         start = self._f.tell()
         try:
@@ -177,6 +183,7 @@ class JournalIndex:
 
     def __init__(self, tmp_dir: Path) -> None:
         self._where: dict[int, list[tuple[Path, int]]] = {}
+        self._token = folder_token(tmp_dir) if tmp_dir.is_dir() else None
         for path in journal_files(tmp_dir) if tmp_dir.is_dir() else []:
             offset = 0
             with open(path, "rb") as f:
@@ -204,7 +211,10 @@ class JournalIndex:
                     entry = json.loads(f.readline())
                 except ValueError:
                     continue
-            if isinstance(entry, dict) and entry.get("batch") == index and not found.add(entry):
+            if not isinstance(entry, dict) or self._token is not None and entry.get("tmp") != self._token:
+                logger.debug("%s: skipping a journal line without this temp dir's token", path)
+                continue
+            if entry.get("batch") == index and not found.add(entry):
                 logger.debug("%s: skipping a journal line of no known kind for batch %d", path, index)
         return found
 

@@ -21,6 +21,7 @@ from ..errors import SyncTimeoutError
 from ..scoring import registry
 from ..scoring.model_metric import MAX_TOKENS, ModelMetric, columns, default_budget, given_references, model_batches
 from .dist import DistEnv
+from .tmpmarker import folder_token
 from .journal import Journal
 from .plan import Batch, assign_batches, plan_digest
 from .prepare import Prepared
@@ -127,7 +128,7 @@ def score_model_metrics(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: 
                    for i, members in enumerate(model_batches(lengths, budget, metric.row_tokens))]
         # What the values depend on: a journal of other options, model or batches is never reused.
         key = {"metric": name, "model": metric.signature, "options": registry.own_options(spec, options),
-               "plan": plan_digest(batches)}
+               "plan": plan_digest(batches), "tmp": folder_token(tmp_dir)}  # a line of this temp dir's, by its token
         done = dict(_Journaled(tmp_dir, key).read())
         # Dealt as generation's batches are, and claimed before scoring: a rank out of work takes
         # the unstarted batches of the slowest share (steal.py). The plan fixes each batch's

@@ -41,7 +41,9 @@ class RunLock:
                 "or give this run another --save_dir/--tmp_dir"
             ) from e
         os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
+        from .tmpmarker import folder_token  # the temp dir's token: the lock says whose folder it locks
+
+        os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}, temp dir {folder_token(self.path.parent)}\n".encode())
         self._fd = fd
 
     def release(self) -> None:
