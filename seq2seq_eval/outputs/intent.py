@@ -253,7 +253,8 @@ def roll_back_all(parts: list[tuple[Path, Mapping[str, Any]]]) -> None:
                 os.unlink(root / RECORD_OLD)
         elif intent.get("had_record") is False and os.path.lexists(folder / RECORD):
             os.unlink(folder / RECORD)  # this publish wrote the first one (under the lock: no one else did)
-        os.unlink(folder / INTENT)
+        if os.path.lexists(folder / INTENT):  # a publish undone at once may have failed writing it
+            os.unlink(folder / INTENT)
         fsync_dir(folder)
         remove_staged(root)
 

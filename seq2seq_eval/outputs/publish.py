@@ -271,8 +271,10 @@ def publish_together(stagings: Sequence[Staging], on_whole: Callable[[], None] |
                 try:
                     # The coordinator's intent last: once it is written, the transaction completes.
                     for s, (intent, _) in zip(stagings, planned):
-                        write_atomic(s.folder / INTENT, dumps(intent), s.tmp)
+                        # Counted before it is written: a fault after its rename (the folder's
+                        # fsync) leaves it on disk, and the undo must clear it.
                         written.append(s)
+                        write_atomic(s.folder / INTENT, dumps(intent), s.tmp)
                     apply_all([(s.folder, intent, None) for s, (intent, _) in zip(stagings, planned)])
                     for s, r, (intent, _) in zip(stagings, records, planned):
                         commit_record(s.folder, intent, r)
