@@ -22,7 +22,6 @@ Every failure is a string naming the kind, N, the operation, the fault and what 
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
