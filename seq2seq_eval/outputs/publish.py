@@ -46,9 +46,7 @@ import fcntl
 import logging
 import os
 import secrets
-import signal
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +54,7 @@ from ..atomic import COPY_BYTES, dumps, write_atomic, write_error
 from ..errors import EvalError, Interrupted, OutputError, first_line
 from .digest import ContentHash
 from .intent import apply_all, check_owned, clean, commit_record, completable, mark, remove_staged
-from .transaction import meet_fault, recovered
+from .transaction import meet_fault, recovered, signals_held
 from .record import INTENT, RECORD, STAGING, OutputRecord, read_intent
 
 logger = logging.getLogger("seq2seq_eval")
@@ -266,7 +264,7 @@ def publish_together(stagings: Sequence[Staging], on_whole: Callable[[], None] |
         with recovered(folders):
             records = [OutputRecord(s.folder) for s in stagings]
             planned = [s._intent(r, txn) for s, r in zip(stagings, records)]
-            with _signals_held():
+            with signals_held():
                 whole = False
                 try:
                     # The coordinator's intent last: once it is written, the transaction completes.
@@ -308,33 +306,6 @@ def publish_together(stagings: Sequence[Staging], on_whole: Callable[[], None] |
         for s in stagings:
             s._release()
     return [removed for _, removed in planned]
-
-
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held from the first intent to the last folder done, where the command
-    turns them into an exception (the run's handler, Python's KeyboardInterrupt): raised between
-    two renames, it would leave the folders for the next command to complete, and the command
-    could not say whether its outputs were published. Held, it is raised once they are. Where the
-    signal's default action applies (it ends the process) it is not held: that is a kill, which
-    the next command recovers from. Only the main thread sets handlers."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    came: list[int] = []
-    old = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        handler = signal.getsignal(sig)
-        if callable(handler):
-            old[sig] = handler
-            signal.signal(sig, lambda signum, frame: came.append(signum))
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-    if came:
-        old[came[0]](came[0], None)
 
 
 def publish_bytes(folder: Path, files: Mapping[str, bytes], prefix: str | None, kind: str,

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,7 +67,8 @@ def recovered(folders: Iterable[Path]) -> Iterator[list[dict[str, Any]]]:
                 now.update(_peek(f))
             if {os.path.realpath(f) for f in now} <= {os.path.realpath(f) for f in involved}:
                 try:
-                    completed = recover_locked(involved)
+                    with signals_held():  # a signal mid-recovery would leave what it recovers half done
+                        completed = recover_locked(involved)
                 except OSError as e:
                     raise recovery_error(sorted(involved), e) from e
                 except EvalError as e:
@@ -80,10 +83,10 @@ def recovery_error(folders: Iterable[Path], e: OSError) -> OutputError:
     """A publish cut short that the next command could neither complete nor undo (the same fault
     again: a file made immutable, a read-only or full disk): one line, what is there, what to do."""
     where = ", ".join(str(f) for f in folders)
-    return OutputError(f"{where}: a publish cut short there could neither be completed nor undone ({e.strerror or e}"
-                       f"{': ' + e.filename if getattr(e, 'filename', None) else ''}); its intent {INTENT} and "
-                       f"staged files are kept as they are: fix that (permissions, space, a file's flags), then run "
-                       "the command again, which completes or undoes it first")
+    return OutputError(f"{where}: finishing a publish cut short there failed midway ({e.strerror or e}"
+                       f"{': ' + e.filename if getattr(e, 'filename', None) else ''}), so the folder may hold part of "
+                       f"it; its intent {INTENT} and staged files are kept, left for the next command to complete or "
+                       "undo: fix that (permissions, space, a file's flags), then run the command again")
 
 
 def recover_locked(folders: Iterable[Path]) -> list[dict[str, Any]]:
@@ -168,3 +171,30 @@ def _resume(stagings: Sequence[Any]) -> str:
     tmp = next((s.tmp_dir for s in stagings if s.tmp_dir is not None), None)
     return (f"; this run's batches are kept in {tmp}: fix the cause, then rerun the same command with --resume"
             if tmp is not None else "; fix the cause, then run the command again")
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held from the first intent to the last folder done, where the command
+    turns them into an exception (the run's handler, Python's KeyboardInterrupt): raised between
+    two renames, it would leave the folders for the next command to complete, and the command
+    could not say whether its outputs were published. Held, it is raised once they are. Where the
+    signal's default action applies (it ends the process) it is not held: that is a kill, which
+    the next command recovers from. Only the main thread sets handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            old[sig] = handler
+            signal.signal(sig, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if came:
+        old[came[0]](came[0], None)

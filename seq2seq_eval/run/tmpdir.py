@@ -45,7 +45,7 @@ from .journal import journal_files
 from .runlock import RunLock  # noqa: F401  (imported from here by the run)
 from .steal import CLAIMS, claims_dir
 from .tmpmarker import (  # noqa: F401  (MANIFEST, MARKER, tmp_token: read here by the rest of the run)
-    FOLDER_KEY, MANIFEST, MARKER, _MARKER_WRITING, folder_token, half_made_markers, manifest_carries, marked,
+    FOLDER_KEY, MANIFEST, MARKER, _MARKER_WRITING, folder_token, half_made_markers, manifest_carries, mark_published, marked,
     read_marker, tmp_token, write_marker)
 
 from .runlock import LOCK  # noqa: E402  (one name for the lock file)
@@ -226,6 +226,7 @@ def remove_finished_tmp_dir(tmp_dir: Path, token: str | None) -> None:
             logger.warning("%s: kept: it now belongs to another run (its marker %s carries another run's token "
                            "than the one whose publish was completed)", tmp_dir, MARKER)
             return
+        mark_published(tmp_dir, token)  # what a fault leaves of it is then cleared, not resumed from
         cleanup_tmp_dir(tmp_dir)
     finally:
         lock.release()
