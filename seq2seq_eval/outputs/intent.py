@@ -167,11 +167,6 @@ def _put(folder: Path, new: Path, old: Path, name: str) -> None:
         os.rename(new / name, folder / name)
 
 
-def apply(folder: Path, intent: Mapping[str, Any], record: OutputRecord | None = None) -> None:
-    """One folder's moves (apply_all)."""
-    apply_all([(folder, intent, record)])
-
-
 def commit_record(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -> None:
     """The folder's record rewritten for this publish; the record it replaces kept first (a hard
     link in the staging folder), so that the publish can still be undone until it is cleaned."""
@@ -204,13 +199,6 @@ def clean(folder: Path, intent: Mapping[str, Any]) -> None:
         os.unlink(folder / INTENT)
     fsync_dir(folder)
     remove_staged(root)
-
-
-def finish(folder: Path, intent: Mapping[str, Any], record: OutputRecord) -> None:
-    """The record, then what was moved aside deleted, the intent cleared, the staging folder
-    removed."""
-    commit_record(folder, intent, record)
-    clean(folder, intent)
 
 
 def roll_back_all(parts: list[tuple[Path, Mapping[str, Any]]]) -> None:
@@ -257,11 +245,6 @@ def roll_back_all(parts: list[tuple[Path, Mapping[str, Any]]]) -> None:
             os.unlink(folder / INTENT)
         fsync_dir(folder)
         remove_staged(root)
-
-
-def roll_back(folder: Path, intent: Mapping[str, Any]) -> None:
-    """One folder's undo (roll_back_all)."""
-    roll_back_all([(folder, intent)])
 
 
 def remove_staged(root: Path) -> None:
