@@ -13,9 +13,8 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..outputs.jsonl import encode_line
 from .candidates import check_candidates_file, iter_candidate_sets
-from .mbr import MBR_UTILITIES, select_mbr
-
-MODES = ("mbr", "qe")
+from .mbr import MBR_UTILITIES
+from .selectors import MODES, check_selection, make_selector
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,36 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_selection(mode: str, metric: str) -> None:
-    """The mode and its metric, before anything is read: one line each for what cannot work and
-    for what is not built yet. Every metric name the tool knows (scoring/names.py) is judged by
-    its kind, so a model metric registered later is named as not built here, never run."""
-    from ..scoring import registry
-    from ..scoring.names import accepted_metric_names
-
-    models = registry.names()
-    texts = [n for n in accepted_metric_names() if n not in models]
-    if mode not in MODES:
-        raise ConfigError(f"--select {mode!r}: expected one of {', '.join(MODES)}")
-    if mode == "qe":
-        if metric in texts:
-            raise ConfigError(f"--select qe --select_metric {metric}: {metric} needs a reference, and qe scores each "
-                              "candidate against its source alone; expected a reference-free model (comet with a "
-                              "CometKiwi-style --comet_model, metricx with --metricx_qe), which select does not run "
-                              "yet: use --select mbr")
-        named = f"{metric} is not a metric the tool knows; " if metric not in models else ""
-        raise ConfigError(f"--select qe --select_metric {metric}: {named}qe reranking with a reference-free model "
-                          "(comet, metricx) is not built yet; expected --select mbr with --select_metric "
-                          f"{' or '.join(MBR_UTILITIES)}")
-    if metric in models:
-        raise ConfigError(f"--select mbr --select_metric {metric}: MBR with {metric} as the utility is not built yet; "
-                          f"expected {' or '.join(MBR_UTILITIES)}")
-    if metric not in MBR_UTILITIES:
-        kind = "is not an MBR utility here" if metric in texts else "is not a metric the tool knows"
-        raise ConfigError(f"--select_metric {metric!r} {kind}; expected one of {', '.join(MBR_UTILITIES)} for "
-                          "--select mbr")
-
-
 def _check_output(candidates: Path, output: str) -> Path:
     """Before any work: --output must not replace the candidates file, its folder must take it,
     and a file there is written over only when the tool wrote it (its folder's record says so)."""
@@ -76,8 +45,9 @@ def _check_output(candidates: Path, output: str) -> Path:
 
 def selection_lines(path: Path, mode: str, metric: str) -> Iterator[str]:
     """One JSON line per example, in file order (the file is checked whole before the first)."""
+    selector = make_selector(mode, metric)
     for _, example in iter_candidate_sets(path, mode):
-        chosen = select_mbr(example.candidates, metric)
+        chosen = selector.select([example])[0]
         yield encode_line({"id": example.id, "selected": chosen.index,
                            "prediction": example.candidates[chosen.index],
                            "select_scores": list(chosen.scores)})
