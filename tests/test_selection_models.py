@@ -71,14 +71,13 @@ def brute_force_mbr(metric, s: CandidateSet) -> list[float]:
     """Each candidate's mean over every candidate (itself and duplicates included) of the scorer
     applied to that one (candidate, pseudo-reference) pair alone, in float64."""
     n = len(s.candidates)
-    out = []
+    alone: dict[tuple[str, str], float] = {}  # a repeated pair of texts is scored alone once
     for h in s.candidates:
-        row = []
         for r in s.candidates:
-            value = metric.score([s.source], [h], [(r,)])[0]
-            row.append(float(value[0] if isinstance(value, tuple) else value))
-        out.append(sum(row) / n)
-    return out
+            if (h, r) not in alone:
+                value = metric.score([s.source], [h], [(r,)])[0]
+                alone[h, r] = float(value[0] if isinstance(value, tuple) else value)
+    return [sum(alone[h, r] for r in s.candidates) / n for h in s.candidates]
 
 
 def spread(values: list[float]) -> float:
@@ -91,7 +90,7 @@ def spread(values: list[float]) -> float:
 def test_comet_mbr_equals_the_scorer_on_every_pair(name):
     options = resolved(comet_model=str(COMET / "wmt22_like"))
     selector = make_selector("mbr", "comet", options)
-    examples = sets(name, 2)
+    examples = sets(name, 1 if name == "beam8" else 2)  # 8 and 14 distinct candidates
     metric = registry.load("comet", options)
     for s, chosen in zip(examples, selector.select(examples)):
         expected = brute_force_mbr(metric, s)
