@@ -91,7 +91,7 @@ def test_comet_mbr_equals_the_scorer_on_every_pair(name):
     options = resolved(comet_model=str(COMET / "wmt22_like"))
     selector = make_selector("mbr", "comet", options)
     examples = sets(name, 1 if name == "beam8" else 2)  # 8 and 14 distinct candidates
-    metric = registry.load("comet", options)
+    metric = selector.loaded  # the same loaded scorer, applied pair by pair
     for s, chosen in zip(examples, selector.select(examples)):
         expected = brute_force_mbr(metric, s)
         assert chosen.scores == pytest.approx(expected, abs=TOLERANCE, rel=0)
@@ -119,7 +119,7 @@ def test_an_example_s_scores_do_not_depend_on_what_else_is_handed_over():
 def test_cometkiwi_qe_equals_the_scorer_on_each_candidate():
     options = resolved(comet_model=str(COMET / "kiwi_like"))
     selector = make_selector("qe", "comet", options)
-    metric = registry.load("comet", options)
+    metric = selector.loaded  # the same loaded scorer, applied pair by pair
     for s, chosen in zip(sets("sample16", 2), selector.select(sets("sample16", 2))):
         alone = [metric.score([s.source], [c], [()])[0] for c in s.candidates]
         assert chosen.scores == pytest.approx(alone, abs=TOLERANCE, rel=0)
@@ -128,13 +128,31 @@ def test_cometkiwi_qe_equals_the_scorer_on_each_candidate():
     assert selector.signature().startswith("qe:comet|max|model:")
 
 
+@pytest.mark.parametrize("mode", ["mbr", "qe"])
+def test_xcomet_selects_in_either_mode(mode):
+    """XCOMET reads a reference where there is one: its score with the pseudo-reference for mbr,
+    without one for qe (its error spans are not part of the selection)."""
+    options = resolved(comet_model=str(COMET / "xcomet_like"))
+    selector = make_selector(mode, "comet", options)
+    metric = selector.loaded  # the same loaded scorer, applied pair by pair
+    s = sets("beam8", 1)[0]
+    s = CandidateSet(s.id, s.source, s.candidates[:3])
+    chosen = selector.select([s])[0]
+    if mode == "mbr":
+        expected = brute_force_mbr(metric, s)
+    else:
+        expected = [metric.score([s.source], [c], [()])[0][0] for c in s.candidates]
+    assert chosen.scores == pytest.approx(expected, abs=TOLERANCE, rel=0)
+    assert spread(expected) > 100 * TOLERANCE and chosen.index == choose(chosen.scores, True)
+
+
 @pytest.mark.parametrize("qe", [False, True], ids=["mbr", "qe"])
 def test_metricx_selects_the_lowest_error(metricx_folder, qe):
     """MetricX is an error (0 best): the selection is the candidate of the LOWEST expected error
     (mbr) or QE score, the scores written as the metric gives them."""
     options = metricx_options(metricx_folder, qe)
     selector = make_selector("qe" if qe else "mbr", "metricx", options)
-    metric = registry.load("metricx", options)
+    metric = selector.loaded
     examples = [CandidateSet(s.id, s.source, s.candidates[:4]) for s in sets("beam8", 2)]  # 16 pairs each
     for s, chosen in zip(examples, selector.select(examples)):
         if qe:
@@ -152,7 +170,7 @@ def test_metricx_selects_the_lowest_error(metricx_folder, qe):
 def test_bertscore_mbr_equals_the_scorer_on_every_pair():
     options = resolved(**BERTSCORE_OPTIONS)
     selector = make_selector("mbr", "bertscore", options)
-    metric = registry.load("bertscore", options)
+    metric = selector.loaded
     for s, chosen in zip(sets("beam8", 2), selector.select(sets("beam8", 2))):
         expected = brute_force_mbr(metric, s)  # F1, the main key
         assert chosen.scores == pytest.approx(expected, abs=TOLERANCE, rel=0)
