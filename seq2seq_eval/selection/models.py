@@ -17,11 +17,13 @@ Both are the project's own scorer (the metric's `score`) applied to one example 
 
 Why per example and not across examples: a float32 forward pass's rows move in their last bits
 with what else is in the pass (its width, its number of rows): measured on the tiny COMET
-checkpoint, 4 of 16 texts' embeddings differed bitwise between a pass of their own and one
-shared with other examples' texts. One example's texts in passes of their own make its scores
-depend on that example alone, so the choices are the same bits whatever the ranks, their
-batches or the other examples handed over (Selector's contract). On a CPU a pass of one
-example's 17 texts already fills a matrix product's rows (tokens x hidden).
+checkpoint, 8 candidate texts each embedded alone and beside one other text, 4 of those 16
+embeddings differed bitwise from the same text's in one pass over 10 examples' 54 texts; the
+test that hands examples over together and apart fails when examples share a call. One
+example's texts in passes of their own make its scores depend on that example alone, so the
+choices are the same bits whatever the ranks, their batches or the other examples handed over
+(Selector's contract). On a CPU a pass of one example's 17 texts already gives a matrix
+product rows enough (tokens x hidden).
 
 The mean is float64 over an exactly rounded sum (math.fsum), as mbr.py's, so duplicates get
 bit-identical expected utilities and the tie rule (the earlier candidate) decides between them.
@@ -71,7 +73,6 @@ class ModelSelector(Selector):
 
     def check(self) -> None:
         from ..scoring import registry
-
         from ..scoring.model_metric import MAX_TOKENS
 
         self.resolved = dict(registry.resolve_options(
