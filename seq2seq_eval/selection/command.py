@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--select", required=True, help=f"the selection: {' or '.join(MODES)} (qe: not built yet)")
     p.add_argument("--select_metric", required=True, help=f"mbr's utility: {', '.join(MBR_UTILITIES)}")
     p.add_argument("--output", help="publish the selections to this file (JSON Lines) instead of printing them")
+    from ..scoring import registry
+
+    registry.add_arguments(p)  # the model metrics' options (--comet_model, --metricx_qe, ...)
     return p
 
 
@@ -43,9 +46,9 @@ def _check_output(candidates: Path, output: str) -> Path:
     return path
 
 
-def selection_lines(path: Path, mode: str, metric: str) -> Iterator[str]:
+def selection_lines(path: Path, mode: str, metric: str, resolved: dict | None = None) -> Iterator[str]:
     """One JSON line per example, in file order (the file is checked whole before the first)."""
-    selector = make_selector(mode, metric)
+    selector = make_selector(mode, metric, resolved)
     for _, example in iter_candidate_sets(path, mode):
         chosen = selector.select([example])[0]
         yield encode_line({"id": example.id, "selected": chosen.index,
@@ -62,10 +65,13 @@ def select_main(argv: Sequence[str], world_size: int = 1, write: Callable[[str],
         raise ConfigError(f"select runs in one process for now, got {world_size} (torchrun); expected it launched "
                           "as python -m seq2seq_eval select")
     check_selection(args.select, args.select_metric)
+    from ..scoring import registry
+
+    resolved = dict(registry.resolve_options({n: getattr(args, n) for n in registry.option_names() if hasattr(args, n)}))
     candidates = Path(args.candidates)
     output = _check_output(candidates, args.output) if args.output else None
     n = check_candidates_file(candidates, args.select)
-    lines = selection_lines(candidates, args.select, args.select_metric)
+    lines = selection_lines(candidates, args.select, args.select_metric, resolved)
     if output is None:
         try:
             for line in lines:

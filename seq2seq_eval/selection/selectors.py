@@ -76,6 +76,22 @@ for _utility in MBR_UTILITIES:
     register("mbr", _utility, lambda resolved, load, _u=_utility: TextMBR(_u))
 
 
+def _model(mode: str, metric: str) -> Factory:
+    """A model metric's selection (models.py), imported when built: it subclasses Selector."""
+    def factory(resolved: Mapping[str, Any], load: Callable[[str], Any]) -> Selector:
+        from .models import ModelSelector
+
+        return ModelSelector(mode, metric, resolved, load)
+    return factory
+
+
+register("mbr", "comet", _model("mbr", "comet"))
+register("qe", "comet", _model("qe", "comet"))
+register("mbr", "metricx", _model("mbr", "metricx"))
+register("qe", "metricx", _model("qe", "metricx"))
+register("mbr", "bertscore", _model("mbr", "bertscore"))
+
+
 def metrics_for(mode: str) -> tuple[str, ...]:
     return tuple(m for (md, m) in _SELECTORS if md == mode)
 
