@@ -134,11 +134,10 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
     from ..run.runner import _Signals
 
     pg = ProcessGroup(env, "gloo", job.sync_timeout)
-    lock: RunLock | None = None
+    holder: list[RunLock] = []  # rank 0's lock on the temp dir, from its claim on
     presence: Presence | None = None
     try:
         with _Signals():
-            holder: list[RunLock] = []
 
             def claim() -> CandidateIndex:
                 index = index_candidates(job.candidates, job.mode, PER_BATCH)
@@ -155,9 +154,11 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
                 return index
 
             index = _agree(env, pg, claim)
-            lock = holder[0] if holder else None
             if not env.is_main:
                 presence = Presence(job.tmp_dir, env.rank)
+            # Every rank present before any starts: rank 0, which may select every batch itself,
+            # removes the temp dir only once the others have left it (presence.py).
+            pg.barrier()
             _select_share(job, selector, env, index)
             if not env.is_main:
                 presence.release()  # type: ignore[union-attr]
@@ -166,8 +167,8 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
             _emit(job, env, index, _key(job, index, selector), write)
             return index.examples
     except BaseException as e:
-        if env.is_main and lock is not None and read_marker(job.tmp_dir) is not None \
-                and not (read_marker(job.tmp_dir) or {}).get("published"):
+        marker = read_marker(job.tmp_dir) if env.is_main and holder else None
+        if marker is not None and not marker.get("published"):
             try:
                 (job.tmp_dir / STOPPED).write_bytes(b"")
             except OSError:
@@ -181,7 +182,7 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
     finally:
         if presence is not None:
             presence.release()
-        if lock is not None:
+        for lock in holder:
             lock.release()
         pg.close()
 
