@@ -183,3 +183,20 @@ def test_a_selector_whose_check_fails_stops_the_run_before_generation(tiny_model
     assert rc != 0 and "this selector refuses the options given" in err
     assert not save.exists() or not any(save.iterdir())
     assert not list(Path(f"{save}_tmp").glob("journal_rank_*.jsonl"))
+
+
+def test_without_references_the_run_info_records_the_selection(tiny_model, data23, tmp_path):
+    """--input_path alone: nothing is scored; the generations are still the selections, and the
+    run-info file carries the selection's signature."""
+    sources = tmp_path / "src.txt"
+    sources.write_text("".join((data23 / "test.source").read_text().splitlines(keepends=True)[:5]))
+    save = tmp_path / "out"
+    assert_ok(single(["--model_name", str(tiny_model), "--input_path", str(sources), "--num_return_sequences", "3",
+                      "--select", "mbr", "--select_metric", "bleu", "--save_dir", str(save)], cwd=tmp_path))
+    assert sorted(p.name for p in save.iterdir() if not p.name.startswith(".")) == [
+        "pseudolabel_results.json", "test_generations.txt", "test_pseudolabels.jsonl", "test_run_info.json"]
+    info = json.loads((save / "test_run_info.json").read_text())
+    assert info["select_signature"].startswith("mbr:bleu|sacrebleu:")
+    pseudo = lines(save / "test_pseudolabels.jsonl")
+    assert (save / "test_generations.txt").read_text(encoding="utf-8").splitlines() == [
+        p["candidates"][p["selected"]] for p in pseudo]
