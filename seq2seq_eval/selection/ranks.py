@@ -141,6 +141,8 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
 
             def claim() -> CandidateIndex:
                 index = index_candidates(job.candidates, job.mode, PER_BATCH)
+                if job.output is not None and job.output.parent.is_dir():
+                    _recover(job, env)
                 claim_tmp_dir(job.tmp_dir, [Role(job.candidates, "--candidates")])
                 taken = RunLock(job.tmp_dir)
                 taken.acquire()
@@ -185,6 +187,25 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
         for lock in holder:
             lock.release()
         pg.close()
+
+
+def _recover(job: SelectJob, env: DistEnv) -> None:
+    """Rank 0, before it claims the temp dir (the run's order, runner._claim_tmp_dir): a publish
+    of --output cut short by a kill is completed (or undone), and so is what that command had
+    left to do, its temp dir's removal, unless this command resumes from that temp dir."""
+    import os
+
+    from ..outputs.transaction import recovered
+    from ..run.tmpdir import remove_finished_tmp_dir
+
+    assert job.output is not None
+    with recovered([job.output.parent]) as completed:
+        pass
+    resuming = job.resume or env.restart_count > 0
+    for intent in completed:
+        same = intent.get("tmp_dir") and os.path.realpath(intent["tmp_dir"]) == os.path.realpath(job.tmp_dir)
+        if intent.get("tmp_dir") and not (resuming and same):
+            remove_finished_tmp_dir(Path(intent["tmp_dir"]), intent.get("tmp_token"))
 
 
 def _key(job: SelectJob, index: CandidateIndex, selector: Selector) -> str:
