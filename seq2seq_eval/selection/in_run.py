@@ -52,15 +52,17 @@ class RunSelection:
         token = folder_token(self.tmp_dir)
         found: dict[int, list[Any]] = {}
         for path in sorted(self.tmp_dir.glob("select_rank_*.jsonl")):
-            data = path.read_bytes()
-            for line in data[: data.rfind(b"\n") + 1].splitlines():  # a torn last line is not a batch
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                if (isinstance(entry, dict) and entry.get("select") == self.key and entry.get("tmp") == token
-                        and isinstance(entry.get("selections"), list)):
-                    found.setdefault(int(entry["batch"]), entry["selections"])
+            with open(path, "rb") as f:
+                for line in f:  # a line at a time, not the journal at once
+                    if not line.endswith(b"\n"):
+                        break  # a torn last line is not a batch
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        continue
+                    if (isinstance(entry, dict) and entry.get("select") == self.key and entry.get("tmp") == token
+                            and isinstance(entry.get("selections"), list)):
+                        found.setdefault(int(entry["batch"]), entry["selections"])
         return found
 
     def apply(self, index: int, examples: Sequence[Any], records: list[dict[str, Any]]) -> None:

@@ -86,22 +86,21 @@ class _Journaled:
 
     def read(self) -> dict[int, tuple[Path, int, int]]:
         for path in journal_files(self.tmp_dir):
-            start = self._offsets.get(path, 0)
+            pos = self._offsets.get(path, 0)
             with open(path, "rb") as f:
-                f.seek(start)
-                data = f.read()
-            end = data.rfind(b"\n") + 1  # a line still being written (or torn by a crash) waits
-            self._offsets[path] = start + end
-            at = 0
-            for line in data[:end].split(b"\n")[:-1]:
-                here, at = at, at + len(line) + 1
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                if (isinstance(entry, dict) and entry.get("select") == self.key and entry.get("tmp") == self.token
-                        and isinstance(entry.get("lines"), list)):
-                    self.found.setdefault(int(entry["batch"]), (path, start + here, len(line)))
+                f.seek(pos)
+                for line in f:  # a line at a time: a journal of a million examples is gigabytes
+                    if not line.endswith(b"\n"):
+                        break  # a line still being written (or torn by a crash) waits
+                    here, pos = pos, pos + len(line)
+                    try:
+                        entry = json.loads(line)
+                    except ValueError:
+                        continue
+                    if (isinstance(entry, dict) and entry.get("select") == self.key and entry.get("tmp") == self.token
+                            and isinstance(entry.get("lines"), list)):
+                        self.found.setdefault(int(entry["batch"]), (path, here, len(line) - 1))
+            self._offsets[path] = pos
         return self.found
 
 
