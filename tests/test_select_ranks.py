@@ -205,3 +205,23 @@ def test_a_folder_of_someone_elses_is_not_taken(small, tmp_path, capsys):
     assert main(select_args(path, "--tmp_dir", str(theirs))) != 0
     assert "no .seq2seq_eval_tmp marker" in capsys.readouterr().err
     assert os.listdir(theirs) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("at", [1, 5, 9])
+def test_a_repeated_id_is_found_across_the_id_blocks(tmp_path, monkeypatch, at):
+    """Ids are checked by 8-byte hashes in sorted blocks (inputs/seen.py), as a run's JSON Lines
+    input: a repeat found in the same block, in an earlier one or only at the last flush is named
+    with both lines; distinct ids pass."""
+    from seq2seq_eval.errors import DataError
+    from seq2seq_eval.inputs import seen
+    from seq2seq_eval.selection.candidates import index_candidates
+
+    monkeypatch.setattr(seen, "BLOCK", 4)
+    rows = [{"id": i, "source": "s", "candidates": ["a", "b"]} for i in range(10)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert index_candidates(path, "mbr").examples == 10
+    rows[at]["id"] = 0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=rf"line {at + 1} field 'id': duplicated id 0 \(first on line 1\)"):
+        index_candidates(path, "mbr")

@@ -15,6 +15,7 @@ from ..errors import DataError
 from ..inputs.checks import check_id, check_text, duplicate_id, short, surrogate_at
 from ..inputs.examples import ExampleId
 from ..inputs.files import iter_lines, json_records_at
+from ..inputs.seen import SeenIds
 
 MIN_CANDIDATES = 2
 """Fewer leaves nothing to choose between (and one candidate's MBR is itself against itself)."""
@@ -114,7 +115,7 @@ class CandidateIndex:
 
 def index_candidates(path: Path, mode: str, per_batch: int = 32) -> CandidateIndex:
     """check_candidates_file's checks, and the file's batches of `per_batch` examples."""
-    first: dict[ExampleId, int] = {}
+    seen = SeenIds()  # 8 bytes an id (inputs/seen.py); a suspected duplicate is confirmed below
     starts: list[tuple[int, int]] = []
     sizes: list[int] = []
     costs: list[float] = []
@@ -123,9 +124,8 @@ def index_candidates(path: Path, mode: str, per_batch: int = 32) -> CandidateInd
         raise DataError(f"{path}: a JSON list (pseudolabel_results.json's form); expected JSON Lines of "
                         "{id, source, candidates}, such as the {type_path}_pseudolabels.jsonl the same run wrote")
     for lineno, at, example in _sets_at(path, mode):
-        earlier = first.setdefault(example.id, lineno)
-        if earlier != lineno:
-            raise duplicate_id(f"{path} line {lineno} field 'id'", example.id, f"on line {earlier}")
+        if seen.add(example.id):
+            _first_duplicate(path, mode, lineno)
         if n % per_batch == 0:
             starts.append((at, lineno))
             sizes.append(0)
@@ -134,8 +134,22 @@ def index_candidates(path: Path, mode: str, per_batch: int = 32) -> CandidateInd
         sizes[-1] += 1
         costs[-1] += float(k * k * (sum(map(len, example.candidates)) / k + 1))
         n += 1
+    if seen.flush():
+        _first_duplicate(path, mode, None)
     if not n:
         raise DataError(f"{path}: no records; expected one JSON object {{id, source, candidates}} per line")
     with open(path, "rb") as f:
         digest = hashlib.file_digest(f, "sha256").hexdigest()
     return CandidateIndex(n, tuple(starts), tuple(sizes), tuple(costs), digest)
+
+
+def _first_duplicate(path: Path, mode: str, upto: int | None) -> None:
+    """The first id of lines 1..upto (all: None) that repeats an earlier one, as an error naming
+    both lines; nothing when the suspicion was two ids sharing a hash (the rare path's dict)."""
+    first: dict[ExampleId, int] = {}
+    for lineno, _, example in _sets_at(path, mode):
+        if upto is not None and lineno > upto:
+            return
+        earlier = first.setdefault(example.id, lineno)
+        if earlier != lineno:
+            raise duplicate_id(f"{path} line {lineno} field 'id'", example.id, f"on line {earlier}")
