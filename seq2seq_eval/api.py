@@ -22,6 +22,7 @@ from .config import CONFIG_FIELDS, EvalConfig, family_of
 from .errors import ConfigError, DataError, EvalError, as_error, first_line
 from .model.in_memory import unwrap, untouched
 from .scoring.registry import split_options
+from .selection.options import gather
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -320,6 +321,7 @@ def _config(model: Any, in_memory: bool, sources: Any, references: Any, ids: Any
         if key in options:
             raise ConfigError(f"evaluate(): {key}: {why}")
     rest, metric_options = split_options(options)  # each model metric's options, by name
+    rest = gather(dict(rest))  # select= and select_metric= as the command line's --select (selection/options.py)
     values = {k: v for k, v in rest.items() if k in _CONFIG_FIELDS and k != "generate_kwargs"}
     values["metric_options"] = tuple(metric_options.items())
     gen = {k: v for k, v in rest.items() if k not in _CONFIG_FIELDS}

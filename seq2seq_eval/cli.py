@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["select"]:
             from .selection.command import select_main
 
-            select_main(argv[1:], env.world_size)
+            select_main(argv[1:], env)
             return 0
         if argv[:1] == ["compare"]:
             from .comparison.command import compare_main

@@ -12,6 +12,7 @@ from .inputs.checks import check_option_texts
 from .model.fields import value_error
 from .scoring import registry
 from .scoring.names import parse_metric_names, split_metric_names
+from .selection.options import SelectOptions
 
 TASKS = ("translation", "summarization")
 """Task families: what --task is scored as (BLEU or ROUGE)."""
@@ -131,6 +132,8 @@ class EvalConfig:
     """Validate flags, data and model, print the batch plan, and exit without generating."""
     pseudo_target: bool = False
     """With --num_return_sequences: also write the best candidates as {type_path}.pseudo.target."""
+    selection: SelectOptions = field(default_factory=SelectOptions)
+    """--select and --select_metric (selection/options.py): each example's generation chosen of its N candidates."""
     compare_to: str | None = None
     """An earlier run's --save_dir (same examples): adds a paired significance test against it to the metric file and the summary."""
     no_examples_file: bool = False
@@ -229,16 +232,17 @@ class EvalConfig:
             raise ConfigError("--compare_to needs a scored run: not --num_return_sequences > 1, and with references")
         if self.pseudo_target and self.num_return_sequences < 2:
             raise ConfigError("--pseudo_target needs --num_return_sequences >= 2")
+        self.selection.check(self.num_return_sequences)
         if self.metrics is not None:
             names = parse_metric_names(self.metrics, self.task_family)  # '' is refused, never the default
-            if self.pseudolabels:
+            if self.pseudolabels and not self.selection:
                 raise ConfigError(f"--metrics {self.metrics!r}: pseudolabels (--num_return_sequences > 1) are not "
                                   "scored; leave --metrics out")
             if not self.scored:  # the rule `score` and `compare` follow too
                 registry.check_inputs(names, dict(self.metric_options), f"--metrics {','.join(names)}",
                                       no_references="--input_path without --reference_path gives none")
             object.__setattr__(self, "metrics", ",".join(names))
-        registry.refuse_unused(dict(self.metric_options), self.model_metric_names,
+        registry.refuse_unused(dict(self.metric_options), self.model_metric_names + self.selection.models(),
                       f"--metrics {self.metrics!r}" if self.metrics is not None else "the task's default metric")
         if self.shared_tail and self.model_metric_names:
             # The ranks write their slices before rank 0 has the model metrics' values.
@@ -286,10 +290,10 @@ class EvalConfig:
 
     @property
     def scored(self) -> bool:
-        """Whether the run computes metrics: not for pseudolabels, nor for --input_path without
-        references unless every metric --metrics names reads none (a reference-free model metric)."""
-        return not self.pseudolabels and (self.input_path is None or self.reference_path is not None
-                                          or self.reference_free)
+        """Whether the run computes metrics: not for pseudolabels (but for --select's choices among them), nor for
+        --input_path without references unless every metric --metrics names reads none (a reference-free model metric)."""
+        return (not self.pseudolabels or bool(self.selection)) and (self.input_path is None or self.reference_path is not None
+                                                                    or self.reference_free)
 
     @property
     def reference_free(self) -> bool:
@@ -327,10 +331,7 @@ class EvalConfig:
         return parse_metric_names(self.metrics, self.task_family)[0]
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["generate_kwargs"] = dict(self.generate_kwargs)
-        d["metric_options"] = dict(self.metric_options)
-        return d
+        return {**asdict(self), "generate_kwargs": dict(self.generate_kwargs), "metric_options": dict(self.metric_options)}
 
 
 def _target_columns(value: Any) -> str | tuple[str, ...] | None:
@@ -342,9 +343,7 @@ def _target_columns(value: Any) -> str | tuple[str, ...] | None:
         raise ConfigError(f"--target_column must be a column name (or several), got {value!r}")
     if len(set(value)) != len(value):
         raise ConfigError(f"--target_column: a column is given twice in {', '.join(value)}")
-    if not value:
-        return None
-    return value[0] if len(value) == 1 else tuple(value)
+    return None if not value else value[0] if len(value) == 1 else tuple(value)
 
 
 def check_output_name(flag: str, name: str) -> None:

@@ -14,6 +14,8 @@ from .config import BACKENDS, COMPUTE_TYPES, DEVICES, ENGINE_NAMES, EvalConfig, 
 from .errors import ConfigError
 from .scoring.registry import add_arguments as add_metric_arguments
 from .scoring.registry import split_options
+from .selection.options import add_arguments as add_select_arguments
+from .selection.options import gather as gather_selection
 
 _FLAGS = {"fp16", "bf16", "debug", "resume", "no_steal", "shared_tail", "dry_run", "pseudo_target", "no_examples_file",
           "apply_chat_template", "allow_reference_in_prompt", "budget_for_world_size"}
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
         if f.name == "metric_options":
             add_metric_arguments(parser)  # each model metric's own flags, and the shared ones
             continue
+        if f.name == "selection":
+            add_select_arguments(parser)  # --select, --select_metric (selection/options.py)
+            continue
         names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
         default = f.default if f.default is not MISSING else None
         help_text = docs.get(f.name, "")
@@ -81,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_values(values: dict) -> dict:
     """The parsed flags as EvalConfig's keywords: the model metrics' options gathered into
-    metric_options."""
+    metric_options, --select and --select_metric into selection."""
     fields_, given = split_options(values)
-    return {**fields_, "metric_options": tuple(given.items())}
+    return {**gather_selection(fields_), "metric_options": tuple(given.items())}
 
 
 def parse_generate_kwargs(rest: Sequence[str]) -> tuple[tuple[str, object], ...]:

@@ -224,9 +224,14 @@ def test_whole_file_refusals(capsys, tmp_path):
         assert rc != 0 and out == "" and said in err and len(err.strip().splitlines()) == 1
 
 
-def test_one_process_only():
-    with pytest.raises(ConfigError, match="select runs in one process for now, got 2"):
-        select_main(["--candidates", str(FIXTURES["beam8"]), "--select", "mbr", "--select_metric", "chrf"], world_size=2)
+def test_ranks_need_a_temp_dir():
+    """Under torchrun the ranks share their work through a temp dir (test_select_ranks.py): printing
+    without one is refused before the file is read."""
+    from seq2seq_eval.run.dist import DistEnv
+
+    with pytest.raises(ConfigError, match="under torchrun the ranks share their selections through a temp dir"):
+        select_main(["--candidates", "nowhere.jsonl", "--select", "mbr", "--select_metric", "chrf"],
+                    DistEnv(rank=1, world_size=2))
 
 
 def test_empty_candidates_are_scored_not_refused():

@@ -82,7 +82,8 @@ def test_defaults_come_from_the_config_class():
     helps = {a.dest: a.help for a in build_parser()._actions}
     docs = field_docs()
     for f in dataclasses.fields(EvalConfig):
-        if f.name not in ("generate_kwargs", "metric_options") and f.default not in (None, "", False):
+        # metric_options and selection: groups of flags, each its own (their defaults: None)
+        if f.name not in ("generate_kwargs", "metric_options", "selection") and f.default not in (None, "", False):
             # the value itself, unless the field's docstring already words its default
             expected = "(default: " if "(default" in docs[f.name] else f"(default: {f.default})"
             assert expected in helps[f.name], f.name

@@ -39,16 +39,27 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, text) for each line, read as a stream: a file of any size costs one
     line of memory. Same rules as read_lines: UTF-8 (a BOM is dropped), "\\n" ends a line, trailing
     whitespace (a "\\r" too) is removed."""
+    for lineno, _, text in iter_lines_at(path):
+        yield lineno, text
+
+
+def iter_lines_at(path: Path, start: int = 0, first: int = 1) -> Iterator[tuple[int, int, str]]:
+    """iter_lines with each line's byte offset, from the line at byte `start` (numbered `first`):
+    a reader that indexed a file once goes back to any of its lines (selection/candidates.py)."""
     with _open(path) as f:
-        for lineno, chunk in enumerate(f, start=1):  # binary mode: lines end at b"\n" only
-            if lineno == 1 and chunk.startswith(b"\xef\xbb\xbf"):
+        f.seek(start)
+        offset = start
+        for lineno, chunk in enumerate(f, start=first):  # binary mode: lines end at b"\n" only
+            at, offset = offset, offset + len(chunk)
+            if at == 0 and chunk.startswith(b"\xef\xbb\xbf"):
                 chunk = chunk[3:]
             if chunk.endswith(b"\n"):
                 chunk = chunk[:-1]
             try:
-                yield lineno, chunk.decode("utf-8").rstrip()
+                text = chunk.decode("utf-8").rstrip()
             except UnicodeDecodeError as e:
                 raise DataError(_invalid_utf8(path, lineno, chunk, e)) from e
+            yield lineno, at, text
 
 
 def count_lines(path: Path) -> int:
@@ -250,7 +261,13 @@ def load_jsonl(path: Path, need_targets: bool) -> Examples:
 def json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(1-based line number, object) for each non-blank line of a JSON Lines file: the one
     reader of JSON Lines, for --data_dir and for --dataset (inputs/jsonfile.py)."""
-    for lineno, line in iter_lines(path):
+    for lineno, _, record in json_records_at(path):
+        yield lineno, record
+
+
+def json_records_at(path: Path, start: int = 0, first: int = 1) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """json_records with each record's byte offset, from the line at byte `start` (numbered `first`)."""
+    for lineno, at, line in iter_lines_at(path, start, first):
         if not line.strip():
             continue
         try:
@@ -259,7 +276,7 @@ def json_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             raise DataError(f"{path} line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
         if not isinstance(record, dict):
             raise DataError(f"{path} line {lineno}: expected a JSON object, got {type(record).__name__}")
-        yield lineno, record
+        yield lineno, at, record
 
 
 def iter_jsonl(path: Path, need_targets: bool, fields: Sequence[str] = ()) -> Iterator[Example]:

@@ -58,19 +58,35 @@ def output_lines(cfg: EvalConfig, examples: Sequence[Example], records: Sequence
     out_legacy (an element of pseudolabel_results.json, with the ",\n" that precedes it),
     out_jsonl (a line of _pseudolabels.jsonl), out_example (a line of _examples.jsonl)."""
     preds = [r["pred"] if isinstance(r["pred"], list) else [r["pred"]] for r in records]
-    lines: dict[str, list[bytes]] = {"out_gen": [(_one_line(p[0]) + "\n").encode("utf-8") for p in preds]}
+    # --select (selection/in_run.py): the selected candidate is the generation; pred stays in
+    # generation order, which select_scores and `selected` follow.
+    picks = [r.get("selected", 0) for r in records]
+    lines: dict[str, list[bytes]] = {"out_gen": [(_one_line(p[k]) + "\n").encode("utf-8") for p, k in zip(preds, picks)]}
     if cfg.pseudolabels:
+        # pseudolabel_results.json keeps its shape: `preds` best first, the selected candidate
+        # first with --select (the others after it, in generation order).
         lines["out_legacy"] = [
-            b",\n" + _legacy_record({"id": e.id, "source": e.source, "target": target_list(e.target), "preds": p})
-            for e, p in zip(examples, preds)]
+            b",\n" + _legacy_record({"id": e.id, "source": e.source, "target": target_list(e.target),
+                                     "preds": [p[k], *p[:k], *p[k + 1:]]})
+            for e, p, k in zip(examples, preds, picks)]
         lines["out_jsonl"] = [
             (encode_line({"id": e.id, "source": e.source, "target": target_list(e.target), "candidates": p,
-                           "scores": r.get("scores")})
+                           "scores": r.get("scores"), **_selection(r)})
              + "\n").encode("utf-8")
             for e, p, r in zip(examples, preds, records)]
     if cfg.scored and not cfg.no_examples_file:
-        lines["out_example"] = [_example_line(e, p[0], r.get("sentence_scores")) for e, p, r in zip(examples, preds, records)]
+        lines["out_example"] = [
+            _example_line(e, p[k], r.get("sentence_scores"),
+                          {"candidates": p, "scores": r.get("scores"), **_selection(r)} if "selected" in r else None)
+            for e, p, k, r in zip(examples, preds, picks, records)]
     return lines
+
+
+def _selection(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A selected record's `selected` index and its candidates' `select_scores` (in their order)."""
+    if "selected" not in record:
+        return {}
+    return {"selected": record["selected"], "select_scores": record["select_scores"]}
 
 
 def target_list(target: Any) -> list[str]:
@@ -203,14 +219,17 @@ def write_outputs(
     return planned, summary, totals
 
 
-def _example_line(e: Example, prediction: str, scores: Mapping[str, float] | None) -> bytes:
+def _example_line(e: Example, prediction: str, scores: Mapping[str, float] | None,
+                  candidates: Mapping[str, Any] | None = None) -> bytes:
     """A line of {type_path}_examples.jsonl, one JSON object per example in the order of the data.
 
     Keys: id, source, references (always a list, so every row has the same type and
-    `datasets.load_dataset("json", ...)` reads the file), prediction, then the sentence-level
-    score of each metric (bleu, chrf, chrf++, ter, rouge1, rouge2, rougeL, rougeLsum), as the
-    generating rank computed them.
+    `datasets.load_dataset("json", ...)` reads the file), prediction, with --select the
+    candidates, their generation scores, select_scores and the selected index, then the
+    sentence-level score of each metric (bleu, chrf, chrf++, ter, rouge1, rouge2, rougeL,
+    rougeLsum), as the generating rank computed them.
     """
     row: dict[str, Any] = {"id": e.id, "source": e.source, "references": list(e.references), "prediction": prediction}
+    row.update(candidates or {})
     row.update(scores or {})
     return (encode_line(row) + "\n").encode("utf-8")

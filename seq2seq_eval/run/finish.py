@@ -168,6 +168,8 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
     def summarize(totals: metric_fns.MetricTotals | None) -> dict[str, Any]:
         metrics = totals.result(prep.store.sacrebleu_num_refs) if totals is not None else {}
         metrics.update(system_scores(model_scores))
+        if "select_signature" in my_stats:  # --select: what chose each generation (selection/in_run.py)
+            metrics["select_signature"] = my_stats["select_signature"]
         if earlier is not None:
             metrics["comparison"] = _compare(cfg, prep, table, order, earlier)
         t_end = time.perf_counter()

@@ -19,6 +19,7 @@ from .plan import assign_batches
 from .prepare import Prepared
 from .rankfiles import RankWriter
 from .steal import Claims
+from ..selection.in_run import RunSelection, best_first, chosen
 
 
 def _journal_entry_matches(entry: dict[str, Any] | None, ids: list[Any]) -> bool:
@@ -29,9 +30,9 @@ def _journal_entry_matches(entry: dict[str, Any] | None, ids: list[Any]) -> bool
 
 
 def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines.Engine, device: Any, tmp_dir: Path,
-                   startup: dict[str, Any]) -> dict[str, Any]:
-    """Generate (or take from the journal) this rank's batches, scoring each on the way, into
-    its rank file; returns the rank's stats."""
+                   startup: dict[str, Any], selector: Any = None) -> dict[str, Any]:
+    """Generate (or take from the journal) this rank's batches, selecting (--select: `selector`)
+    and scoring each on the way, into its rank file; returns the rank's stats."""
     import torch
     from tqdm.auto import tqdm
 
@@ -41,6 +42,7 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
     finished = JournalIndex(tmp_dir)
     journal = Journal(journal_file(tmp_dir, env.rank))
     writer = RankWriter(tmp_dir, env.rank)
+    selection = RunSelection(selector, tmp_dir, env.rank) if selector is not None else None
     stats = {
         "rank": env.rank, "examples": 0, "batches": 0, "planned_batches": len(mine), "stolen_batches": 0,
         "stolen_examples": 0, "resumed_batches": 0,
@@ -51,6 +53,8 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
         # What makes the CPU's float sums independent of those threads (numerics.py).
         "mkl_cbwr": numerics.pin(str(device).split(":")[0]),
     }
+    if selection is not None:
+        stats["selection_seconds"] = 0.0
     bar = tqdm(
         total=int(prep.batches.sizes[mine].sum()),
         desc=f"rank {env.rank}", unit="ex", disable=not (env.is_main or cfg.debug), file=sys.stderr,
@@ -89,11 +93,16 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
                 stats["padded_source_tokens"] += done.padded_source_tokens
                 stats["split_batches"] += int(done.split)
                 stats["out_of_memory_errors"] += done.out_of_memory
+            if selection is not None:  # on the generating rank, journaled (selection/in_run.py)
+                t0 = time.perf_counter()
+                selection.apply(index, prep.store.examples(members), batch_records)
+                stats["selection_seconds"] += time.perf_counter() - t0
             if cfg.scored and cfg.metric_names:  # a reference-free run has no text metric
                 t0 = time.perf_counter()
                 _attach_example_stats(cfg, prep.store.targets(members), batch_records)
                 stats["scoring_seconds"] += time.perf_counter() - t0
-            writer.add(members, batch_records, output_lines(cfg, prep.store.examples(members), batch_records))
+            lines = output_lines(cfg, prep.store.examples(members), batch_records)
+            writer.add(members, [best_first(r) for r in batch_records] if selection else batch_records, lines)
             stats["examples"] += len(members)
             stats["batches"] += 1
             stats["generated_tokens"] += sum(r["n_tokens"] for r in batch_records)
@@ -104,6 +113,10 @@ def generate_rank(cfg: EvalConfig, env: DistEnv, prep: Prepared, engine: engines
     finally:
         bar.close()
         journal.close()
+        if selection is not None:
+            selection.close()
+    if selection is not None:
+        stats.update(select_signature=selection.signature, resumed_selections=selection.resumed)
     if device.type == "cuda":
         import torch
 
@@ -125,7 +138,7 @@ def _attach_example_stats(cfg: EvalConfig, targets: list[Any], records: list[dic
     writes them (rouge-score and TER are the slow parts of a large run)."""
     names = cfg.metric_names
     refs = [(t,) if isinstance(t, str) else tuple(t) for t in targets]
-    per_example = metric_fns.metric_statistics(names, [r["pred"] for r in records], refs)
+    per_example = metric_fns.metric_statistics(names, [chosen(r) for r in records], refs)
     for rec, st, sent in zip(records, per_example, metric_fns.sentence_scores(names, per_example)):
         rec["metric_stats"] = st
         rec["sentence_scores"] = sent

@@ -24,6 +24,8 @@ from ..outputs.record import OutputRecord
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .model_scores import check_model_metrics, score_model_metrics
+from ..scoring import registry
+from ..selection.in_run import run_selector
 from .prepare import Prepared, describe_plan, idle_ranks_warning, prepare
 from .presence import Presence
 from .rank import generate_rank
@@ -116,6 +118,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
                 check_tmp_dir(tmp_dir, prep.manifest, cfg.resume)
             earlier_run(cfg, prep)
             check_model_metrics(cfg, prep.store.max_references)
+            run_selector(cfg, lambda name: None)  # its checks; nothing is loaded
             return Outcome(plan_text=describe_plan(prep, env.world_size))
     if model is not None:
         device = next(model.parameters()).device  # the caller's: its current device is set
@@ -149,6 +152,16 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             earlier: list[Any] = []  # --compare_to's run, checked before any generation
             _agree(env, pg, lambda: earlier.append(earlier_run(cfg, prep)))
             _agree(env, pg, lambda: check_model_metrics(cfg, n_refs))  # a model metric's model is found before any generation
+            # --select's selector, checked before any generation; a model metric it loads is the
+            # rank's one, for --metrics too (loaded at its first use).
+            loaded: dict[str, Any] = {}
+
+            def load(name: str, *_: Any) -> Any:
+                if name not in loaded:
+                    loaded[name] = registry.load(name, dict(cfg.metric_options), device)
+                return loaded[name]
+
+            selector = run_selector(cfg, load)
             if not env.is_main:
                 # Before this rank's rank file, without which rank 0 cannot finish: rank 0 removes
                 # the temp dir only once this rank has let it go (presence.py).
@@ -161,9 +174,9 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,
                         ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
             stats = generate_rank(cfg, env, prep, engine, device, tmp_dir,
-                                   {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings})
+                                   {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings}, selector)
             engine = None  # its memory goes before a model metric's model comes
-            model_scores = score_model_metrics(cfg, env, prep, tmp_dir, device)
+            model_scores = score_model_metrics(cfg, env, prep, tmp_dir, device, load if selector else registry.load)
             if not env.is_main:
                 # With --shared_tail its slice of the outputs first (sharedtail.py); then stay for rank 0.
                 if cfg.shared_tail:

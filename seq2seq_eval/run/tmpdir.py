@@ -16,6 +16,7 @@ Layout of {tmp_dir}:
     claims/<batch>          which rank runs which batch in this attempt (steal.py); claims/<metric>_<batch>
                             the same for a model metric's (COMET) batches (model_scores.py)
     model_scores_rank_<k>.jsonl  one line per model-metric (COMET) batch rank k scored (model_scores.py)
+    select_rank_<k>.jsonl   one line per batch whose candidates rank k selected (--select: selection/in_run.py)
     rank_<k>_output.arrow   rank k's records, one Arrow record batch per planned batch, renamed into place when done
     rank_<k>_output.json    rank k's stats, written atomically last: its presence means rank k is done
     tail_*                  the tail's work: each slice's sizes, spilled rows, scores and completion
@@ -52,7 +53,7 @@ from .runlock import LOCK  # noqa: E402  (one name for the lock file)
 STOPPED = "rank0.stopped"  # rank 0 was interrupted and reports for itself (see runner)
 DONE = "rank0.done"  # rank 0 wrote the outputs: the other ranks may exit (see runner)
 OWN = re.compile(
-    r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl"
+    r"(manifest\.json|run\.lock|rank0\.(stopped|done)|\.seq2seq_eval_tmp|journal_rank_\d+\.jsonl|model_scores_rank_\d+\.jsonl|select_rank_\d+\.jsonl"
     r"|rank_\d+_output\.(arrow|arrow\.partial|json)|rank_\d+\.present|claims/([a-z][a-z0-9]*_)?\d+"
     r"|tail_\d+\.(json|sizes|scores|spilled)|tail_out\.(gen|pseudo|legacy|jsonl|example)"
     r"|tail_spill_(\d+|all)_\d+\.arrow(\.index)?"

@@ -5,6 +5,7 @@ that name the file, the line, the field and what was expected."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,8 @@ from typing import Any
 from ..errors import DataError
 from ..inputs.checks import check_id, check_text, duplicate_id, short, surrogate_at
 from ..inputs.examples import ExampleId
-from ..inputs.files import iter_lines, json_records
+from ..inputs.files import iter_lines, json_records_at
+from ..inputs.seen import SeenIds
 
 MIN_CANDIDATES = 2
 """Fewer leaves nothing to choose between (and one candidate's MBR is itself against itself)."""
@@ -65,23 +67,89 @@ def iter_candidate_sets(path: Path, mode: str) -> Iterator[tuple[int, CandidateS
     if _first_line_is_a_list(path):
         raise DataError(f"{path}: a JSON list (pseudolabel_results.json's form); expected JSON Lines of "
                         "{id, source, candidates}, such as the {type_path}_pseudolabels.jsonl the same run wrote")
-    for lineno, record in json_records(path):
+    for lineno, _, example in _sets_at(path, mode):
+        yield lineno, example
+
+
+def _sets_at(path: Path, mode: str, start: int = 0, first: int = 1) -> Iterator[tuple[int, int, CandidateSet]]:
+    for lineno, at, record in json_records_at(path, start, first):
         ex_id = check_id(record.get("id", lineno - 1), lambda: f"{path} line {lineno} field 'id'")
         if "source" not in record:
             raise DataError(f"{path} line {lineno}: missing field 'source'; expected a non-empty string")
         source = check_text(record["source"], "source", lambda: f"{path} line {lineno} field 'source'")
-        yield lineno, CandidateSet(ex_id, source, _candidates(record, path, lineno, mode))
+        yield lineno, at, CandidateSet(ex_id, source, _candidates(record, path, lineno, mode))
 
 
 def check_candidates_file(path: Path, mode: str) -> int:
     """Every record read and checked, ids unique; the number of examples. Before any scoring, so
     a bad line 90,000 is refused in seconds, not after an hour of work."""
-    first: dict[ExampleId, int] = {}
+    return index_candidates(path, mode).examples
+
+
+@dataclass(frozen=True)
+class CandidateIndex:
+    """A checked candidates file cut into batches of consecutive examples, what the ranks share
+    (selection/ranks.py): where each batch's first record starts, so that a rank reads only the
+    batches it selects; a rank's memory holds one batch's candidates, not the file's."""
+
+    examples: int
+    starts: tuple[tuple[int, int], ...]
+    """Per batch: the byte offset and the line number of its first record."""
+    sizes: tuple[int, ...]
+    costs: tuple[float, ...]
+    """Per batch, what selecting it costs, about (the candidate pairs times their length): what
+    the deal to the ranks balances, and nothing else."""
+    digest: str
+    """The sha256 of the file's bytes: a resumed selection reuses no journal of another file."""
+
+    def batch(self, path: Path, mode: str, index: int) -> list[CandidateSet]:
+        """Batch `index`'s examples, read from its first record on."""
+        offset, lineno = self.starts[index]
+        out = []
+        for _, _, example in _sets_at(path, mode, offset, lineno):
+            out.append(example)
+            if len(out) == self.sizes[index]:
+                break
+        return out
+
+
+def index_candidates(path: Path, mode: str, per_batch: int = 32) -> CandidateIndex:
+    """check_candidates_file's checks, and the file's batches of `per_batch` examples."""
+    seen = SeenIds()  # 8 bytes an id (inputs/seen.py); a suspected duplicate is confirmed below
+    starts: list[tuple[int, int]] = []
+    sizes: list[int] = []
+    costs: list[float] = []
     n = 0
-    for n, (lineno, example) in enumerate(iter_candidate_sets(path, mode), start=1):
+    if _first_line_is_a_list(path):
+        raise DataError(f"{path}: a JSON list (pseudolabel_results.json's form); expected JSON Lines of "
+                        "{id, source, candidates}, such as the {type_path}_pseudolabels.jsonl the same run wrote")
+    for lineno, at, example in _sets_at(path, mode):
+        if seen.add(example.id):
+            _first_duplicate(path, mode, lineno)
+        if n % per_batch == 0:
+            starts.append((at, lineno))
+            sizes.append(0)
+            costs.append(0.0)
+        k = len(example.candidates)
+        sizes[-1] += 1
+        costs[-1] += float(k * k * (sum(map(len, example.candidates)) / k + 1))
+        n += 1
+    if seen.flush():
+        _first_duplicate(path, mode, None)
+    if not n:
+        raise DataError(f"{path}: no records; expected one JSON object {{id, source, candidates}} per line")
+    with open(path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return CandidateIndex(n, tuple(starts), tuple(sizes), tuple(costs), digest)
+
+
+def _first_duplicate(path: Path, mode: str, upto: int | None) -> None:
+    """The first id of lines 1..upto (all: None) that repeats an earlier one, as an error naming
+    both lines; nothing when the suspicion was two ids sharing a hash (the rare path's dict)."""
+    first: dict[ExampleId, int] = {}
+    for lineno, _, example in _sets_at(path, mode):
+        if upto is not None and lineno > upto:
+            return
         earlier = first.setdefault(example.id, lineno)
         if earlier != lineno:
             raise duplicate_id(f"{path} line {lineno} field 'id'", example.id, f"on line {earlier}")
-    if not n:
-        raise DataError(f"{path}: no records; expected one JSON object {{id, source, candidates}} per line")
-    return n

@@ -1,0 +1,202 @@
+"""--select in a run (selection/in_run.py): each example's generation is the candidate chosen of its
+--num_return_sequences candidates, on the rank that generated them, journaled; the outputs carry
+the selection, --metrics score it, and the bytes are the same at 1, 2 and 3 ranks and after a
+rank is killed and the run resumed. The checks come before any generation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import assert_ok, run_ranks, single
+from sacrebleu.metrics import BLEU, CHRF
+
+from seq2seq_eval.cli import build_config, main
+from seq2seq_eval.errors import ConfigError
+from seq2seq_eval.selection.command import selection_lines
+
+OUTPUTS = ("test_generations.txt", "test_examples.jsonl", "test_pseudolabels.jsonl", "pseudolabel_results.json",
+           "test.pseudo.target")
+
+
+def args_for(tiny_model: Path, data: Path, *more: str) -> list[str]:
+    # One budget at every world size (the default depends on it on a set this small); batches of
+    # 2 examples, so that the ranks share 12 batches and a killed rank leaves some undone.
+    return ["--model_name", str(tiny_model), "--data_dir", str(data), "--num_return_sequences", "4",
+            "--select", "mbr", "--select_metric", "chrf", "--metrics", "bleu,chrf", "--pseudo_target", "--bs", "2",
+            *more]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model, data23, tmp_path_factory) -> dict[int, Path]:
+    root = tmp_path_factory.mktemp("select_in_run")
+    out = {n: root / f"w{n}" for n in (1, 2, 3)}
+    assert_ok(single(args_for(tiny_model, data23, "--save_dir", str(out[1])), cwd=root))
+    for n in (2, 3):
+        assert_ok(run_ranks(n, args_for(tiny_model, data23, "--save_dir", str(out[n])), cwd=root))
+    return out
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_the_generation_is_the_selected_candidate(runs, data23):
+    save = runs[1]
+    generations = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
+    examples = lines(save / "test_examples.jsonl")
+    pseudo = lines(save / "test_pseudolabels.jsonl")
+    assert len(generations) == len(examples) == len(pseudo) == 23
+    for g, e, p in zip(generations, examples, pseudo):
+        assert len(e["candidates"]) == len(e["scores"]) == len(e["select_scores"]) == 4
+        assert e["candidates"] == p["candidates"] and e["scores"] == p["scores"]  # generation order, both files
+        assert (e["selected"], e["select_scores"]) == (p["selected"], p["select_scores"])
+        assert e["prediction"] == g == e["candidates"][e["selected"]]
+        assert e["scores"] == sorted(e["scores"], reverse=True)  # the beams' order, not the selection's
+    # Not the beam's best everywhere: the selection changed something on this set.
+    assert any(e["selected"] != 0 for e in examples)
+    # `select` over the run's own pseudolabel file chooses the same, with the same scores.
+    selected = [json.loads(x) for x in selection_lines(save / "test_pseudolabels.jsonl", "mbr", "chrf")]
+    assert [s["prediction"] for s in selected] == generations
+    assert [s["select_scores"] for s in selected] == [e["select_scores"] for e in examples]
+    # The legacy file keeps its shape, the selected candidate first; --pseudo_target is the selection.
+    legacy = json.loads((save / "pseudolabel_results.json").read_text(encoding="utf-8"))
+    assert [r["preds"][0] for r in legacy] == generations
+    assert [sorted(r["preds"]) for r in legacy] == [sorted(e["candidates"]) for e in examples]
+    assert (save / "test.pseudo.target").read_text(encoding="utf-8").splitlines() == generations
+
+
+def test_metrics_score_the_selection(runs, data23):
+    save = runs[1]
+    generations = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
+    refs = (data23 / "test.target").read_text(encoding="utf-8").splitlines()
+    metrics = json.loads((save / "test_bleu.json").read_text(encoding="utf-8"))
+    assert metrics["bleu"] == pytest.approx(BLEU().corpus_score(generations, [refs]).score, abs=1e-4)
+    assert metrics["chrf"] == pytest.approx(CHRF().corpus_score(generations, [refs]).score, abs=1e-4)
+    assert metrics["select_signature"].startswith("mbr:chrf|sacrebleu:")
+    assert metrics["provenance"]["config"]["selection"] == {"select": "mbr", "select_metric": "chrf"}
+
+
+def test_the_same_bytes_at_1_2_and_3_ranks(runs):
+    for name in [*OUTPUTS]:
+        assert (runs[1] / name).read_bytes() == (runs[2] / name).read_bytes() == (runs[3] / name).read_bytes(), name
+
+
+def _holder(path: Path, timeout: float = 120) -> int:
+    """The rank that has `path` (its selection journal) open: found by its open files in /proc."""
+    deadline = time.monotonic() + timeout
+    want = os.path.realpath(path)
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if any(os.readlink(fd) == want for fd in (entry / "fd").iterdir()):
+                        return int(entry.name)
+                except OSError:
+                    continue
+        time.sleep(0.02)
+    raise TimeoutError(f"no process holds {path} open")
+
+
+def test_a_killed_rank_resumes_without_selecting_again(runs, tiny_model, data23, tmp_path):
+    save = tmp_path / "out"
+    tmp = Path(f"{save}_tmp")
+    args = args_for(tiny_model, data23, "--save_dir", str(save))
+    result: list = []
+    launched = threading.Thread(target=lambda: result.append(run_ranks(2, args, cwd=tmp_path)))
+    launched.start()
+    try:
+        journal = tmp / "select_rank_1.jsonl"
+        pid = _holder(journal)
+        deadline = time.monotonic() + 120
+        while journal.read_bytes().count(b"\n") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        launched.join(240)
+    assert result and result[0].returncode != 0
+    selected_before = sorted(json.loads(x)["batch"] for p in tmp.glob("select_rank_*.jsonl")
+                             for x in p.read_text().splitlines())
+    assert 0 < len(selected_before) < 12
+    # --debug keeps the temp dir: each batch selected once over both attempts.
+    assert_ok(run_ranks(3, args + ["--resume", "--debug"], cwd=tmp_path))
+    selected = sorted(json.loads(x)["batch"] for p in tmp.glob("select_rank_*.jsonl") for x in p.read_text().splitlines())
+    assert selected == list(range(12))
+    per_rank = json.loads((save / "test_bleu.json").read_text())["throughput"]["per_rank"]
+    assert sum(r["resumed_selections"] for r in per_rank) >= len(selected_before)
+    for name in OUTPUTS:
+        assert (save / name).read_bytes() == (runs[1] / name).read_bytes(), name
+    # Resumed again with another utility: the generation is the journal's, the selection made anew.
+    bleu = [a if a != "chrf" else "bleu" for a in args]
+    assert_ok(single(bleu + ["--resume", "--debug"], cwd=tmp_path))
+    per_rank = json.loads((save / "test_bleu.json").read_text())["throughput"]["per_rank"]
+    assert (per_rank[0]["resumed_batches"], per_rank[0]["resumed_selections"]) == (12, 0)
+    assert json.loads((save / "test_bleu.json").read_text())["select_signature"].startswith("mbr:bleu|")
+    generations = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
+    assert generations == [json.loads(x)["prediction"]
+                           for x in selection_lines(save / "test_pseudolabels.jsonl", "mbr", "bleu")]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--select", "mbr", "--select_metric", "chrf"], "--select mbr chooses one of each example's candidates: it needs "
+                                                     "--num_return_sequences N > 1, got 1"),
+    (["--num_return_sequences", "4", "--select", "mbr"], "--select mbr needs --select_metric"),
+    (["--num_return_sequences", "4", "--select_metric", "chrf"], "--select_metric chrf needs --select mbr or --select qe"),
+    (["--num_return_sequences", "4", "--select", "qe", "--select_metric", "bleu"], "--select qe --select_metric bleu: bleu needs a reference"),
+    (["--num_return_sequences", "4", "--select", "mbr", "--select_metric", "ter"], "--select mbr --select_metric 'ter' is not a mbr metric here"),
+    (["--num_return_sequences", "4", "--select", "best", "--select_metric", "chrf"], "--select 'best': expected one of mbr, qe"),
+])
+def test_refused_before_any_work(flags, said):
+    with pytest.raises(ConfigError) as e:
+        build_config(flags)
+    assert said in str(e.value) and "\n" not in str(e.value)
+
+
+def test_metrics_without_select_are_still_refused_for_pseudolabels():
+    with pytest.raises(ConfigError, match="pseudolabels .* are not scored"):
+        build_config(["--num_return_sequences", "4", "--metrics", "bleu"])
+
+
+def test_a_selector_whose_check_fails_stops_the_run_before_generation(tiny_model, data23, tmp_path, capsys):
+    """A selector's own check (a model that does not fit its mode, in the model selectors) is made
+    before the engine loads: one line, and no batch journaled."""
+    from seq2seq_eval.selection import selectors
+
+    class Refusing(selectors.TextMBR):
+        def check(self) -> None:
+            raise ConfigError("--select mbr --select_metric refusing: this selector refuses the options given")
+
+    selectors.register("mbr", "refusing", lambda resolved, load: Refusing("chrf"))
+    try:
+        save = tmp_path / "out"
+        rc = main(["--model_name", str(tiny_model), "--data_dir", str(data23), "--num_return_sequences", "4",
+                   "--select", "mbr", "--select_metric", "refusing", "--save_dir", str(save)])
+    finally:
+        del selectors._SELECTORS[("mbr", "refusing")]
+    err = capsys.readouterr().err
+    assert rc != 0 and "this selector refuses the options given" in err
+    assert not save.exists() or not any(save.iterdir())
+    assert not list(Path(f"{save}_tmp").glob("journal_rank_*.jsonl"))
+
+
+def test_without_references_the_run_info_records_the_selection(tiny_model, data23, tmp_path):
+    """--input_path alone: nothing is scored; the generations are still the selections, and the
+    run-info file carries the selection's signature."""
+    sources = tmp_path / "src.txt"
+    sources.write_text("".join((data23 / "test.source").read_text().splitlines(keepends=True)[:5]))
+    save = tmp_path / "out"
+    assert_ok(single(["--model_name", str(tiny_model), "--input_path", str(sources), "--num_return_sequences", "3",
+                      "--select", "mbr", "--select_metric", "bleu", "--save_dir", str(save)], cwd=tmp_path))
+    assert sorted(p.name for p in save.iterdir() if not p.name.startswith(".")) == [
+        "pseudolabel_results.json", "test_generations.txt", "test_pseudolabels.jsonl", "test_run_info.json"]
+    info = json.loads((save / "test_run_info.json").read_text())
+    assert info["select_signature"].startswith("mbr:bleu|sacrebleu:")
+    pseudo = lines(save / "test_pseudolabels.jsonl")
+    assert (save / "test_generations.txt").read_text(encoding="utf-8").splitlines() == [
+        p["candidates"][p["selected"]] for p in pseudo]

@@ -1,0 +1,227 @@
+"""`select` on the ranks (selection/ranks.py): batches of the candidates file dealt, claimed and
+journaled as a run's, the same bytes at 1, 2 and 3 processes, resumed after a SIGKILL, and the
+temp dir under the tool's rules (refused when not its own, removed after)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import _env, assert_ok, run_ranks, single
+
+from seq2seq_eval.cli import main
+from seq2seq_eval.selection.command import selection_lines
+from seq2seq_eval.selection.ranks import PER_BATCH
+
+DATA = Path(__file__).resolve().parent / "data" / "selection"
+WORDS = "the a cat dog sat ran on under mat house red blue small big".split()
+
+
+def synthetic(path: Path, n: int, k: int, seed: int) -> Path:
+    """n examples of k short candidates, ids unique, with repeats (as sampled candidates have)."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            pool = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) for _ in range(k - 1)]
+            cands = pool + [rng.choice(pool)]
+            f.write(json.dumps({"id": f"ex{i}", "source": f"source {i}", "candidates": cands}) + "\n")
+    return path
+
+
+def beam_like(path: Path, copies: int) -> Path:
+    """The embedded model's beam candidates (8 each), repeated under new ids: a slower utility."""
+    records = [json.loads(line) for line in (DATA / "beam8.jsonl").read_text(encoding="utf-8").splitlines()]
+    with open(path, "w", encoding="utf-8") as f:
+        for c in range(copies):
+            for r in records:
+                f.write(json.dumps({"id": f"{c}-{r['id']}", "source": r["source"], "candidates": r["candidates"]}) + "\n")
+    return path
+
+
+def expected(path: Path, metric: str = "chrf") -> str:
+    """One process, no temp dir: the selections streamed as the command prints them."""
+    return "".join(line + "\n" for line in selection_lines(path, "mbr", metric))
+
+
+def select_args(path: Path, *more: str, metric: str = "chrf") -> list[str]:
+    return ["select", "--candidates", str(path), "--select", "mbr", "--select_metric", metric, *more]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> tuple[Path, str]:
+    root = tmp_path_factory.mktemp("select_ranks")
+    path = synthetic(root / "cands.jsonl", 7 * PER_BATCH - 5, 4, seed=5)  # 7 batches, the last one short
+    return path, expected(path)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_the_same_bytes_at_1_2_and_3_processes(small, tmp_path, n):
+    """Published (--output) and printed (--tmp_dir), at any number of ranks: the bytes of the one
+    process that streams them; the temp dirs removed after; rank 0 alone prints."""
+    path, want = small
+    launch = (lambda a: single(a, cwd=tmp_path)) if n == 1 else (lambda a: run_ranks(n, a, cwd=tmp_path))
+    out = tmp_path / "sel.jsonl"
+    proc = launch(select_args(path, "--output", str(out)))
+    assert_ok(proc)
+    assert out.read_text(encoding="utf-8") == want
+    assert proc.stdout == f"wrote {want.count(chr(10))} selections to {out}\n"
+    proc = launch(select_args(path, "--tmp_dir", str(tmp_path / "work")))
+    assert_ok(proc)
+    assert proc.stdout == want
+    assert sorted(os.listdir(tmp_path)) == [".seq2seq_eval_outputs.json", "sel.jsonl"]
+
+
+def _holder(path: Path, timeout: float = 60) -> int:
+    """The process that has `path` open (a rank's journal): a forked rank has no environment of
+    its own to be found by, but its open files are in /proc."""
+    deadline = time.monotonic() + timeout
+    want = os.path.realpath(path)
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fds = list((entry / "fd").iterdir())
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(fd) == want:
+                        return int(entry.name)
+                except OSError:
+                    continue
+        time.sleep(0.02)
+    raise TimeoutError(f"no process holds {path} open")
+
+
+def _journaled(tmp: Path) -> list[int]:
+    return sorted(json.loads(line)["batch"] for p in tmp.glob("journal_rank_*.jsonl")
+                  for line in p.read_text(encoding="utf-8").splitlines())
+
+
+def test_a_killed_rank_resumes_to_the_same_bytes(tmp_path):
+    """Rank 1 SIGKILLed after journaling its first batch (the launcher stops rank 0 with it): the
+    next command without --resume refuses the temp dir; with it, at another world size, only the
+    batches no journal holds are selected, each once, and the output is the one process's bytes."""
+    path = beam_like(tmp_path / "beam.jsonl", 9)  # 90 examples of 8 candidates: 3 batches
+    out, tmp = tmp_path / "sel.jsonl", tmp_path / "sel.jsonl_tmp"
+    args = select_args(path, "--output", str(out))
+    import threading
+
+    result: list = []
+    launched = threading.Thread(target=lambda: result.append(run_ranks(2, args, cwd=tmp_path)))
+    launched.start()
+    try:
+        journal = tmp / "journal_rank_1.jsonl"
+        pid = _holder(journal)
+        deadline = time.monotonic() + 60
+        while journal.read_bytes().count(b"\n") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        launched.join(120)
+    assert result and result[0].returncode != 0
+    before = _journaled(tmp)
+    assert 0 < len(before) < 3 and len(set(before)) == len(before)
+    assert not out.exists()
+    refused = run_ranks(2, args, cwd=tmp_path)
+    assert refused.returncode != 0 and "pass --resume to continue it" in refused.stderr
+    assert_ok(run_ranks(3, args + ["--resume"], cwd=tmp_path))
+    assert out.read_text(encoding="utf-8") == expected(path)
+    assert not tmp.exists()
+
+
+def test_resume_after_a_kill_in_one_process(tmp_path):
+    """One process killed mid-selection (a fresh interpreter, as a user's), resumed."""
+    path = beam_like(tmp_path / "beam.jsonl", 4)  # 40 examples: 2 batches
+    out, tmp = tmp_path / "sel.jsonl", tmp_path / "work"
+    args = ["-m", "seq2seq_eval", *select_args(path, "--tmp_dir", str(tmp))]
+    proc = subprocess.Popen([sys.executable, *args], cwd=tmp_path, env=_env(None), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        journal = tmp / "journal_rank_0.jsonl"
+        while not (journal.exists() and journal.read_bytes().count(b"\n") >= 1):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        proc.kill()
+    finally:
+        proc.communicate(timeout=60)
+    assert _journaled(tmp) == [0]
+    # The journals belong to the file's bytes and the selection: another file, or another
+    # utility, is refused, the journals kept.
+    changed = tmp_path / "changed.jsonl"
+    changed.write_bytes(path.read_bytes().replace(b'"0-', b'"x-', 1))
+    for other in (select_args(changed, "--tmp_dir", str(tmp), "--resume"),
+                  select_args(path, "--tmp_dir", str(tmp), "--resume", metric="bleu")):
+        refused = single(other, cwd=tmp_path)
+        assert refused.returncode != 0 and f"--resume: {tmp} belongs to a run with different" in refused.stderr
+        assert refused.stderr.count("\n") == 1, refused.stderr
+    resumed = single([*args[2:], "--resume"], cwd=tmp_path)
+    assert_ok(resumed)
+    assert resumed.stdout == expected(path)
+    assert not tmp.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--resume"], "select without --output: --resume reads the journals through a temp dir; pass --tmp_dir"),
+])
+def test_refusals_in_one_line(small, capsys, flags, said):
+    path, _ = small
+    assert main(select_args(path, *flags)) != 0
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1
+
+
+def test_under_ranks_a_temp_dir_is_needed(small, tmp_path):
+    path, _ = small
+    proc = run_ranks(2, select_args(path), cwd=tmp_path)
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert proc.stderr.strip().endswith("select without --output: under torchrun the ranks share their selections "
+                                        "through a temp dir; pass --tmp_dir (a missing or empty folder, or the one "
+                                        "the selection to resume used)"), proc.stderr
+
+
+def test_the_temp_dir_is_not_the_outputs_folder(small, tmp_path, capsys):
+    path, _ = small
+    assert main(select_args(path, "--output", str(tmp_path / "o.jsonl"), "--tmp_dir", str(tmp_path))) != 0
+    assert "holds --output" in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_a_folder_of_someone_elses_is_not_taken(small, tmp_path, capsys):
+    path, _ = small
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    assert main(select_args(path, "--tmp_dir", str(theirs))) != 0
+    assert "no .seq2seq_eval_tmp marker" in capsys.readouterr().err
+    assert os.listdir(theirs) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("at", [1, 5, 9])
+def test_a_repeated_id_is_found_across_the_id_blocks(tmp_path, monkeypatch, at):
+    """Ids are checked by 8-byte hashes in sorted blocks (inputs/seen.py), as a run's JSON Lines
+    input: a repeat found in the same block, in an earlier one or only at the last flush is named
+    with both lines; distinct ids pass."""
+    from seq2seq_eval.errors import DataError
+    from seq2seq_eval.inputs import seen
+    from seq2seq_eval.selection.candidates import index_candidates
+
+    monkeypatch.setattr(seen, "BLOCK", 4)
+    rows = [{"id": i, "source": "s", "candidates": ["a", "b"]} for i in range(10)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert index_candidates(path, "mbr").examples == 10
+    rows[at]["id"] = 0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=rf"line {at + 1} field 'id': duplicated id 0 \(first on line 1\)"):
+        index_candidates(path, "mbr")
