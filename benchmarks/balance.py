@@ -201,7 +201,7 @@ def issue63(a: argparse.Namespace) -> int:
         print(f"{key:<28}{sum(rounds[0][key]['batches_per_rank']):>10}{med('rank_imbalance'):>11.3f}"
               f"{med('finish_spread_seconds'):>10.1f}{med('generation_seconds'):>14.1f}")
         each = ", ".join(f"{r[key]['rank_imbalance']:.3f}" for r in rounds)
-        goals.append((f"{key}: rank_imbalance <= {MAX_RANK_IMBALANCE}: {med('rank_imbalance'):.3f} (rounds: {each})",
+        goals.append((f"{key}: rank_imbalance <= {MAX_RANK_IMBALANCE:.2f}: {med('rank_imbalance'):.3f} (rounds: {each})",
                       med("rank_imbalance") <= MAX_RANK_IMBALANCE))
     for text, ok in goals:
         print(f"{'PASS' if ok else 'MISS'}  {text}")

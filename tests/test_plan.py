@@ -144,6 +144,23 @@ def test_split_pieces_keep_the_cut_s_order_and_their_share(seed, beams):
         assert b.padded_tokens <= 1024 and b.padded_len == lengths[b.members[0]]
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_the_bound_is_never_below_the_estimate(seed):
+    """bound_costs charges every output the length limit, which no estimate of the deal exceeds
+    (out_ratio, out_floor, the step cost: each only moves the estimate below or up to it); without
+    a limit it is the estimate."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 300) for _ in range(400)]
+    for ratio, cap, floor, overhead in [(1.0, 64, 0, 16.0), (0.25, 142, 56, 0.0), (2.0, 20, 20, 900.0), (1.0, 8, 30, 16.0)]:
+        plan = make_batches(lengths, bs=7, out_ratio=ratio, out_cap=cap, beams=4, step_overhead=overhead, out_floor=floor)
+        bound = bound_costs(plan.padded, plan.bounds, ratio, cap, 4, overhead, floor)
+        assert (bound >= plan.cost).all()
+        if cap == 64:  # sources shorter than the limit: their estimate is below it
+            assert (bound > plan.cost).any()
+        unbounded = make_batches(lengths, bs=7, out_ratio=ratio, beams=4, step_overhead=overhead, out_floor=floor)
+        assert bound_costs(unbounded.padded, unbounded.bounds, ratio, None, 4, overhead, floor).tolist() == unbounded.cost.tolist()
+
+
 def test_a_set_of_many_batches_is_not_split():
     """A set whose batches are all below their share at its budget (2,000 sentences of 10 to
     50 tokens) keeps the token cut."""
