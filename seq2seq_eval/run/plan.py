@@ -149,7 +149,7 @@ def bound_costs(first_lengths: np.ndarray, bounds: np.ndarray, out_ratio: float,
     most, which grows with its decoder rows (examples x beams). Without a limit, the estimate
     (_batch_costs). Why a bound beside the estimate: the estimate guesses the outputs from the
     sources and can fall far short (every output of issue 63's runs, a random model's, reached
-    the limit: a batch of 77 short sources cost 3 to 5 times its estimate), and the batches the
+    the limit: a batch of 77 short sources ran 64 decoder steps, estimated 20), and the batches the
     deal leaves last are those it believes cheap; sized by the bound, no batch of the cut is
     large whatever its outputs turn out to be (_split_costly)."""
     if out_cap is None:
@@ -172,9 +172,10 @@ batch of very short sources (many rows, few tokens) may be split in a large set 
 
 MIN_PIECE_ROWS = 64
 """A split batch's pieces keep at least this many decoder rows (examples x beams), and at least
-PIECE_STEP_RATIO times the step's fixed cost (STEP_OVERHEAD) in rows: a piece's rows then cost at
-least that many times its steps' fixed cost, so cutting adds a few percent of CPU time at most,
-and on a GPU, whose step costs hundreds of rows, a set of any usual size is not cut."""
+PIECE_STEP_RATIO times the step's fixed cost (STEP_OVERHEAD) in rows: in the estimate's terms a
+piece's rows cost at least that many times its steps' fixed cost, which bounds what a cut adds
+(on CPU the generation seconds of docs/stealing.md's jobs did not grow beyond the noise), and on a
+GPU, whose step costs hundreds of rows, a set of any usual size is not cut."""
 
 PIECE_STEP_RATIO = 4
 
