@@ -74,10 +74,18 @@ def sets() -> list[tuple[str, np.ndarray, dict]]:
 
 
 def candidates(lengths: np.ndarray, world: int, default: int) -> list[int]:
-    """The rule's candidates, found again here by bisection on make_batches' batch count (it
-    only falls as the budget grows): `default`, and for k = 1 .. BATCHES_PER_RANK the largest
-    budget up to it that gives at least k batches per rank, or a batch per example."""
-    count = lambda budget: len(make_batches(lengths, max_tokens=budget))  # noqa: E731
+    """The rule's candidates, found again here by bisection on the token cut's batch count (it
+    only falls as the budget grows; counted before make_batches splits the costliest batches,
+    which the candidates do not depend on): `default`, and for k = 1 .. BATCHES_PER_RANK the
+    largest budget up to it that gives at least k batches per rank, or a batch per example."""
+
+    def count(budget: int) -> int:  # lengths sorted longest first: each batch takes budget // its first
+        batches = start = 0
+        while start < len(lengths):
+            batches += 1
+            start = len(lengths) if lengths[start] == 0 else start + max(1, budget // int(lengths[start]))
+        return batches
+
     found = {default}
     for k in range(1, BATCHES_PER_RANK + 1):
         need = min(k * world, len(lengths))  # a batch per example at most
@@ -277,6 +285,30 @@ def test_defaults_give_the_same_bytes_at_1_2_and_3_ranks(defaults, kind):
     assert len(idle) == 1 and idle[0].endswith(
         "2 of 3 ranks get no batch (1 batches at --max_tokens 1024); run it on fewer ranks, or give "
         "--budget_for_world_size to cut it finer (outputs then depend on the world size in their last bits)")
+
+
+def test_a_split_batch_gives_the_same_bytes_at_1_and_3_ranks(tiny_model, tmp_path):
+    """64 sources of at most 40 tokens fit one batch of --max_tokens 4000; at 4 beams the plan
+    splits it (plan._split_costly: 4 pieces of 16 examples, 64 rows each), which the metric
+    file's per-rank batch counts show; every output file is the same bytes at 1 and 3 ranks
+    (pseudolabel beam scores included): the pieces are cut before any rank exists."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src, tgt = make_corpus(64, seed=63)
+    data = write_legacy(tmp_path / "data", src, tgt)
+    args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--num_beams", "4", "--max_tokens", "4000",
+            "--max_new_tokens", "12", "--pseudo_target", "--num_return_sequences", "2"]
+
+    def run(n: int) -> Path:
+        save = tmp_path / f"w{n}"
+        assert_ok(single([*args, "--save_dir", str(save)], cwd=tmp_path) if n == 1 else
+                  run_ranks(n, [*args, "--save_dir", str(save)], cwd=tmp_path))
+        return save
+
+    with ThreadPoolExecutor(2) as pool:  # each run is mostly starting up, on 2 cores
+        saves = dict(zip((1, 3), pool.map(run, (1, 3))))
+    assert {n: sum(r["batches"] for r in record(save)["throughput"]["per_rank"]) for n, save in saves.items()} == {1: 4, 3: 4}
+    assert outputs(saves[1]) and outputs(saves[1]) == outputs(saves[3])
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,10 @@ import random
 
 import pytest
 
-from seq2seq_eval.run.plan import Batch, assign_batches, batch_budget, default_plan, estimate_cost, make_batches, padding_efficiency, plan_digest, sort_by_length
+from seq2seq_eval.run.plan import (
+    MAX_BATCH_SHARE, Batch, assign_batches, batch_budget, bound_costs, default_plan, estimate_cost, make_batches,
+    padding_efficiency, plan_digest, sort_by_length,
+)
 
 
 def members(batches: list[Batch]) -> list[tuple[int, ...]]:
@@ -92,6 +95,83 @@ def test_budget_batches_are_full():
     batches = make_batches(lengths, max_tokens=60)
     for b, nxt in zip(batches, batches[1:]):
         assert (len(b.members) + 1) * b.padded_len > 60
+
+
+# ---------------------------------------------------------------- issue 63: no batch too large a share of a small set
+
+SHORT_TAIL = [64] * 16 + [4] * 256  # 16 long sources fill one batch of 1024 tokens; 256 short ones another
+TRANSLATE = {"max_tokens": 1024, "out_cap": 64, "beams": 4}
+
+
+def test_a_batch_of_many_short_sources_is_cut_by_what_it_can_cost():
+    """The token cut gives [16, 256]; at the length limit the 256 short sources are 92% of what
+    the set can cost (256 * 4 rows for up to 64 steps, against 16 * 4), while the estimate from
+    the sources' lengths (4-token outputs) calls them the cheaper batch, which the deal then leaves
+    to the end of a share. Hand-checked: bounds 6,144 and 67,584, a share of 73,728 / 16 = 4,608,
+    so ceil(67584 * 16 / 73728) = 15 pieces of 256 * j // 15; the long batch (2 pieces by cost)
+    keeps its 16 members: pieces keep 64 rows, 16 examples at 4 beams."""
+    plan = make_batches(SHORT_TAIL, **TRANSLATE)
+    assert plan.sizes.tolist() == [16] + [17] * 14 + [18]
+    first = make_batches(SHORT_TAIL, max_tokens=1024, out_cap=64, beams=4, step_overhead=900.0)
+    assert first.sizes.tolist() == [16, 256]  # a GPU's step costs 3,600 rows at 4 beams: no piece is worth it
+    bound = bound_costs(first.padded, first.bounds, 1.0, 64, 4, 0.0)
+    assert bound.tolist() == [16 * 64 + 16 * 4 * 64 * (1 + 64 / 256), 256 * 4 + 256 * 4 * 64 * (1 + 4 / 256)]
+    assert first.cost[1] < first.cost[0]  # the estimate: the short sources look cheap
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("beams", [1, 4])
+def test_split_pieces_keep_the_cut_s_order_and_their_share(seed, beams):
+    """Every piece is a consecutive run of the length order inside one batch of the token cut,
+    at most 1/MAX_BATCH_SHARE of the set's bound cost unless it is at the row floor, and at
+    least 64 rows; the cut and the split do not depend on the world size (they do not take it)."""
+    rng = random.Random(seed)
+    lengths = [rng.choice([rng.randint(2, 8), rng.randint(20, 90)]) for _ in range(600)]
+    plan = make_batches(lengths, max_tokens=1024, out_cap=64, beams=beams)
+    cut = make_batches(lengths, max_tokens=1024, out_cap=64, beams=beams, step_overhead=10**6)  # no piece worth it
+    flat = [i for b in plan for i in b.members]
+    assert flat == [i for b in cut for i in b.members] == sort_by_length(lengths)
+    assert set(cut.bounds.tolist()) <= set(plan.bounds.tolist())  # pieces of the cut's batches, never across them
+    assert len(plan) > len(cut)  # short sources at 1024 tokens: some batches are split
+    share = bound_costs(cut.padded, cut.bounds, 1.0, 64, beams, 0.0).sum() / MAX_BATCH_SHARE
+    bound = bound_costs(plan.padded, plan.bounds, 1.0, 64, beams, 0.0)
+    least = -(-64 // beams)
+    whole = {tuple(b.members) for b in cut}
+    for b, cost in zip(plan, bound):
+        assert len(b.members) >= least or tuple(b.members) in whole  # a piece keeps 64 rows
+        # Within its share (up to one example's rounding), unless too small to cut in two.
+        assert cost <= share + cost / len(b.members) or len(b.members) < 2 * least
+        assert b.padded_tokens <= 1024 and b.padded_len == lengths[b.members[0]]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_bound_is_never_below_the_estimate(seed):
+    """bound_costs charges every output the length limit, which no estimate of the deal exceeds
+    (out_ratio, out_floor, the step cost: each only moves the estimate below or up to it); without
+    a limit it is the estimate."""
+    rng = random.Random(seed)
+    lengths = [rng.randint(1, 300) for _ in range(400)]
+    for ratio, cap, floor, overhead in [(1.0, 64, 0, 16.0), (0.25, 142, 56, 0.0), (2.0, 20, 20, 900.0), (1.0, 8, 30, 16.0)]:
+        plan = make_batches(lengths, bs=7, out_ratio=ratio, out_cap=cap, beams=4, step_overhead=overhead, out_floor=floor)
+        bound = bound_costs(plan.padded, plan.bounds, ratio, cap, 4, overhead, floor)
+        assert (bound >= plan.cost).all()
+        if cap == 64:  # sources shorter than the limit: their estimate is below it
+            assert (bound > plan.cost).any()
+        unbounded = make_batches(lengths, bs=7, out_ratio=ratio, beams=4, step_overhead=overhead, out_floor=floor)
+        assert bound_costs(unbounded.padded, unbounded.bounds, ratio, None, 4, overhead, floor).tolist() == unbounded.cost.tolist()
+
+
+def test_a_set_of_many_batches_is_not_split():
+    """A set whose batches are all below their share at its budget (2,000 sentences of 10 to
+    50 tokens) keeps the token cut."""
+    lengths = [n + 9 for n in random_lengths(5, n=2000) if n <= 41]
+    plan = make_batches(lengths, max_tokens=1024, out_cap=64, beams=4)
+    assert (plan.sizes * plan.padded <= 1024).all()
+    assert all((len(b.members) + 1) * b.padded_len > 1024 for b in plan[:-1])  # every batch full: no piece cut
+
+
+def test_a_given_batch_size_is_never_split():
+    assert make_batches(SHORT_TAIL, bs=256, out_cap=64, beams=4).sizes.tolist() == [256, 16]
 
 
 def test_exactly_one_of_bs_and_max_tokens():
