@@ -200,3 +200,45 @@ def test_without_references_the_run_info_records_the_selection(tiny_model, data2
     pseudo = lines(save / "test_pseudolabels.jsonl")
     assert (save / "test_generations.txt").read_text(encoding="utf-8").splitlines() == [
         p["candidates"][p["selected"]] for p in pseudo]
+
+
+COMET_TINY = Path(__file__).resolve().parent / "data" / "comet_tiny"
+
+
+@pytest.mark.parametrize("mode, checkpoint, metrics", [("mbr", "wmt22_like", "bleu,comet"), ("qe", "kiwi_like", "comet")])
+def test_a_model_selector_in_a_run_loads_its_model_once_for_metrics_too(tiny_model, data23, tmp_path, monkeypatch,
+                                                                          mode, checkpoint, metrics):
+    """The two commands of docs/selection.md on a tiny COMET: the generations are what `select`
+    chooses over the run's own candidates, --metrics' COMET scores those generations, and the
+    COMET model is loaded once in the process for both."""
+    from seq2seq_eval.scoring import registry
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("test.source", "test.target"):
+        (data / name).write_text("".join((data23 / name).read_text().splitlines(keepends=True)[:5]))
+    loads: list[str] = []
+    real = registry.load
+
+    def counted(name, *a, **k):
+        loads.append(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(registry, "load", counted)
+    save = tmp_path / "out"
+    model = str(COMET_TINY / checkpoint)
+    assert main(["--model_name", str(tiny_model), "--data_dir", str(data), "--num_return_sequences", "3",
+                 "--select", mode, "--select_metric", "comet", "--comet_model", model, "--metrics", metrics,
+                 "--save_dir", str(save)]) == 0
+    assert loads == ["comet"]
+    generations = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
+    resolved = dict(registry.resolve_options({"comet_model": model}))
+    selected = [json.loads(x) for x in selection_lines(save / "test_pseudolabels.jsonl", mode, "comet", resolved)]
+    assert [s["prediction"] for s in selected] == generations
+    assert [s["select_scores"] for s in selected] == [e["select_scores"] for e in lines(save / "test_examples.jsonl")]
+    scored = json.loads((save / "test_bleu.json").read_text(encoding="utf-8"))
+    refs = [[r] for r in (data / "test.target").read_text().splitlines()]
+    expected = registry.corpus_scores(["comet"], resolved, (data / "test.source").read_text().splitlines(),
+                                      generations, refs)["comet"]
+    assert scored["comet"] == pytest.approx(expected, abs=1e-6)
+    assert scored["select_signature"].startswith(f"{mode}:comet|")
