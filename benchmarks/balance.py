@@ -60,7 +60,7 @@ def job_args(model: str, data: Path, engine: str, n: int, max_new_tokens: int, b
     source, where the plan's estimate (run/plan.py) takes a trained model's, about the source's
     length. `floor`: --min_new_tokens says what happens anyway, so that the estimate knows it (its
     out_floor); with beams CTranslate2 honours it with --renormalize_logits true only. Without it
-    (--issue63) the run is the issue's, and only the plan's split (run/plan.py, _split_costly,
+    (--issue63) the run is the issue's, and only the plan's split (run/split.py, split_costly,
     which sizes batches by the length limit) keeps the ranks together."""
     floored = ["--min_new_tokens", str(max_new_tokens), "--renormalize_logits", "true"] if floor else []
     return ["--model_name", model, "--data_dir", str(data), "--n_obs", str(n), "--engine", engine,

@@ -289,7 +289,7 @@ def test_defaults_give_the_same_bytes_at_1_2_and_3_ranks(defaults, kind):
 
 def test_a_split_batch_gives_the_same_bytes_at_1_and_3_ranks(tiny_model, tmp_path):
     """64 sources of at most 40 tokens fit one batch of --max_tokens 4000; at 4 beams the plan
-    splits it (plan._split_costly: 4 pieces of 16 examples, 64 rows each), which the metric
+    splits it (split.split_costly: 4 pieces of 16 examples, 64 rows each), which the metric
     file's per-rank batch counts show; every output file is the same bytes at 1 and 3 ranks
     (pseudolabel beam scores included): the pieces are cut before any rank exists."""
     from concurrent.futures import ThreadPoolExecutor

@@ -8,9 +8,10 @@ import random
 import pytest
 
 from seq2seq_eval.run.plan import (
-    MAX_BATCH_SHARE, Batch, assign_batches, batch_budget, bound_costs, default_plan, estimate_cost, make_batches,
+    Batch, assign_batches, batch_budget, bound_costs, default_plan, estimate_cost, make_batches,
     padding_efficiency, plan_digest, sort_by_length,
 )
+from seq2seq_eval.run.split import MAX_BATCH_SHARE
 
 
 def members(batches: list[Batch]) -> list[tuple[int, ...]]:

@@ -10,7 +10,7 @@ never on the world size: the same bytes at any world size by default. Only --bud
 lowers it on a small set so that every rank has work (default_plan); the run then records and
 says so, and that budget pinned gives the same batches at any world size. A token budget's batch
 above 1/MAX_BATCH_SHARE of the set's bound cost (every output at the length limit) is cut into
-pieces (_split_costly), from the lengths and the generation settings only, so that a small set's
+pieces (split.py), from the lengths and the generation settings only, so that a small set's
 last batches are small whatever its outputs turn out to be: still the same at any world size.
 """
 
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from .split import capped_costs, split_costly
 
 
 @dataclass(frozen=True)
@@ -151,62 +153,20 @@ def bound_costs(first_lengths: np.ndarray, bounds: np.ndarray, out_ratio: float,
     sources and can fall far short (every output of issue 63's runs, a random model's, reached
     the limit: a batch of 77 short sources ran 64 decoder steps, estimated 20), and the batches the
     deal leaves last are those it believes cheap; sized by the bound, no batch of the cut is
-    large whatever its outputs turn out to be (_split_costly)."""
+    large whatever its outputs turn out to be (split.py)."""
     if out_cap is None:
         return _batch_costs(first_lengths, bounds, out_ratio, out_cap, beams, step_overhead, out_floor)[1]
-    padded = first_lengths.astype(np.int64)
-    sizes = np.diff(bounds)
-    steps = float(max(out_cap, out_floor))
-    return (sizes * padded) + (sizes * beams) * steps * (1.0 + padded / 256.0) + steps * float(step_overhead)
-
-
-MAX_BATCH_SHARE = 16
-"""A token budget's cut leaves no batch above 1/MAX_BATCH_SHARE of the set's bound cost
-(bound_costs) where it can be split (_split_costly). Why: a rank waits at the end for at most the
-batch another rank is running, so on a small set a few large batches leave a rank idle for a large
-part of the run (issue 63: 240 examples in 5 batches at CTranslate2's 2048 tokens, the ranks
-finished 9.9 s apart). At most 1/16 of the set a batch, 2 ranks wait for at most 1/8 of a rank's
-work, whatever the outputs turn out to be; the cut never depends on the world size. A set whose
-batches are all below the share (a large set of sentences) keeps the token cut as it was; a
-batch of very short sources (many rows, few tokens) may be split in a large set too."""
-
-MIN_PIECE_ROWS = 64
-"""A split batch's pieces keep at least this many decoder rows (examples x beams), and at least
-PIECE_STEP_RATIO times the step's fixed cost (STEP_OVERHEAD) in rows: in the estimate's terms a
-piece's rows cost at least that many times its steps' fixed cost, which bounds what a cut adds
-(on CPU the generation seconds of docs/stealing.md's jobs did not grow beyond the noise), and on a
-GPU, whose step costs hundreds of rows, a set of any usual size is not cut."""
-
-PIECE_STEP_RATIO = 4
-
-
-def _split_costly(bounds: np.ndarray, bound: np.ndarray, beams: int, step_overhead: float) -> np.ndarray:
-    """`bounds` with each batch above MAX_BATCH_SHARE of the set's bound cost (`bound`, per batch)
-    cut into consecutive pieces in length order, as even in members as can be, of at most that
-    share where the pieces keep MIN_PIECE_ROWS (and PIECE_STEP_RATIO * step_overhead) rows each.
-    A pure function of the batches and their bounds, so of the lengths and the generation
-    settings, never of the world size."""
-    total = float(bound.sum())
-    if len(bound) == 0 or total <= 0:
-        return bounds
-    least = max(1, -(-int(max(MIN_PIECE_ROWS, PIECE_STEP_RATIO * step_overhead)) // max(1, beams)))
-    sizes = np.diff(bounds)
-    pieces = np.minimum(np.ceil(bound * MAX_BATCH_SHARE / total), sizes // least).astype(np.int64)
-    split = np.flatnonzero(pieces > 1)
-    if not len(split):
-        return bounds
-    extra = [bounds[i] + (sizes[i] * np.arange(1, pieces[i])) // pieces[i] for i in split.tolist()]
-    return np.unique(np.concatenate([bounds, *extra])).astype(np.int64)
+    return capped_costs(first_lengths, bounds, out_cap, beams, step_overhead, out_floor)
 
 
 def _token_plan(order: np.ndarray, sorted_lengths: np.ndarray, max_tokens: int, out_ratio: float, out_cap: int | None,
                 beams: int, step_overhead: float, out_floor: int) -> Plan:
     """The plan of a token budget: the cut (_cut_by_tokens), its batches above their share of
-    the set's bound cost split (_split_costly), and the batches' padded lengths and estimated
+    the set's bound cost split (split.py), and the batches' padded lengths and estimated
     costs (_batch_costs: the deal's)."""
     bounds = _cut_by_tokens(sorted_lengths, max_tokens)
     bound = bound_costs(sorted_lengths[bounds[:-1]], bounds, out_ratio, out_cap, beams, step_overhead, out_floor)
-    bounds = _split_costly(bounds, bound, beams, step_overhead)
+    bounds = split_costly(bounds, bound, beams, step_overhead)
     padded, cost = _batch_costs(sorted_lengths[bounds[:-1]], bounds, out_ratio, out_cap, beams, step_overhead, out_floor)
     return Plan(order, bounds, padded, cost)
 
@@ -224,7 +184,7 @@ def make_batches(
 ) -> Plan:
     """Cut length-sorted examples into batches of `bs` examples (exactly: the user's size), or of
     at most `max_tokens` padded source tokens (an example longer than the budget gets a batch of
-    its own), a token budget's costliest batches split (_split_costly).
+    its own), a token budget's costliest batches split (split.py).
     `out_cap`: the length limit; `step_overhead`: a decoder step's fixed cost on the device, in
     the cost's units (STEP_OVERHEAD); `out_floor`: the fewest new tokens an output can have."""
     if (bs is None) == (max_tokens is None):

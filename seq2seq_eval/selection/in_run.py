@@ -21,7 +21,8 @@ from typing import Any
 from ..run.journal import Journal
 from ..run.tmpmarker import folder_token
 from .candidates import CandidateSet
-from .selectors import Selector, make_selector
+from .base import Selector
+from .selectors import make_selector
 
 
 def journal_path(tmp_dir: Path, rank: int) -> Path:

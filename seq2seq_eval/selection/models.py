@@ -43,7 +43,7 @@ import numpy as np
 from ..errors import ConfigError
 from .candidates import CandidateSet
 from .mbr import Selection, best
-from .selectors import Selector
+from .base import Selector
 
 
 def _main_value(value: Any) -> float:

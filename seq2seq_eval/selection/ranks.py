@@ -34,7 +34,7 @@ from ..run.tmpdir import (STOPPED, RunLock, claim_tmp_dir, cleanup_tmp_dir, fini
                           prepare_tmp_dir, refuse_earlier_run)
 from ..run.tmpmarker import mark_published, read_marker, tmp_token
 from .candidates import CandidateIndex, CandidateSet, index_candidates
-from .selectors import Selector
+from .base import Selector
 
 logger = logging.getLogger("seq2seq_eval")
 
