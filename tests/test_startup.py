@@ -169,10 +169,14 @@ NO_TORCH_MODEL = textwrap.dedent("""
         transformers.PreTrainedModel.__init__ = refuse
         identity._update = no_read
     from seq2seq_eval.cli import main
-    raise SystemExit(main(sys.argv[2:]))
+    code = main(sys.argv[2:])
+    with open("/proc/self/io") as f:  # the bytes this process read through read() calls
+        open(sys.argv[1] + ".rchar", "w").write(f.read().split()[1])
+    raise SystemExit(code)
 """)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts the bytes read from Linux's /proc/self/io")
 def test_a_cached_conversion_runs_without_the_pytorch_model(tmp_path):
     pytest.importorskip("ctranslate2")
     script = tmp_path / "run.py"
@@ -184,10 +188,15 @@ def test_a_cached_conversion_runs_without_the_pytorch_model(tmp_path):
         save = tmp_path / f"run{n}"
         assert_ok(single([mode, *flags, "--save_dir", str(save)], cwd=tmp_path, env=env, script=script))
         texts.append((save / "test_generations.txt").read_text())
-        steps = metrics_of(save)["throughput"]["time_breakdown"]["startup_steps"]
-        assert {"imports", "model_config", "tokenizer_load", "settings_checks", "fingerprint", "examples", "tokenize",
-                "plan", "run_checks", "conversion", "model_load"} <= set(steps), steps
     assert texts[0] == texts[1] == texts[2]
+    # Its model file, read once by CTranslate2, and little besides: not the checkpoint's weights,
+    # nor the model file again to check it (before: both, twice the checkpoint).
+    (converted,) = [p for p in (tmp_path / "cache" / "ctranslate2").iterdir() if p.is_dir()]
+    size = (converted / "model.bin").stat().st_size
+    assert int((tmp_path / "strict.rchar").read_text()) < size + (EMBEDDED_MODEL / "model.safetensors").stat().st_size // 2
+    steps = metrics_of(save)["throughput"]["time_breakdown"]["startup_steps"]
+    assert {"imports", "model_config", "tokenizer_load", "settings_checks", "fingerprint", "examples", "tokenize",
+            "plan", "run_checks", "conversion", "model_load"} <= set(steps), steps
 
 
 def test_the_time_breakdown_names_each_startup_step(tmp_path):
