@@ -206,7 +206,7 @@ def test_the_time_breakdown_names_each_startup_step(tmp_path):
     tb = metrics_of(save)["throughput"]["time_breakdown"]
     steps = tb["startup_steps"]
     assert {"imports", "device", "claim", "model_config", "tokenizer_load", "settings_checks",
-                                       "fingerprint", "examples", "tokenize", "plan", "run_checks", "model_load"} <= set(steps)
+                                       "fingerprint", "examples", "tokenize", "plan", "run_checks", "model_load", "engine_setup"} <= set(steps)
     assert "conversion" not in steps
     assert tb["model_load"] == steps["model_load"] < tb["startup"] < tb["total"]
     # The steps of the run itself add up to its start-up (before_run is the process's time before it).
