@@ -7,7 +7,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from ..inputs.prompts import Prompts, build_prompts, template_fields
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
 from .budget import choose_budget, describe_budget, idle_ranks_warning, layout_warning
+from .startup import Steps
 from .plan import Plan, assign_batches, padding_efficiency, plan_digest, rank_loads, step_overhead
 
 logger = logging.getLogger("seq2seq_eval")
@@ -188,7 +188,7 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     loading --model_name; `read_cfg`: the config the examples are read with, when not `cfg`
     (evaluate()'s in-memory examples, read from the temp dir while `cfg` names their copy in
     --save_dir, as the run's provenance does)."""
-    clock = _Steps()
+    clock = Steps()
     converted = model is None and is_converted_folder(cfg.model_name)
     if converted:  # its config is read with the tokenizer (model.converted): loaded once, first
         tokenizer = load_tokenizer(cfg, tokenizer)
@@ -271,19 +271,6 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     if pg is not None and pg.env.is_main and (layout := layout_warning(prep)):
         logger.warning("%s", layout)
     return prep
-
-
-class _Steps:
-    """Seconds per step, in the order they ran: each lap ends a step and begins the next."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-        self._since = time.perf_counter()
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self.seconds[name] = self.seconds.get(name, 0.0) + now - self._since
-        self._since = now
 
 
 def _check_prompt_options(cfg: EvalConfig, kind: str) -> None:

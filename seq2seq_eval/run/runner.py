@@ -28,6 +28,7 @@ from .prepare import Prepared, describe_plan, idle_ranks_warning, prepare
 from .presence import Presence
 from .rank import generate_rank
 from .sharedtail import write_my_part
+from .startup import Steps, import_libraries, process_age
 from .tmpdir import (
     STOPPED,
     RunLock,
@@ -119,16 +120,9 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             return Outcome(plan_text=describe_plan(prep, env.world_size))
     # Seconds per start-up step, in order (throughput.time_breakdown.startup_steps). From the
     # command line, what the process spent before this run began (the interpreter, the CLI's imports).
-    steps: dict[str, float] = {"before_run": age} if process_group is None and (age := _process_age()) else {}
-    since = [t_start]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        steps[name] = steps.get(name, 0.0) + now - since[0]
-        since[0] = now
-
-    _import_libraries(cfg)
-    lap("imports")
+    clock = Steps({"before_run": age} if process_group is None and (age := process_age()) else None, since=t_start)
+    import_libraries(cfg)
+    clock.lap("imports")
     if model is not None:
         device = next(model.parameters()).device  # the caller's: its current device is set
     else:
@@ -140,7 +134,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
     # Before the first model runs here: MKL takes its mode once, at its first call.
     numerics.pin(device.type)
     pg = process_group if process_group is not None else ProcessGroup(env, backend, cfg.sync_timeout)
-    lap("device")
+    clock.lap("device")
     lock: RunLock | None = None
     prep: Prepared | None = None
     presence: Presence | None = None
@@ -152,11 +146,11 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             # (which holds the lock) and sent to all: every rank plans the same batches.
             resuming = cfg.resume or env.restart_count > 0
             recorded = pg.broadcast(recorded_budget(tmp_dir) if resuming and env.is_main else None)
-            lap("claim")
+            clock.lap("claim")
             prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type, model, tokenizer, recorded=recorded,
                            read_cfg=inputs.reading(cfg, tmp_dir) if inputs is not None else None)
-            steps.update(prep.timings)
-            since[0] = time.perf_counter()
+            clock.seconds.update(prep.timings)
+            clock.restart()
             if env.is_main and (idle := idle_ranks_warning(prep, env.world_size)):
                 logger.warning("%s", idle)
             n_refs = prep.store.max_references
@@ -169,20 +163,22 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
                 # Before this rank's rank file, without which rank 0 cannot finish: rank 0 removes
                 # the temp dir only once this rank has let it go (presence.py).
                 presence = Presence(tmp_dir, env.rank)
-            lap("run_checks")
+            clock.lap("run_checks")
             engine = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
                                   generation_config=prep.generation_config, device=device, env=env, model=model,
                                   kind=prep.kind)
-            t_loaded = time.perf_counter()
-            # The engine's own steps (CTranslate2's: its conversion cache, then the model), else one.
-            loaded = dict(getattr(engine, "load_seconds", None) or {"model_load": t_loaded - since[0]})
-            steps.update(loaded)
+            # The engine's own steps (its model_load apart from its cache or its set-up), else one.
+            if getattr(engine, "load_seconds", None):
+                clock.seconds.update(engine.load_seconds)
+            else:
+                clock.lap("model_load")
+            t_loaded, steps = time.perf_counter(), clock.seconds
             # What a large run spends before generating anything (benchmarks/scale.py reads it).
             logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,
                         ", ".join(f"{k} {v:.1f} s" for k, v in steps.items()))
             stats = generate_rank(cfg, env, prep, engine, device, tmp_dir,
                                    {"startup_seconds": t_loaded - t_start, "startup_steps": steps,
-                                    "model_load_seconds": loaded["model_load"], "prepare_seconds": prep.timings})
+                                    "model_load_seconds": steps["model_load"], "prepare_seconds": prep.timings})
             engine = None  # its memory goes before a model metric's model comes
             model_scores = score_model_metrics(cfg, env, prep, tmp_dir, device)
             if not env.is_main:
@@ -225,32 +221,6 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             lock.release()
         if process_group is None:
             pg.close()
-
-
-def _import_libraries(cfg: EvalConfig) -> None:
-    """The libraries the run's steps use, imported here so that the start-up's steps measure
-    their own work (time_breakdown.startup_steps.imports): torch, transformers' configs and
-    tokenizers, and the engine's library (generate()'s code for the HF engine)."""
-    import torch  # noqa: F401
-    from transformers import AutoConfig, AutoTokenizer  # noqa: F401  (transformers imports them lazily)
-
-    if cfg.engine == "ctranslate2":
-        from ..engines.ct2_convert import ctranslate2_module
-
-        ctranslate2_module()
-    else:
-        import transformers.generation.utils  # noqa: F401
-
-
-def _process_age() -> float | None:
-    """Seconds since this process started (Linux: /proc/self/stat's start time against the
-    boot-time clock, to the clock tick), or None where that cannot be read."""
-    try:
-        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime, in ticks since boot
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
 
 
 @contextlib.contextmanager
