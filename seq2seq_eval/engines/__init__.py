@@ -10,6 +10,7 @@ cannot honour is an error naming it, never dropped), and the engine itself (`loa
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,15 @@ def load(cfg: EvalConfig, *, tokenizer: Any, model_config: Any, generation_confi
     from ..model.settings import load_model
     from .hf import HFEngine
 
+    t0 = time.perf_counter()
     if model is None:
         model = load_model(cfg, device, kind)
-    return HFEngine(model, tokenizer, generation_config, device, seed=cfg.seed, causal=kind == CAUSAL)
+    t1 = time.perf_counter()
+    engine = HFEngine(model, tokenizer, generation_config, device, seed=cfg.seed, causal=kind == CAUSAL)
+    # from_pretrained apart from the engine's own set-up (the beam-search shortcut's check that a
+    # batch's rows are computed independently: engines/shrink.py): time_breakdown.startup_steps.
+    engine.load_seconds = {"model_load": t1 - t0, "engine_setup": time.perf_counter() - t1}
+    return engine
 
 
 def _ct2_class(kind: str) -> Any:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,9 +249,11 @@ class CT2Engine:
         ct2 = _ctranslate2()
         from ..model.converted import is_converted_folder
 
+        t0 = time.perf_counter()
         path = (Path(os.path.expanduser(cfg.model_name)) if is_converted_folder(cfg.model_name)
                 else converted_model(cfg.model_name, cfg.sync_timeout))
         cls.check_folder(path, tokenizer)
+        t1 = time.perf_counter()
         kwargs: dict[str, Any] = {"compute_type": cfg.compute_type, "inter_threads": 1}
         if device.type == "cuda":
             kwargs.update(device="cuda", device_index=device.index or 0)
@@ -267,8 +270,12 @@ class CT2Engine:
                     model.compute_type,
                     f"{kwargs['inter_threads']} worker(s) of {kwargs['intra_threads']} thread(s)"
                     if device.type == "cpu" else f"device {device.index or 0}")
-        return cls(model, tokenizer, translate_options(generation_config, tokenizer), cfg.compute_type, cfg.seed,
-                   path, kwargs)
+        engine = cls(model, tokenizer, translate_options(generation_config, tokenizer), cfg.compute_type, cfg.seed,
+                     path, kwargs)
+        # The conversion cache (found and checked, or converted) apart from loading the model:
+        # time_breakdown.startup_steps.
+        engine.load_seconds = {"conversion": t1 - t0, "model_load": time.perf_counter() - t1}
+        return engine
 
     @classmethod
     def cpu_layout(cls, threads: int) -> dict[str, int]:

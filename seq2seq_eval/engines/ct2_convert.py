@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ModelError, RunStateError, first_line
-from ..model.identity import file_sha256, files_digest, hub_revision
+from ..model.identity import cache_root, file_sha256, files_digest, hub_revision, known_sha256
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -47,16 +47,6 @@ def ctranslate2_module() -> Any:
         raise ConfigError(f"--engine ctranslate2 needs the ctranslate2 package, which is not installed; "
                           f"install it with: {INSTALL_HINT}") from e
     return ctranslate2
-
-
-def cache_root() -> Path:
-    """Where converted models are kept: $SEQ2SEQ_EVAL_CACHE, else $XDG_CACHE_HOME/seq2seq_eval,
-    else ~/.cache/seq2seq_eval. Runs share it; on a multi-node job each node may convert its own."""
-    explicit = os.environ.get("SEQ2SEQ_EVAL_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "seq2seq_eval"
 
 
 def conversion_source(model_name: str) -> tuple[list[Any], str | None]:
@@ -98,9 +88,10 @@ def damage(folder: Path) -> str | None:
         if f.stat().st_size != want.get("bytes"):
             return f"{name} has {f.stat().st_size} bytes, {want.get('bytes')} when converted"
     # Sizes first: cheap, and they catch a truncated or missing file. Contents second: about
-    # 1 s per GB of weights, paid at each run's start so that no silently changed file is used.
+    # 1 s per GB of weights, paid once per version of each file (model/identity.py's digest cache:
+    # a file changed since, in place or replaced, has another identity and is read again).
     for name, want in sorted(recorded.items()):
-        if file_sha256(folder / name) != want.get("sha256"):
+        if known_sha256(folder / name) != want.get("sha256"):
             return f"{name} differs from the converted file (sha256)"
     return None
 

@@ -4,16 +4,28 @@ GenerationConfig.validate() leaves value ranges to the logits processors, which 
 builds in the first batch: `--temperature -1 --do_sample true` or `--max_length -1` used to pass
 the dry run, then fail after the model was loaded. Here generate()'s own builder runs on the
 settings with a one-token stand-in input, so the same checks (and messages) come first.
+
+Building them needs transformers' generation module, whose import (torch's distributed tensors
+and more) costs more CPU time than anything else a CTranslate2 run starts with, and which that
+engine never uses otherwise. Settings that passed are remembered (`_passed`: a file in the
+cache, named by the settings, the model config and the generation code they were checked with),
+so a run with the same ones does not import it to learn the same verdict again.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import os
 import warnings
+from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, first_line
+from ..atomic import write_json_atomic
+from ..errors import ConfigError, EvalError, first_line
 from .generation import named
+from .identity import cache_root
 
 
 class _Shell:
@@ -28,6 +40,9 @@ def check_generate_settings(gc: Any, model_config: Any) -> None:
     """Raise ConfigError for settings generate() would refuse in its first batch (value ranges
     and limits are checked before, by model/generation.py: this catches what only the processors
     themselves know)."""
+    memo = _passed(gc, model_config)
+    if memo is not None and memo.is_file():
+        return
     import torch
     from transformers.generation.logits_process import LogitsProcessorList
     from transformers.generation.utils import GenerationMixin
@@ -50,6 +65,29 @@ def check_generate_settings(gc: Any, model_config: Any) -> None:
         raise ConfigError(f"invalid generate options: {named(first_line(e))}") from e
     except (TypeError, AttributeError):
         return  # the builder wants what this release's stand-in lacks: generate() checks in the first batch
+    if memo is not None:
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(memo, {"passed": True})
+        except (OSError, EvalError):
+            pass  # only a saving for the next run
+
+
+def _passed(gc: Any, model_config: Any) -> Path | None:
+    """Where the cache records that these settings passed the check: named by every field of the
+    settings and of the model config, and by the transformers release and the files of its
+    generation code (an edited installation is another one). None where the settings cannot be
+    written down (then they are checked every time)."""
+    import transformers
+
+    code = Path(transformers.__file__).parent / "generation"
+    try:
+        files = [[name, *(lambda st: [st.st_size, st.st_mtime_ns])(os.stat(code / name))]
+                 for name in ("utils.py", "logits_process.py", "configuration_utils.py")]
+        text = json.dumps([transformers.__version__, files, gc.to_dict(), model_config.to_dict()], sort_keys=True)
+    except (OSError, TypeError, ValueError):
+        return None
+    return cache_root() / "checks" / f"generate_{hashlib.sha256(text.encode()).hexdigest()}.json"
 
 
 # Settings that hold token ids, as generate() takes them (their forms are checked with the

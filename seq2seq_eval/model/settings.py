@@ -103,11 +103,12 @@ def _converted_folder(cfg: EvalConfig) -> bool:
     return is_converted_folder(cfg.model_name)
 
 
-def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
+def load_model_config(cfg: EvalConfig, tokenizer: Any = None) -> tuple[Any, Any]:
     """The model's config and its base generation config (as from_pretrained gives the model:
     model/generation.py), without loading any weights: enough to validate a run (--dry_run) and to
     compute the exact settings the real run will use. A model of neither kind (model/kind.py) is
-    refused here."""
+    refused here. `tokenizer`: the run's, already loaded (a converted folder's config is read
+    with it; else it is loaded here)."""
     from transformers import AutoConfig
 
     name = _model_path(cfg)
@@ -115,7 +116,7 @@ def load_model_config(cfg: EvalConfig) -> tuple[Any, Any]:
         if cfg.engine != "ctranslate2":
             raise ModelError(f"--model_name {cfg.model_name}: a CTranslate2 model folder; run it with --engine ctranslate2")
 
-        return converted_model_config(name, cfg.tokenizer_name, load_tokenizer(cfg))
+        return converted_model_config(name, cfg.tokenizer_name, tokenizer if tokenizer is not None else load_tokenizer(cfg))
     try:
         config = AutoConfig.from_pretrained(name)
     except (OSError, ValueError, KeyError) as e:

@@ -356,3 +356,20 @@ def _own_folder(path: Path) -> None:
                           "remove it or pick another folder")
     with contextlib.suppress(FileExistsError):
         os.mkdir(path)
+
+
+def report_pending(folder: Path, say: bool = True) -> tuple[str, str | None] | None:
+    """The dry run writes nothing: a publish cut short in an output folder is said, and left to
+    the command that runs next, which completes (or undoes) it before anything else. Returns the
+    real path of the temp dir that completing it removes, and the token it must carry, if any."""
+    found = pending(folder)
+    if found is None:
+        return None
+    intent, completes = found
+    if say:  # rank 0 (every rank of a torchrun dry run gets here)
+        logger.warning("%s: holds a publish cut short (run %s, %d file(s)); the run %s it before anything else",
+                       folder, intent.get("run"), len(intent["files"]),
+                       "completes" if completes else "undoes (it did not reach its commit point, or some of its files are gone)")
+    if not completes or not intent.get("tmp_dir"):
+        return None
+    return os.path.realpath(intent["tmp_dir"]), intent.get("tmp_token")

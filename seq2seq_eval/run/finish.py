@@ -194,8 +194,11 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
             # several nodes are only as close as NTP keeps them).
             "finish_spread_seconds": max(s["generation_finished"] for s in per_rank) - min(s["generation_finished"] for s in per_rank),
             "time_breakdown": {
-                "prepare": my_stats["prepare_seconds"],  # examples, tokenize, plan: within model_load
-                "model_load": my_stats["model_load_seconds"],
+                # Everything before the first batch, and its steps in the order they ran.
+                "startup": my_stats["startup_seconds"],
+                "startup_steps": my_stats["startup_steps"],
+                "prepare": my_stats["prepare_seconds"],  # the steps of run/prepare.py: within startup
+                "model_load": my_stats["model_load_seconds"],  # the engine's model alone: within startup
                 "generation": my_stats["generation_seconds"],
                 "scoring_on_rank": my_stats["scoring_seconds"],
                 "waiting": t_merge - t_wait,

@@ -7,7 +7,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,8 @@ from ..errors import ConfigError, DataError
 from ..model.generate_check import check_generate_settings
 from ..model.fingerprint import tokenizer_fingerprint
 from ..model.generation import full_dict
-from ..model.identity import check_safetensors, hub_revision
+from ..model.identity import check_safetensors, hub_revision, known_sha256
+from ..model.converted import is_converted_folder
 from ..model.kind import CAUSAL, SEQ2SEQ, model_kind
 from ..model.settings import (
     generation_config_for,
@@ -39,6 +39,7 @@ from ..inputs.prompts import Prompts, build_prompts, template_fields
 from ..inputs.tokens import CHUNK, SourceTokens, load_shards, shard_is_complete, shard_range, tokenize_to
 from .dist import DistEnv, ProcessGroup
 from .budget import choose_budget, describe_budget, idle_ranks_warning, layout_warning
+from .startup import Steps
 from .plan import Plan, assign_batches, padding_efficiency, plan_digest, rank_loads, step_overhead
 
 logger = logging.getLogger("seq2seq_eval")
@@ -56,7 +57,7 @@ class Prepared:
     tokens: SourceTokens
     batches: Plan  # the batches as arrays; batches[i] makes batch i's Batch
     manifest: dict[str, Any]
-    timings: dict[str, float] = field(default_factory=dict)  # seconds per preparation step on this rank
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per preparation step on this rank, in order
     budget: dict[str, Any] = field(default_factory=dict)  # how the batch budget was chosen (budget.choose_budget)
     kind: str = SEQ2SEQ  # the model's kind (model/kind.py)
     prompts: Prompts | None = None  # a decoder-only model's prompt construction (inputs/prompts.py)
@@ -77,13 +78,9 @@ def _model_identity(model_config: Any, model_name: str) -> dict[str, Any]:
         identity["revision"] = revision
     path = Path(os.path.expanduser(model_name))
     if path.is_dir():
-        h = hashlib.sha256()
-        for f in sorted(path.iterdir()):
-            if f.suffix in (".safetensors", ".bin") and f.is_file():
-                with open(f, "rb") as fh:
-                    for chunk in iter(lambda: fh.read(1 << 22), b""):
-                        h.update(chunk)
-        identity["weights_sha256"] = h.hexdigest()
+        # Read once per version of the files (model/identity.py's digest cache), not at every run.
+        identity["weights_sha256"] = known_sha256(*(f for f in sorted(path.iterdir())
+                                                    if f.suffix in (".safetensors", ".bin") and f.is_file()))
     return identity
 
 
@@ -191,12 +188,21 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     loading --model_name; `read_cfg`: the config the examples are read with, when not `cfg`
     (evaluate()'s in-memory examples, read from the temp dir while `cfg` names their copy in
     --save_dir, as the run's provenance does)."""
+    clock = Steps()
+    converted = model is None and is_converted_folder(cfg.model_name)
+    if converted:  # its config is read with the tokenizer (model.converted): loaded once, first
+        tokenizer = load_tokenizer(cfg, tokenizer)
+        clock.lap("tokenizer_load")
     if model is None and Path(cfg.model_name).expanduser().is_dir():
         check_safetensors(Path(cfg.model_name).expanduser())
-    model_config, base_gc = load_model_config(cfg) if model is None else model_config_of(model, cfg.model_name)
+    model_config, base_gc = (load_model_config(cfg, tokenizer if converted else None) if model is None
+                             else model_config_of(model, cfg.model_name))
     kind = model_kind(model_config, cfg.model_name)
     _check_prompt_options(cfg, kind)
-    tokenizer = load_tokenizer(cfg, tokenizer)
+    clock.lap("model_config")
+    if not converted:
+        tokenizer = load_tokenizer(cfg, tokenizer)
+        clock.lap("tokenizer_load")
     entry = task_entry(model_config, cfg.task)
     if entry.note and (pg is None or pg.env.is_main):  # every rank sees the same; one says it
         logger.warning("--task %s: no task settings apply (%s)", cfg.task, entry.note)
@@ -206,23 +212,24 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     prefix = source_prefix(model_config, cfg)
     prompts = build_prompts(cfg, tokenizer, model_config, gc, prefix) if kind == CAUSAL else None
     max_source_length = source_limit(model_config, tokenizer, cfg) if prompts is None else prompts.limit
+    clock.lap("settings_checks")
     identity = _model_identity(model_config, cfg.model_name) if model is None else _in_memory_identity(model)
+    # The tokenizer's content (vocabulary, pipeline, special tokens, limits and sides), not its
+    # name: a tokenizer.json with swapped ids is another tokenizer, for the token cache and --resume.
+    tokenizer_identity = tokenizer_fingerprint(tokenizer)
+    clock.lap("fingerprint")
     cache.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
     store, data = _examples_store(read_cfg or cfg, pg, cache)
     if prompts is not None:  # no few-shot example is one of the evaluated examples (inputs/leaks.py)
         check_shots(prompts.shots, store, prompts.fewshot_file, cfg.allow_reference_in_prompt)
     _give_back_freed_memory()
-    t1 = time.perf_counter()
-    # The tokenizer's content (vocabulary, pipeline, special tokens, limits and sides), not its
-    # name: a tokenizer.json with swapped ids is another tokenizer, for the token cache and --resume.
-    tokenizer_identity = tokenizer_fingerprint(tokenizer)
+    clock.lap("examples")
     token_key = hashlib.sha256(json.dumps(
         [data["sha256"], identity, prefix, max_source_length, tokenizer_identity]
         + ([prompts.identity()] if prompts is not None else []), sort_keys=True
     ).encode()).hexdigest()
     tokens = _source_tokens(env, pg, cache, token_key, store, tokenizer, prefix, max_source_length, prompts)
-    t2 = time.perf_counter()
+    clock.lap("tokenize")
     cost = {"out_ratio": 1.0 if cfg.task_family == "translation" else 0.25, "out_cap": gc.max_new_tokens or gc.max_length,
             "beams": gc.num_beams or 1, "step_overhead": step_overhead(device_type, cfg.engine, half=cfg.fp16 or cfg.bf16),
             # Outputs are at least this long, whatever the source's length suggests (an
@@ -257,8 +264,8 @@ def prepare(cfg: EvalConfig, env: DistEnv, pg: ProcessGroup | None, cache: Path,
     if prompts is not None:  # an encoder-decoder's manifest stays as it was: its runs still resume
         manifest.update({"model_kind": kind, "prompt": prompts.record()})
     _give_back_freed_memory()
-    timings = {"examples": t1 - t0, "tokenize": t2 - t1, "plan": time.perf_counter() - t2}
-    prep = Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, timings, budget, kind,
+    clock.lap("plan")
+    prep = Prepared(store, tokenizer, model_config, gc, prefix, tokens, batches, manifest, clock.seconds, budget, kind,
                     prompts)
     # Said at run time (the dry run prints it with the plan), once: what makes the bytes depend on the layout.
     if pg is not None and pg.env.is_main and (layout := layout_warning(prep)):

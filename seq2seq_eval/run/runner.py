@@ -19,17 +19,18 @@ from ..errors import EvalError, Interrupted, RunFailed, RunStateError
 from ..inputs.memory import InMemoryInputs
 from ..outputs.locations import Role, check_output_locations, run_inputs, try_folders
 from ..outputs.transaction import recovered
-from ..outputs.publish import pending
+from ..outputs.publish import report_pending
 from ..outputs.record import OutputRecord
 from .dist import DistEnv, ProcessGroup, dist_env, resolve_device
 from .finish import Outcome, earlier_run, finish, missing_summary
 from .model_scores import check_model_metrics, score_model_metrics
 from ..scoring import registry
-from ..selection.in_run import run_selector
+from ..selection.in_run import rank_loader, run_selector
 from .prepare import Prepared, describe_plan, idle_ranks_warning, prepare
 from .presence import Presence
 from .rank import generate_rank
 from .sharedtail import write_my_part
+from .startup import Steps, import_libraries, process_age
 from .tmpdir import (
     STOPPED,
     RunLock,
@@ -103,7 +104,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
         # temp dir of the run that died in it (unless it resumes from it): not checked then.
         removed_first = False
         for folder in _distinct([Path(cfg.save_dir), *(f for _, f in also_folders)]):
-            removes = _report_pending(folder, say=env.is_main)
+            removes = report_pending(folder, say=env.is_main)
             removed_first = removed_first or (removes is not None and removes[1] is not None and not cfg.resume
                                                 and removes == (os.path.realpath(tmp_dir), tmp_token(tmp_dir)))
         if not removed_first:
@@ -120,6 +121,11 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             check_model_metrics(cfg, prep.store.max_references)
             run_selector(cfg, lambda name: None)  # its checks; nothing is loaded
             return Outcome(plan_text=describe_plan(prep, env.world_size))
+    # Seconds per start-up step, in order (throughput.time_breakdown.startup_steps). From the
+    # command line, what the process spent before this run began (the interpreter, the CLI's imports).
+    clock = Steps({"before_run": age} if process_group is None and (age := process_age()) else None, since=t_start)
+    import_libraries(cfg)
+    clock.lap("imports")
     if model is not None:
         device = next(model.parameters()).device  # the caller's: its current device is set
     else:
@@ -131,6 +137,7 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
     # Before the first model runs here: MKL takes its mode once, at its first call.
     numerics.pin(device.type)
     pg = process_group if process_group is not None else ProcessGroup(env, backend, cfg.sync_timeout)
+    clock.lap("device")
     lock: RunLock | None = None
     prep: Prepared | None = None
     presence: Presence | None = None
@@ -142,8 +149,11 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             # (which holds the lock) and sent to all: every rank plans the same batches.
             resuming = cfg.resume or env.restart_count > 0
             recorded = pg.broadcast(recorded_budget(tmp_dir) if resuming and env.is_main else None)
+            clock.lap("claim")
             prep = prepare(cfg, env, pg, tmp_dir / "cache", device.type, model, tokenizer, recorded=recorded,
                            read_cfg=inputs.reading(cfg, tmp_dir) if inputs is not None else None)
+            clock.seconds.update(prep.timings)
+            clock.restart()
             if env.is_main and (idle := idle_ranks_warning(prep, env.world_size)):
                 logger.warning("%s", idle)
             n_refs = prep.store.max_references
@@ -154,27 +164,28 @@ def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGr
             _agree(env, pg, lambda: check_model_metrics(cfg, n_refs))  # a model metric's model is found before any generation
             # --select's selector, checked before any generation; a model metric it loads is the
             # rank's one, for --metrics too (loaded at its first use).
-            loaded: dict[str, Any] = {}
-
-            def load(name: str, *_: Any) -> Any:
-                if name not in loaded:
-                    loaded[name] = registry.load(name, dict(cfg.metric_options), device)
-                return loaded[name]
-
+            load = rank_loader(cfg, device)
             selector = run_selector(cfg, load)
             if not env.is_main:
                 # Before this rank's rank file, without which rank 0 cannot finish: rank 0 removes
                 # the temp dir only once this rank has let it go (presence.py).
                 presence = Presence(tmp_dir, env.rank)
+            clock.lap("run_checks")
             engine = engines.load(cfg, tokenizer=prep.tokenizer, model_config=prep.model_config,
                                   generation_config=prep.generation_config, device=device, env=env, model=model,
                                   kind=prep.kind)
-            t_loaded = time.perf_counter()
+            # The engine's own steps (its model_load apart from its cache or its set-up), else one.
+            if getattr(engine, "load_seconds", None):
+                clock.seconds.update(engine.load_seconds)
+            else:
+                clock.lap("model_load")
+            t_loaded, steps = time.perf_counter(), clock.seconds
             # What a large run spends before generating anything (benchmarks/scale.py reads it).
             logger.info("rank %d ready to generate after %.1f s (%s)", env.rank, t_loaded - t_start,
-                        ", ".join(f"{k} {v:.1f} s" for k, v in prep.timings.items()))
+                        ", ".join(f"{k} {v:.1f} s" for k, v in steps.items()))
             stats = generate_rank(cfg, env, prep, engine, device, tmp_dir,
-                                   {"model_load_seconds": t_loaded - t_start, "prepare_seconds": prep.timings}, selector)
+                                   {"startup_seconds": t_loaded - t_start, "startup_steps": steps,
+                                    "model_load_seconds": steps["model_load"], "prepare_seconds": prep.timings}, selector)
             engine = None  # its memory goes before a model metric's model comes
             model_scores = score_model_metrics(cfg, env, prep, tmp_dir, device, load if selector else registry.load)
             if not env.is_main:
@@ -370,23 +381,6 @@ def _same(a: str | Path, b: str | Path) -> bool:
 def _distinct(folders: list[Path]) -> list[Path]:
     """Each folder once, however it is written (SAVE_PATH, SCORE_PATH and --save_dir may share one)."""
     return list({os.path.realpath(f): f for f in reversed(folders)}.values())[::-1]
-
-
-def _report_pending(folder: Path, say: bool = True) -> tuple[str, str | None] | None:
-    """The dry run writes nothing: a publish cut short in an output folder is said, and left to
-    the command that runs next, which completes (or undoes) it before anything else. Returns the
-    real path of the temp dir that completing it removes, and the token it must carry, if any."""
-    found = pending(folder)
-    if found is None:
-        return None
-    intent, completes = found
-    if say:  # rank 0 (every rank of a torchrun dry run gets here)
-        logger.warning("%s: holds a publish cut short (run %s, %d file(s)); the run %s it before anything else",
-                       folder, intent.get("run"), len(intent["files"]),
-                       "completes" if completes else "undoes (it did not reach its commit point, or some of its files are gone)")
-    if not completes or not intent.get("tmp_dir"):
-        return None
-    return os.path.realpath(intent["tmp_dir"]), intent.get("tmp_token")
 
 
 def _check_manifest(cfg: EvalConfig, env: DistEnv, tmp_dir: Path, manifest: dict[str, Any]) -> None:

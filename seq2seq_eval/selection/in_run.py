@@ -37,6 +37,22 @@ def run_selector(cfg: Any, load: Callable[[str], Any] | None = None) -> Selector
     return make_selector(cfg.selection.select, cfg.selection.select_metric, dict(cfg.metric_options), load)
 
 
+def rank_loader(cfg: Any, device: Any) -> Callable[..., Any]:
+    """The rank's one loader of model metrics: each loaded at its first use, then the same object
+    for the selector and for --metrics (called as model_scores' loader, whose arguments the run's
+    own options and device stand for)."""
+    from ..scoring import registry
+
+    loaded: dict[str, Any] = {}
+
+    def load(name: str, *_: Any) -> Any:
+        if name not in loaded:
+            loaded[name] = registry.load(name, dict(cfg.metric_options), device)
+        return loaded[name]
+
+    return load
+
+
 class RunSelection:
     """One rank's selections in a run: those journaled before (by any rank), and this rank's journal."""
 
