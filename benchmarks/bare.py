@@ -40,7 +40,6 @@ from __future__ import annotations
 # what their start-up costs.
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -225,9 +224,15 @@ class Bench:
         self.root = root = Path(a.out).resolve()
         root.mkdir(parents=True, exist_ok=True)
         self.embedded = REPO / "data_samples" / "model"
-        self.opus = self.embedded if a.small else build_opus_size(root / "bart-opus-size")
+        # Each model is built once (a later invocation with the same --out finds it), and only
+        # where a job asked for needs it.
+        self.opus = root / "bart-opus-size"
+        if a.small:
+            self.opus = self.embedded
+        elif {"translate", "hf"} & set(a.only):
+            build_opus_size(self.opus)
         self.llama = root / ("llama-tiny" if a.small else "llama")
-        if not (self.llama / "model.safetensors").exists():
+        if "generate" in a.only and not (self.llama / "model.safetensors").exists():
             causal.make_model(self.llama, "tiny" if a.small else "base", a.max_new_tokens)
         need = max(a.n, a.n_imbalance)
         self.data = root / "data" / "translation"
@@ -237,7 +242,7 @@ class Bench:
         self.prompts = root / "prompts.txt"
         write_lines(self.prompts, causal.prompts(a.n))
         self.env = child_env()
-        self.prefix = self._prefix(self.opus)
+        self.prefix = self._prefix(self.opus) if (self.opus / "config.json").exists() else ""
 
     @staticmethod
     def _prefix(model: Path) -> str:
@@ -279,11 +284,11 @@ class Bench:
 
 
 def fresh_dirs(save: Path) -> None:
-    import shutil
+    """A run's save folder and its temp dir, removed (the tool refuses a temp dir of old files)."""
+    from throughput import fresh
 
-    for path in (save, Path(f"{save}_tmp")):
-        if path.exists():
-            shutil.rmtree(path)
+    fresh(save)
+    fresh(Path(f"{save}_tmp"))
 
 
 def side_outputs(save: Path, procs: int) -> list[Path]:
