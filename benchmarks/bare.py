@@ -437,6 +437,16 @@ def report(rounds: Sequence[dict[str, Any]], jobs: Sequence[tuple[str, int]], mo
     return goals
 
 
+def write_results(root: Path, a: argparse.Namespace, rounds: Sequence[dict[str, Any]],
+                  goals: Sequence[tuple[str, bool]] | None) -> None:
+    from throughput import machine
+
+    out = {"machine": machine(), "args": {k: v for k, v in vars(a).items() if not k.startswith("_")},
+           "bare_batch": BARE_BATCH, "rounds": list(rounds),
+           "goals": None if goals is None else [{"goal": t, "pass": ok} for t, ok in goals]}
+    (root / "results.json").write_text(json.dumps(out, indent=1))
+
+
 JOBS = ("translate", "generate", "hf", "imbalance", "startup")
 LABELS = {"translate": "ct2 Translator", "generate": "ct2 Generator", "hf": "HF generate()",
           "imbalance hf": "imbalance, HF", "imbalance ctranslate2": "imbalance, ct2", "startup": f"start-up, {STARTUP_N} ex."}
@@ -479,7 +489,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         WORKERS[a._worker[0]](json.loads(a._worker[1]))
         return 0
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from throughput import machine, round_order
+    from throughput import round_order
 
     try:
         import ctranslate2  # noqa: F401
@@ -526,12 +536,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"(cpu {res['tool']['cpu_seconds']:.1f}){bare}{imb}{same}"
                   + ("" if load is None else f"; other load {load:.2f} cores"), flush=True)
         rounds.append(results)
+        # After every round, so that a run stopped early keeps the rounds it finished.
+        write_results(bench.root, a, rounds, None)
     models = (f"Translator and HF: {bench.opus.name}, Generator: {bench.llama.name}, imbalance and start-up: the embedded "
               f"model; {a.n} examples ({a.n_imbalance} for imbalance), {a.num_beams} beams, {a.max_new_tokens} new tokens")
     goals = report(rounds, jobs, models)
-    out = {"machine": machine(), "args": {k: v for k, v in vars(a).items() if not k.startswith("_")},
-           "bare_batch": BARE_BATCH, "rounds": rounds, "goals": [{"goal": t, "pass": ok} for t, ok in goals]}
-    (bench.root / "results.json").write_text(json.dumps(out, indent=1))
+    write_results(bench.root, a, rounds, goals)
     return 0 if all(ok for _, ok in goals) else 1
 
 
