@@ -14,7 +14,8 @@ the first two):
              max_batch_size=64)` (the library's own sorting and batching), decode, write. On an
              opus-mt-en-de-size BART with random weights (throughput.py's build_opus_size).
   generate   the same with the Generator (`generate_batch`, `include_prompt_in_result=False`) on
-             causal.py's 59M Llama-style model with random weights and its prompts.
+             a Llama-style model with random weights (causal.py's, --llama_size small: 4 layers, hidden
+             512, 15M parameters, where the model's work is most of a run's time) and its prompts.
   hf         the tool's HF engine against a plain `model.generate()` loop over the same batches
              (the members the tool ran, read from its journal), one process, on the opus-size BART.
   imbalance  the tool alone on the embedded model, --n_imbalance examples, 2 ranks, on each engine:
@@ -231,9 +232,10 @@ class Bench:
             self.opus = self.embedded
         elif {"translate", "hf"} & set(a.only):
             build_opus_size(self.opus)
-        self.llama = root / ("llama-tiny" if a.small else "llama")
+        size = "tiny" if a.small else a.llama_size
+        self.llama = root / f"llama-{size}"
         if "generate" in a.only and not (self.llama / "model.safetensors").exists():
-            causal.make_model(self.llama, "tiny" if a.small else "base", a.max_new_tokens)
+            causal.make_model(self.llama, size, a.max_new_tokens)
         need = max(a.n, a.n_imbalance)
         self.data = root / "data" / "translation"
         if len(read_lines(self.data / "test.source") if (self.data / "test.source").exists() else []) < need:
@@ -461,6 +463,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(JOBS), help=f"which jobs run, comma-separated: some of {', '.join(JOBS)}")
     p.add_argument("--num_beams", type=int, default=4)
     p.add_argument("--max_new_tokens", type=int, default=64)
+    p.add_argument("--llama_size", choices=("small", "base", "large"), default="small",
+                   help="causal.py's Llama-style model of the generate job (small: 15M parameters, 4 beams of 64 new "
+                        "tokens for 240 prompts take minutes at one thread; base: 59M)")
     p.add_argument("--small", action="store_true",
                    help="the embedded model in place of the opus-size BART and causal.py's tiny model: checks the script")
     p.add_argument("--out", default="bench_bare")
