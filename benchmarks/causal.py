@@ -7,8 +7,9 @@
 
 Builds a Llama-style model with random weights (--size base: 8 layers, hidden 768, 12 heads,
 intermediate 2048, tied embeddings on the embedded demo's 3,000-token tokenizer: 59M parameters;
---size large: 24 layers, hidden 1024, 16 heads, intermediate 2816: 310M; --size tiny: a small one
-for a smoke test), its generation config saying greedy search and --max_new_tokens new tokens, and
+--size large: 24 layers, hidden 1024, 16 heads, intermediate 2816: 310M; --size small: 4 layers,
+hidden 512, 8 heads, intermediate 1536: 15M, bare.py's; --size tiny: a small one for a smoke
+test), its generation config saying greedy search and --max_new_tokens new tokens, and
 --n prompts (the embedded translation and summarization sources, as plain prompts: the tokenizer
 adds BOS; past their 708 they repeat in order). Then, per round, in turns, each as a new process timed
 from its start to its exit (imports, model loading, tokenizing, generating, writing):
@@ -57,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_samples" / "causal_model"
 SIZES = {
     "base": {"hidden_size": 768, "num_hidden_layers": 8, "num_attention_heads": 12, "intermediate_size": 2048},
+    "small": {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8, "intermediate_size": 1536},
     "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64},
     "large": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 2816},
 }

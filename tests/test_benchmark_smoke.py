@@ -342,3 +342,75 @@ def test_balance_benchmark_jobs_pass_the_dry_run_on_each_engine(tiny_model, tmp_
     args = balance.job_args(str(tiny_model), data, engine, 2, 8, [], tmp_path / "out")
     proc = single([*args, "--num_beams", "2", "--dry_run"], tmp_path)
     assert_ok(proc)
+
+
+def test_bare_benchmark_runs_the_tool_and_the_bare_translator_loop(tmp_path):
+    """benchmarks/bare.py's translate job on the embedded model at one process, one round: the
+    conversion made once beforehand, then the tool's CTranslate2 engine and the bare Translator
+    loop in fresh processes, with the same outputs, timed, a ratio and its goal line. One job of
+    the five: each costs fresh interpreters; the rest of the script is tested on made-up figures
+    below."""
+    pytest.importorskip("ctranslate2", reason='the ctranslate2 extra is not installed (pip install -e ".[ctranslate2]")')
+    out = tmp_path / "bare"
+    proc = bench("bare.py", ["--small", "--n", "6", "--rounds", "1", "--only", "translate", "--procs", "1",
+                             "--out", str(out)], tmp_path, check=False)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: a goal missed, which timings on CI say nothing about
+    lines = proc.stdout.splitlines()
+    row = next(line for line in lines if line.startswith("ct2 Translator "))
+    assert row.split()[2] == "1" and row.split()[-1] == "6/6", row  # 1 process; the bare loop's outputs are the tool's
+    verdicts = [line for line in lines if line.startswith(("PASS ", "MISS "))]
+    assert len(verdicts) == 1 and "ct2 Translator at 1 process(es): bare/tool >= 0.9: " in verdicts[0], proc.stdout
+    report = json.loads((out / "results.json").read_text())
+    (result,) = report["rounds"][0].values()
+    assert result["identical"] == result["n"] == 6
+    assert result["ratio"] == pytest.approx(result["bare"]["wall_seconds"] / result["tool"]["wall_seconds"])
+    assert all(result[side]["cpu_seconds"] > 0 for side in ("tool", "bare"))
+    assert report["goals"][0]["pass"] == (result["ratio"] >= 0.9)
+
+
+def test_bare_benchmark_reads_batches_merges_shares_and_judges_goals(tmp_path, capsys):
+    """bare.py's own parts on made-up inputs: the tool's batches from its journals (a split batch
+    refused: its members ran in parts), strided shares back in data order, and the goals judged on
+    the medians over rounds."""
+    bare = load_benchmark("bare.py")
+    assert bare.merge_strided([["a", "c", "e"], ["b", "d"]]) == ["a", "b", "c", "d", "e"]
+    assert bare.merge_strided([["x"]]) == ["x"]
+    journals = tmp_path / "tmp"
+    journals.mkdir()
+    (journals / "journal_rank_0.jsonl").write_text(
+        '{"batch": 1, "records": [{"id": 4}, {"id": 0}], "seconds": 1.0}\n{"other": 1}\n'
+        '{"batch": 0, "records": [{"id": 2}], "seconds": 0.5}\n')
+    (journals / "journal_rank_1.jsonl").write_text('{"batch": 2, "records": [{"id": 1}, {"id": 3}], "seconds": 1.0}\n')
+    assert bare.journal_batches(journals) == [[4, 0], [2], [1, 3]]
+    (journals / "journal_rank_1.jsonl").write_text('{"batch": 2, "split": [0, 2], "of": 2, "into": [[0, 1], [1, 2]]}\n')
+    with pytest.raises(SystemExit, match="batch 2 was split"):
+        bare.journal_batches(journals)
+    with pytest.raises(SystemExit, match="no finished batch"):
+        bare.journal_batches(tmp_path)
+
+    def pair(job, procs, tool, bare_s, imbalance=None, tool_cpu=1.0, bare_cpu=1.0):
+        return {"job": job, "procs": procs, "tool": {"wall_seconds": tool, "cpu_seconds": tool_cpu, "rank_imbalance": imbalance},
+                "bare": {"wall_seconds": bare_s, "cpu_seconds": bare_cpu}, "ratio": bare_s / tool,
+                "cpu_difference": tool_cpu - bare_cpu, "identical": 5, "n": 5}
+
+    # Medians over 3 rounds: translate at 2 processes 0.95 (PASS), imbalance 1.2 (MISS); hf 0.9 (MISS);
+    # start-up 0.4 CPU seconds over the plain script (PASS).
+    rounds = [{"translate 2": pair("translate", 2, 10.0, b, i), "hf 1": pair("hf", 1, 10.0, h),
+               "startup 1": pair("startup", 1, 5.0, 4.0, tool_cpu=c, bare_cpu=5.0)}
+              for b, i, h, c in ((9.5, 1.2, 9.0, 5.4), (8.0, 1.0, 9.9, 5.2), (9.9, 1.3, 8.0, 6.0))]
+    goals = bare.report(rounds, [("translate", 2), ("hf", 1), ("startup", 1)], "made up")
+    lines = capsys.readouterr().out.splitlines()
+    assert [ok for _, ok in goals] == [True, False, False, True]
+    assert [line.split(":")[-1].strip() for line in lines if line.startswith(("PASS", "MISS"))] == [
+        "0.950", "1.200", "0.900", "5.40 - 5.00 = +0.40"]
+    row = next(line for line in lines if line.startswith("ct2 Translator"))
+    assert row.split()[2:] == ["2", "10.0", "9.5", "0.950", "1.00", "1.00", "1.200", "5/5"], row
+
+
+def test_bare_benchmark_refuses_an_unknown_job_before_any_work(tmp_path, capsys):
+    bare = load_benchmark("bare.py")
+    with pytest.raises(SystemExit) as e:
+        bare.parse_args(["--only", "translate,nope", "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    assert "--only: nope: no such job; expected some of translate, generate, hf, imbalance, startup" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
