@@ -119,9 +119,10 @@ def _fork_server() -> ForkServer:
 LONGEST_FIRST = ("test_faults.py", "test_embedded.py", "test_benchmark_smoke.py", "test_steal.py", "test_causal.py", "test_engines.py",
                  "test_comet.py", "test_model_metrics.py", "test_bertscore.py", "test_new_user.py", "test_ecosystem.py",
                  "test_scale_benchmark.py", "test_metrics_more.py", "test_engine_identity.py", "test_zoo.py", "test_api.py",
+                 "test_select_in_run.py", "test_select_ranks.py", "test_selection_models.py", "test_budget.py",
                  "test_metrics.py", "test_paths.py", "test_ownership.py", "test_publish.py", "test_transaction.py", "test_shrink.py", "test_threads.py",
                  "test_legacy.py", "test_launcher.py", "test_bad_inputs.py", "test_verdicts.py", "test_effective_settings.py",
-                 "test_oom.py", "test_pipeline.py", "test_compare.py", "test_engine_settings.py",
+                 "test_oom.py", "test_pipeline.py", "test_startup.py", "test_compare.py", "test_engine_settings.py",
                  "test_stop_matrix.py", "test_trainer_subclasses.py", "test_model_files.py")
 
 

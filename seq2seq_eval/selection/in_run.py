@@ -65,26 +65,28 @@ class RunSelection:
         self.done = self._journaled()
         self.resumed = 0
 
-    def _journaled(self) -> dict[int, list[Any]]:
+    def _journaled(self) -> dict[int, tuple[Path, int]]:
+        """Where each batch's journaled selections are (its journal and the line's byte offset),
+        not the selections: a resumed run of a million examples at N = 16 would otherwise hold
+        16 million scores on every rank; this holds two small values a batch."""
         token = folder_token(self.tmp_dir)
-        found: dict[int, list[Any]] = {}
+        found: dict[int, tuple[Path, int]] = {}
         for path in sorted(self.tmp_dir.glob("select_rank_*.jsonl")):
             with open(path, "rb") as f:
+                offset = 0
                 for line in f:  # a line at a time, not the journal at once
+                    at, offset = offset, offset + len(line)
                     if not line.endswith(b"\n"):
                         break  # a torn last line is not a batch
-                    try:
-                        entry = json.loads(line)
-                    except ValueError:
-                        continue
-                    if (isinstance(entry, dict) and entry.get("select") == self.key and entry.get("tmp") == token
-                            and isinstance(entry.get("selections"), list)):
-                        found.setdefault(int(entry["batch"]), entry["selections"])
+                    entry = _entry(line)
+                    if entry is not None and entry.get("select") == self.key and entry.get("tmp") == token:
+                        found.setdefault(int(entry["batch"]), (path, at))
         return found
 
     def apply(self, index: int, examples: Sequence[Any], records: list[dict[str, Any]]) -> None:
         """Batch `index`'s selections into its records, from the journal or made and journaled now."""
-        chosen = self.done.get(index)
+        where = self.done.get(index)
+        chosen = _read_selections(*where) if where is not None else None
         if chosen is not None and len(chosen) == len(records):
             self.resumed += 1
         else:
@@ -99,6 +101,24 @@ class RunSelection:
     def close(self) -> None:
         if self._journal is not None:
             self._journal.close()
+
+
+def _entry(line: bytes) -> dict[str, Any] | None:
+    """A journal line's entry, or None for a line that is not one (a torn or foreign line)."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(entry, dict) and isinstance(entry.get("selections"), list) and isinstance(entry.get("batch"), int)
+    return entry if ok else None
+
+
+def _read_selections(path: Path, at: int) -> list[Any] | None:
+    """The selections journaled at byte `at` of `path` (read when the batch comes up)."""
+    with open(path, "rb") as f:
+        f.seek(at)
+        entry = _entry(f.readline())
+    return entry["selections"] if entry is not None else None
 
 
 def chosen(record: Mapping[str, Any]) -> str:
