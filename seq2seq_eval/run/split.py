@@ -20,7 +20,7 @@ def capped_costs(first_lengths: np.ndarray, bounds: np.ndarray, out_cap: int, be
 
 MAX_BATCH_SHARE = 16
 """A token budget's cut leaves no batch above 1/MAX_BATCH_SHARE of the set's bound cost
-(bound_costs) where it can be split (_split_costly). Why: a rank waits at the end for at most the
+(plan.bound_costs) where it can be split (split_costly). Why: a rank waits at the end for at most the
 batch another rank is running, so on a small set a few large batches leave a rank idle for a large
 part of the run (issue 63: 240 examples in 5 batches at CTranslate2's 2048 tokens, the ranks
 finished 9.9 s apart). At most 1/16 of the set a batch, 2 ranks wait for at most 1/8 of a rank's
