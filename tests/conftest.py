@@ -90,6 +90,54 @@ def run_ranks(nproc: int, args: list[str], cwd: Path, timeout: float = 240, env:
     return _fork_server().run(args, cwd, timeout, _env(env), ranks=nproc, script=str(script) if script else None)
 
 
+def _holder(path: Path, timeout: float) -> int:
+    """The process that has `path` open (a rank's journal): a forked rank has no environment of
+    its own to be found by, but its open files are in /proc."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    want = os.path.realpath(path)
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fds = list((entry / "fd").iterdir())
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(fd) == want:
+                        return int(entry.name)
+                except OSError:
+                    continue
+        time.sleep(0.02)
+    raise TimeoutError(f"no process holds {path} open")
+
+
+def kill_rank_after_first_line(args: list[str], journal: Path, cwd: Path, timeout: float = 120
+                               ) -> subprocess.CompletedProcess | None:
+    """2 forked ranks of `args`; the rank holding `journal` open is SIGKILLed once the journal
+    holds its first line (the launcher then stops the other). The launch's result, None if it
+    did not return within 2 x `timeout`."""
+    import signal
+    import time
+
+    result: list = []
+    launched = threading.Thread(target=lambda: result.append(run_ranks(2, args, cwd=cwd)))
+    launched.start()
+    try:
+        pid = _holder(journal, timeout)
+        deadline = time.monotonic() + timeout
+        while journal.read_bytes().count(b"\n") < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(pid, signal.SIGKILL)
+    finally:
+        launched.join(2 * timeout)
+    return result[0] if result else None
+
+
 def single(args: list[str], cwd: Path, timeout: float = 240, env: dict | None = None,
            fresh: bool = False, script: str | Path | None = None) -> subprocess.CompletedProcess:
     """`python -m seq2seq_eval` with no launcher: one process. Forked from an interpreter that

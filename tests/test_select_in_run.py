@@ -6,14 +6,10 @@ rank is killed and the run resumed. The checks come before any generation."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_ok, run_ranks, single
+from conftest import assert_ok, kill_rank_after_first_line, run_ranks, single
 from sacrebleu.metrics import BLEU, CHRF
 
 from seq2seq_eval.cli import build_config, main
@@ -87,40 +83,12 @@ def test_the_same_bytes_at_1_2_and_3_ranks(runs):
         assert (runs[1] / name).read_bytes() == (runs[2] / name).read_bytes() == (runs[3] / name).read_bytes(), name
 
 
-def _holder(path: Path, timeout: float = 120) -> int:
-    """The rank that has `path` (its selection journal) open: found by its open files in /proc."""
-    deadline = time.monotonic() + timeout
-    want = os.path.realpath(path)
-    while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if any(os.readlink(fd) == want for fd in (entry / "fd").iterdir()):
-                        return int(entry.name)
-                except OSError:
-                    continue
-        time.sleep(0.02)
-    raise TimeoutError(f"no process holds {path} open")
-
-
 def test_a_killed_rank_resumes_without_selecting_again(runs, tiny_model, data23, tmp_path):
     save = tmp_path / "out"
     tmp = Path(f"{save}_tmp")
     args = args_for(tiny_model, data23, "--save_dir", str(save))
-    result: list = []
-    launched = threading.Thread(target=lambda: result.append(run_ranks(2, args, cwd=tmp_path)))
-    launched.start()
-    try:
-        journal = tmp / "select_rank_1.jsonl"
-        pid = _holder(journal)
-        deadline = time.monotonic() + 120
-        while journal.read_bytes().count(b"\n") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
-    finally:
-        launched.join(240)
-    assert result and result[0].returncode != 0
+    result = kill_rank_after_first_line(args, tmp / "select_rank_1.jsonl", tmp_path)
+    assert result is not None and result.returncode != 0
     selected_before = sorted(json.loads(x)["batch"] for p in tmp.glob("select_rank_*.jsonl")
                              for x in p.read_text().splitlines())
     assert 0 < len(selected_before) < 12

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import _env, assert_ok, run_ranks, single
+from conftest import _env, assert_ok, kill_rank_after_first_line, run_ranks, single
 
 from seq2seq_eval.cli import main
 from seq2seq_eval.selection.command import selection_lines
@@ -78,29 +77,6 @@ def test_the_same_bytes_at_1_2_and_3_processes(small, tmp_path, n):
     assert sorted(os.listdir(tmp_path)) == [".seq2seq_eval_outputs.json", "sel.jsonl"]
 
 
-def _holder(path: Path, timeout: float = 60) -> int:
-    """The process that has `path` open (a rank's journal): a forked rank has no environment of
-    its own to be found by, but its open files are in /proc."""
-    deadline = time.monotonic() + timeout
-    want = os.path.realpath(path)
-    while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fds = list((entry / "fd").iterdir())
-            except OSError:
-                continue
-            for fd in fds:
-                try:
-                    if os.readlink(fd) == want:
-                        return int(entry.name)
-                except OSError:
-                    continue
-        time.sleep(0.02)
-    raise TimeoutError(f"no process holds {path} open")
-
-
 def _journaled(tmp: Path) -> list[int]:
     return sorted(json.loads(line)["batch"] for p in tmp.glob("journal_rank_*.jsonl")
                   for line in p.read_text(encoding="utf-8").splitlines())
@@ -115,22 +91,8 @@ def test_a_killed_rank_resumes_to_the_same_bytes(tmp_path):
     path = beam_like(tmp_path / "beam.jsonl", 40)
     out, tmp = tmp_path / "sel.jsonl", tmp_path / "sel.jsonl_tmp"
     args = select_args(path, "--output", str(out))
-    import threading
-
-    result: list = []
-    launched = threading.Thread(target=lambda: result.append(run_ranks(2, args, cwd=tmp_path)))
-    launched.start()
-    try:
-        journal = tmp / "journal_rank_1.jsonl"
-        pid = _holder(journal)
-        deadline = time.monotonic() + 60
-        while journal.read_bytes().count(b"\n") < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        os.kill(pid, signal.SIGKILL)
-    finally:
-        launched.join(120)
-    assert result and result[0].returncode != 0
+    result = kill_rank_after_first_line(args, tmp / "journal_rank_1.jsonl", tmp_path, timeout=60)
+    assert result is not None and result.returncode != 0
     before = _journaled(tmp)
     assert 0 < len(before) < 13 and len(set(before)) == len(before)
     assert not out.exists()
