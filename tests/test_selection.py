@@ -303,3 +303,13 @@ def test_parity_with_mbrs(mbrs_results, name, utility):
             assert ours.index == r["candidates"].index(by_text[0][0])
             texts += 1
     assert compared > 0 and texts >= compared, "no example with a unique best: the fixture compares no selection"
+
+
+@pytest.mark.parametrize("metric, flag", [("chrf", "--comet_model"), ("bleu", "--metricx_qe"), ("chrf", "--model_metric_max_tokens")])
+def test_a_model_option_the_selection_does_not_read_is_refused(capsys, tmp_path, metric, flag):
+    """Before the candidates are read (the file named does not exist): a flag that changes nothing."""
+    value = [] if flag == "--metricx_qe" else ["512" if flag.endswith("tokens") else str(tmp_path / "m")]
+    rc, out, err = run_select(capsys, "--candidates", str(tmp_path / "none.jsonl"), "--select", "mbr",
+                              "--select_metric", metric, flag, *value)
+    assert rc == 2 and out == "" and f"{flag}" in err and f"--select_metric {metric}" in err
+    assert len(err.strip().splitlines()) == 1

@@ -95,6 +95,8 @@ def select_main(argv: Sequence[str], env: DistEnv | None = None, write: Callable
     check_selection(args.select, args.select_metric)
     _, options = registry.split_options(vars(args))
     resolved = dict(registry.resolve_options(options, "select: "))
+    # A model option the selection does not read would change nothing: refused, as a run refuses it.
+    registry.refuse_unused(resolved, [args.select_metric], f"--select_metric {args.select_metric}")
     candidates = Path(args.candidates)
     output = _check_output(candidates, args.output) if args.output else None
     tmp = _tmp_dir(args, output, env.world_size)
