@@ -36,11 +36,11 @@ import tempfile
 from pathlib import Path
 
 # What every run that gets past its flags imports (the model's libraries, the metrics' and the
-# rank files', this package's own, and pandas, which pyarrow imports on its first table), the bulk
-# of its start-up. Not `datasets`: it reads its cache location from the environment when
+# rank files', this package's own), the bulk of its start-up. Not pandas: a run keeps it out
+# (seq2seq_eval/pandas_probe.py), and a run forked from here does the same. Not `datasets`: it reads its cache location from the environment when
 # imported, and runs set their own.
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "transformers.generation", "sacrebleu",
-           "rouge_score.rouge_scorer", "pyarrow", "pandas", "seq2seq_eval.cli", "seq2seq_eval.run.runner",
+           "rouge_score.rouge_scorer", "pyarrow", "seq2seq_eval.cli", "seq2seq_eval.run.runner",
            # What transformers imports lazily on a run's first from_pretrained and generate(), and
            # the modelling code of the two models most runs load (the tests' tiny T5, the embedded
            # Marian): imported in every run otherwise.

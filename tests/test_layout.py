@@ -90,9 +90,10 @@ def test_the_tree_shows_the_data_flow():
     # package and by the provenance the outputs step writes, without importing the package;
     # numerics: MKL's mode, set by the run and by a model metric before their models run; pickles:
     # torch files read without running code, by the model step and by the model metrics alike;
-    # trainer_view: what the callback reads of a Trainer's own loop).
+    # trainer_view: what the callback reads of a Trainer's own loop; pandas_probe: pandas kept out
+    # of the tool's own processes, by __main__, and let back in by the inputs step for datasets).
     assert top == ["__init__", "__main__", "api", "atomic", "callback", "cli", "config", "errors", "legacy", "mapped",
-                   "numerics", "options", "pickles", "trainer_view", "version"]
+                   "numerics", "options", "pandas_probe", "pickles", "trainer_view", "version"]
     # A subpackage's __init__ says what the step is, and runs no code (engines/__init__ is the
     # registry of engines, which the rest of the package calls).
     for step in (s for s in STEPS if s != "engines"):

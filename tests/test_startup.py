@@ -212,3 +212,60 @@ def test_the_time_breakdown_names_each_startup_step(tmp_path):
     # The steps of the run itself add up to its start-up (before_run is the process's time before it).
     assert sum(v for k, v in steps.items() if k != "before_run") == pytest.approx(tb["startup"], rel=0.05, abs=0.05)
     assert tb["prepare"] == {k: steps[k] for k in tb["prepare"]}
+
+
+AS_THE_TOOL_REPORTING_PANDAS = textwrap.dedent("""\
+    import runpy, sys
+    try:
+        runpy.run_module("seq2seq_eval", run_name="__main__", alter_sys=True)
+    finally:
+        open("pandas_imported", "w").write(str("pandas" in sys.modules))
+""")
+
+
+def test_a_run_never_imports_pandas(tmp_path):
+    """pyarrow would import pandas (0.2-0.3 CPU-s) at its first conversion of Python objects; the
+    tool never hands it a pandas object, so its processes keep pandas out."""
+    script = tmp_path / "as_tool.py"
+    script.write_text(AS_THE_TOOL_REPORTING_PANDAS)
+    save = tmp_path / "out"
+    assert_ok(single(["--n_obs", "3", "--save_dir", str(save), "--num_return_sequences", "2"], cwd=tmp_path,
+                     env={"SEQ2SEQ_EVAL_CACHE": str(tmp_path / "cache")}, script=script))
+    assert (save / "pseudolabel_results.json").is_file()  # the merge's tables, takes and JSON were made
+    assert (tmp_path / "pandas_imported").read_text() == "False"
+
+
+PROBE = textwrap.dedent("""\
+    import importlib.util, sys
+    from seq2seq_eval import pandas_probe
+    pandas_probe.skip()
+    import numpy as np, pyarrow as pa, pyarrow.compute as pc
+    pa.array(["x", None]); pa.array(np.arange(3)); pa.scalar(1.5); pa.array([1, 2]).to_numpy(); pc.equal(pa.array([1]), 1)
+    assert "pandas" not in sys.modules
+    assert importlib.util.find_spec("pandas") is not None  # installed, as availability checks see it
+    try:
+        import pandas
+    except ImportError as e:
+        assert "\\n" not in str(e) and "pandas_probe" in str(e), e
+    else:
+        raise AssertionError("pandas imported while kept out")
+    from seq2seq_eval.inputs import hub  # the datasets library, which uses pandas, puts it back
+    ds = hub.load_split(sys.argv[1], None, "train")
+    assert ds["id"] == ["a", "b"], ds["id"]
+    import pandas as pd
+    assert isinstance(pa.array(pd.Series(pd.Categorical(["u", "v", "u"]))), pa.DictionaryArray)
+    assert pa.Table.from_pandas(pd.DataFrame({"k": [1]})).num_rows == 1
+    print("ok")
+""")
+
+
+def test_pandas_kept_out_is_importable_again_for_the_datasets_library(tmp_path):
+    """While kept out, pandas is found but not imported, with a one-line reason; loading a dataset
+    file brings it back, and pyarrow then sees pandas objects as pandas objects again."""
+    pytest.importorskip("datasets")
+    csv = tmp_path / "set.csv"
+    csv.write_text("id,source,target\na,x,y\nb,z,w\n")
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    out = single([str(csv)], cwd=tmp_path, env={"HF_DATASETS_CACHE": str(tmp_path / "hf")}, script=script, fresh=True)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

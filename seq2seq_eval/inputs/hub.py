@@ -136,9 +136,19 @@ def _dataset_slices(ds: Any, id_col: str | None) -> Iterator[tuple[Callable[[str
         yield values, list(range(base, base + len(part))) if id_col is None else values(id_col)
 
 
+def _datasets() -> Any:
+    """The datasets library, with pandas importable again (it uses it; pandas_probe kept it out)."""
+    from .. import pandas_probe
+
+    pandas_probe.restore()
+    import datasets
+
+    return datasets
+
+
 def load_split(name: str, config: str | None, split: str) -> Any:
     """One split as a `datasets.Dataset`; every failure is a one-line DataError."""
-    import datasets
+    datasets = _datasets()
     from datasets.exceptions import DatasetsError
 
     path = Path(name).expanduser()
@@ -181,7 +191,7 @@ def load_split(name: str, config: str | None, split: str) -> Any:
 def _csv_text_features(path: Path) -> Any:
     import csv
 
-    import datasets
+    datasets = _datasets()
 
     with open(path, encoding="utf-8", newline="") as f:
         header = next(csv.reader(f), None)
@@ -224,7 +234,7 @@ def _reason(e: BaseException) -> str:
 @contextlib.contextmanager
 def _progress_bars(show: bool) -> Iterator[None]:
     """datasets' "Generating test split" bars, once per rank, only with --debug; restored after."""
-    import datasets
+    datasets = _datasets()
 
     was_enabled = datasets.is_progress_bar_enabled()
     if not show:
