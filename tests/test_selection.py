@@ -117,6 +117,68 @@ def test_select_mbr_refuses_what_it_cannot_do():
         select_mbr(["a", "b"], "ter")
 
 
+# --- the chrF matrix in numpy (selection/chrf.py) against sacrebleu's per-pair loop -------------
+
+def test_chrf_module_keeps_sacrebleus_defaults():
+    """chrf.py computes CHRF()'s sentence score: a sacrebleu whose defaults moved fails here."""
+    from seq2seq_eval.selection import chrf
+
+    m = CHRF()
+    assert (m.char_order, m.word_order, m.beta, m.lowercase, m.whitespace, m.eps_smoothing) == (
+        chrf.CHAR_ORDER, 0, chrf.BETA, False, False, False)
+
+
+CHRF_TEXTS = {
+    # n-grams do not run from one text into the next: "bc" shares no bigram with "ab" or "cd",
+    # though the texts end to end ("abcdbc") would hold one
+    "boundaries": ["ab", "cd", "bc", "abcd"],
+    # clipped matches: "aaaa" holds the unigram a 4 times, "aa" twice
+    "clipping": ["aaaa", "aa", "aaaaaaa", "a"],
+    # shorter than the 6 orders, empty, and blank (nothing left once whitespace goes)
+    "short": ["", "a", "ab c", " \t ", "abcdef", "abcdefg"],
+    # whitespace as str.split() finds it (no-break, ideographic, line separator, \x1c) is removed;
+    # case and punctuation are kept
+    "whitespace": ["a\u00a0b\u3000c", "abc", "a\u2028b\x1cc.", "ABC", "a b c"],
+    # characters beyond the BMP, combining marks, CJK, and a lone surrogate (a character to
+    # Python and to sacrebleu alike)
+    "unicode": ["日本語のテキスト", "日本語テキスト", "e\u0301té 😀😀", "été 😀", "\ud800a\ud800", "?a?", "a"],
+    "repeats": ["the cat sat on the mat the cat", "the cat sat on the mat", "on the mat the cat sat"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHRF_TEXTS))
+def test_chrf_matrix_is_sacrebleus_sentence_chrf_bit_for_bit(name):
+    from seq2seq_eval.selection.chrf import chrf_matrix
+
+    texts = CHRF_TEXTS[name]
+    assert chrf_matrix(texts).tolist() == brute_force(texts, "chrf")
+
+
+@pytest.mark.parametrize("name", sorted(CHRF_TEXTS))
+def test_chrf_pair_statistics_are_sacrebleus_rows(name):
+    """The integers behind the scores, sacrebleu's [hyp, ref, match] per order, its convention
+    included: no hypothesis n-grams counted for an order the reference has none of."""
+    from seq2seq_eval.selection.chrf import pair_statistics
+
+    texts = CHRF_TEXTS[name]
+    hyp, ref, match = pair_statistics(texts)
+    ours = [[[int(x[n, i, j]) for n in range(6) for x in (hyp, ref, match)] for j in range(len(texts))]
+            for i in range(len(texts))]
+    assert ours == [[CHRF()._extract_corpus_statistics([h], [[r]])[0] for r in texts] for h in texts]
+
+
+def test_chrf_matrix_in_blocks_is_the_same(monkeypatch):
+    """Long candidates take the pair rows in blocks (chrf.BLOCK cells at a time): any block size
+    gives the same matrix, here one row at a time, on texts of a few thousand characters."""
+    from seq2seq_eval.selection import chrf
+
+    texts = list(dict.fromkeys(records("sample16")[2]["candidates"]))
+    texts.append(" ".join(records("sample16")[3]["candidates"] * 8))
+    whole = chrf.chrf_matrix(texts)
+    monkeypatch.setattr(chrf, "BLOCK", 1)
+    assert chrf.chrf_matrix(texts).tolist() == whole.tolist() == brute_force(texts, "chrf")
+
+
 # --- the command -----------------------------------------------------------------------------
 
 def run_select(capsys, *args: str) -> tuple[int, str, str]:

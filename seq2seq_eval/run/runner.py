@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from .prepare import Prepared, describe_plan, idle_ranks_warning, prepare
 from .presence import Presence
 from .rank import generate_rank
 from .sharedtail import write_my_part
+from .signals import Signals as _Signals
 from .startup import Steps, import_libraries, process_age
 from .tmpdir import (
     STOPPED,
@@ -52,26 +52,6 @@ MAIN_POLL_S = 0.5
 """How often a rank that has finished generating looks whether rank 0 is still there."""
 
 logger = logging.getLogger("seq2seq_eval")
-
-
-class _Signals:
-    """SIGINT/SIGTERM become an `Interrupted` exception in the main thread. torchrun sends
-    SIGTERM to every worker when one of them dies; unwinding (instead of dying at once) lets
-    rank 0 say which examples are missing. Finished batches are already fsynced in the journal."""
-
-    def __enter__(self) -> "_Signals":
-        self._old = {}
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._old[sig] = signal.signal(sig, self._raise)
-        return self
-
-    @staticmethod
-    def _raise(signum: int, frame: Any) -> None:
-        raise Interrupted(f"interrupted by {signal.Signals(signum).name}")
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._old.items():
-            signal.signal(sig, handler)
 
 
 def run(cfg: EvalConfig, env: DistEnv | None = None, *, process_group: ProcessGroup | None = None,

@@ -6,7 +6,8 @@ its expected utility is the mean of its row under uniform weights, as mbrs 0.1.8
 computes it with the hypotheses as the references. The utilities are the project's sentence
 scores (scoring/sacre.py), which are sacrebleu's `sentence_score` with the settings mbrs'
 `MetricChrF` and `MetricBLEU` default to: `CHRF()` (character order 6, no word n-grams, beta 2,
-no epsilon smoothing) and `BLEU(effective_order=True)` (13a, exp smoothing).
+no epsilon smoothing) and `BLEU(effective_order=True)` (13a, exp smoothing). chrF's matrix is
+computed in numpy (chrf.py), each text's n-grams counted once, the same floats as sacrebleu's.
 
 The mean is taken in float64 over an exactly rounded sum (math.fsum): mbrs holds the matrix and
 its mean in float32, which moves a mean by up to about 1e-5 on the 100-point scale; the float64
@@ -22,10 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sacrebleu.metrics.chrf import CHRF
-from sacrebleu.metrics.helpers import extract_all_char_ngrams
 
 from ..scoring.sacre import SACREBLEU_METRICS
+from .chrf import chrf_matrix
 
 MBR_UTILITIES = ("chrf", "bleu")
 """The --select_metric names `mbr` computes here (mbrs' chrF and BLEU with their defaults)."""
@@ -44,35 +44,17 @@ def utility_matrix(candidates: Sequence[str], utility: str) -> np.ndarray:
     """The N x N float64 matrix: row i, column j = candidate i scored against candidate j as its
     one reference. Each distinct pair of texts is scored once (beam and sampled candidates repeat
     themselves), then spread over the positions that hold those texts."""
-    metric = SACREBLEU_METRICS[utility]
     distinct = list(dict.fromkeys(candidates))
     d = len(distinct)
     if utility == "chrf":
-        rows = _chrf_statistics(distinct)
+        scores = chrf_matrix(distinct)
     else:
+        metric = SACREBLEU_METRICS[utility]
         rows = metric.statistics([h for h in distinct for _ in range(d)], [(r,) for _ in range(d) for r in distinct])
-    scores = np.array(metric.sentence_scores(rows), dtype=np.float64).reshape(d, d)
+        scores = np.array(metric.sentence_scores(rows), dtype=np.float64).reshape(d, d)
     where = {text: k for k, text in enumerate(distinct)}
     at = np.array([where[c] for c in candidates], dtype=np.intp)
     return scores[np.ix_(at, at)]
-
-
-def _chrf_statistics(texts: Sequence[str]) -> list[list[int]]:
-    """sacrebleu's chrF statistics row of every (hypothesis, reference) pair of `texts`, row-major:
-    what `CHRF()._extract_corpus_statistics` gives one pair at a time (its
-    `_compute_segment_statistics` with one reference), with each text's character n-grams
-    extracted once instead of twice per pair, a third of the time at N = 16."""
-    scorer = CHRF()
-    grams = [extract_all_char_ngrams(scorer._preprocess_segment(t), scorer.char_order, scorer.whitespace)
-             for t in texts]
-    rows = []
-    for hyp in grams:
-        for ref in grams:
-            row: list[int] = []
-            for h, r in zip(hyp, ref):
-                row.extend(scorer._get_match_statistics(h, r))
-            rows.append(row)
-    return rows
 
 
 def expected_utilities(matrix: np.ndarray) -> tuple[float, ...]:

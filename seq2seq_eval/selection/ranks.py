@@ -29,6 +29,7 @@ from ..run.dist import DistEnv, ProcessGroup
 from ..run.journal import Journal, journal_file, journal_files
 from ..run.plan import assign_batches
 from ..run.presence import Presence, main_rank_state, mark_done, wait_for_ranks_to_leave
+from ..run.signals import Signals
 from ..run.steal import Claims
 from ..run.tmpdir import (STOPPED, RunLock, claim_tmp_dir, cleanup_tmp_dir, finished_journals, new_token,
                           prepare_tmp_dir, refuse_earlier_run)
@@ -130,13 +131,11 @@ def _agree(env: DistEnv, pg: ProcessGroup, check: Callable[[], Any]) -> Any:
 def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Callable[[str], None]) -> int:
     """This rank's share of the selection; rank 0 also prints or publishes every line. Returns
     the number of examples."""
-    from ..run.runner import _Signals
-
     pg = ProcessGroup(env, "gloo", job.sync_timeout)
     holder: list[RunLock] = []  # rank 0's lock on the temp dir, from its claim on
     presence: Presence | None = None
     try:
-        with _Signals():
+        with Signals():
 
             def claim() -> CandidateIndex:
                 index = index_candidates(job.candidates, job.mode, PER_BATCH)
