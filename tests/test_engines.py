@@ -210,10 +210,15 @@ def test_sampling_is_seeded_per_batch(cache):
 
 SAMPLE = ["--do_sample", "true", "--num_beams", "1", "--num_return_sequences", "3", "--n_obs", "24", "--bs", "4",
           "--seed", "3"]
+SELECT = ["--select", "mbr", "--select_metric", "chrf", "--pseudo_target"]
 
 
 def test_pseudolabels_from_ctranslate2(cache, tmp_path):
-    """Beam candidates with their scores, and seeded samples that are the same at 1 and 2 ranks."""
+    """Beam candidates with their scores, and seeded samples that are the same at 1 and 2 ranks,
+    the samples chrF-MBR-selected in the run (--select): each generation is the candidate `select`
+    chooses over the run's own pseudolabel file, the same at 1 and 2 ranks."""
+    from seq2seq_eval.selection.command import selection_lines
+
     beams = tmp_path / "beams"
     # length_penalty 0: with forced_eos_token_id, CTranslate2 gives generate()'s candidates below the
     # best only then (ct2_rules).
@@ -224,12 +229,24 @@ def test_pseudolabels_from_ctranslate2(cache, tmp_path):
     assert len(rows) == 24 and all(len(r["candidates"]) == 3 and len(r["scores"]) == 3 for r in rows)
     assert all(r["scores"] == sorted(r["scores"], reverse=True) for r in rows)
     one, two = tmp_path / "one", tmp_path / "two"
-    assert_ok(single([*CT2, *SAMPLE, "--save_dir", str(one)], cwd=tmp_path, env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
-    assert_ok(run_ranks(2, [*CT2, *SAMPLE, "--save_dir", str(two)], cwd=tmp_path, env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
-    for name in ("pseudolabel_results.json", "test_pseudolabels.jsonl", "test_generations.txt"):
-        assert (one / name).read_bytes() == (two / name).read_bytes()
+    assert_ok(single([*CT2, *SAMPLE, *SELECT, "--save_dir", str(one)], cwd=tmp_path,
+                     env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
+    assert_ok(run_ranks(2, [*CT2, *SAMPLE, *SELECT, "--save_dir", str(two)], cwd=tmp_path,
+                        env={"SEQ2SEQ_EVAL_CACHE": str(cache)}))
+    for name in ("pseudolabel_results.json", "test_pseudolabels.jsonl", "test_generations.txt", "test_examples.jsonl",
+                 "test.pseudo.target"):
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
     sampled = json.loads((one / "pseudolabel_results.json").read_text())
     assert sum(len(set(r["preds"])) > 1 for r in sampled) >= len(sampled) // 3  # draws, not one text thrice
+    generations = (one / "test_generations.txt").read_text(encoding="utf-8").splitlines()
+    examples = [json.loads(line) for line in (one / "test_examples.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [e["candidates"][e["selected"]] for e in examples] == generations
+    assert any(e["selected"] != 0 for e in examples)  # the selection changed something
+    selected = [json.loads(line) for line in selection_lines(one / "test_pseudolabels.jsonl", "mbr", "chrf")]
+    assert [s["prediction"] for s in selected] == generations
+    assert [s["select_scores"] for s in selected] == [e["select_scores"] for e in examples]
+    assert (one / "test.pseudo.target").read_text(encoding="utf-8").splitlines() == generations
+    assert [r["preds"][0] for r in sampled] == generations  # the legacy file: the selection first
 
 
 def test_resume_after_a_kill_reuses_the_converted_model(tmp_path):

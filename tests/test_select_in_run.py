@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import assert_ok, kill_rank_after_first_line, run_ranks, single
+from conftest import assert_ok, kill_rank_after_first_line, make_corpus, run_ranks, single, write_legacy
 from sacrebleu.metrics import BLEU, CHRF
 
 from seq2seq_eval.cli import build_config, main
@@ -42,6 +42,25 @@ def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines()]
 
 
+def assert_selected(save: Path, mode: str, metric: str, resolved: dict | None = None,
+                    pseudo_target: bool = True) -> list[dict]:
+    """The run's generations are its selected candidates, and what `select` chooses over the run's
+    own pseudolabel file, with the same scores; the run's --pseudo_target file holds them too.
+    Returns the examples file's records."""
+    generations = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
+    examples = lines(save / "test_examples.jsonl")
+    assert [e["candidates"][e["selected"]] for e in examples] == [e["prediction"] for e in examples] == generations
+    selected = [json.loads(x) for x in selection_lines(save / "test_pseudolabels.jsonl", mode, metric, resolved)]
+    assert [s["prediction"] for s in selected] == generations
+    assert [s["select_scores"] for s in selected] == [e["select_scores"] for e in examples]
+    target = save / "test.pseudo.target"
+    if pseudo_target:
+        assert target.read_text(encoding="utf-8").splitlines() == generations
+    else:
+        assert not target.exists()
+    return examples
+
+
 def test_the_generation_is_the_selected_candidate(runs, data23):
     save = runs[1]
     generations = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
@@ -56,15 +75,13 @@ def test_the_generation_is_the_selected_candidate(runs, data23):
         assert e["scores"] == sorted(e["scores"], reverse=True)  # the beams' order, not the selection's
     # Not the beam's best everywhere: the selection changed something on this set.
     assert any(e["selected"] != 0 for e in examples)
-    # `select` over the run's own pseudolabel file chooses the same, with the same scores.
-    selected = [json.loads(x) for x in selection_lines(save / "test_pseudolabels.jsonl", "mbr", "chrf")]
-    assert [s["prediction"] for s in selected] == generations
-    assert [s["select_scores"] for s in selected] == [e["select_scores"] for e in examples]
-    # The legacy file keeps its shape, the selected candidate first; --pseudo_target is the selection.
+    # `select` over the run's own pseudolabel file chooses the same, with the same scores;
+    # --pseudo_target is the selection.
+    assert assert_selected(save, "mbr", "chrf") == examples
+    # The legacy file keeps its shape, the selected candidate first.
     legacy = json.loads((save / "pseudolabel_results.json").read_text(encoding="utf-8"))
     assert [r["preds"][0] for r in legacy] == generations
     assert [sorted(r["preds"]) for r in legacy] == [sorted(e["candidates"]) for e in examples]
-    assert (save / "test.pseudo.target").read_text(encoding="utf-8").splitlines() == generations
 
 
 def test_metrics_score_the_selection(runs, data23):
@@ -109,6 +126,40 @@ def test_a_killed_rank_resumes_without_selecting_again(runs, tiny_model, data23,
     generations = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
     assert generations == [json.loads(x)["prediction"]
                            for x in selection_lines(save / "test_pseudolabels.jsonl", "mbr", "bleu")]
+
+
+# Sampled candidates (seeded, epsilon sampling) of a decoder-only model: 8 examples in batches of
+# 2, 4 candidates of at most 8 new tokens each; one process of 1 thread, the same of 2 torch
+# threads (OMP_NUM_THREADS), and 2 ranks.
+SAMPLED = ["--do_sample", "true", "--epsilon_cutoff", "0.02", "--seed", "3", "--num_return_sequences", "4",
+           "--max_new_tokens", "8", "--bs", "2", "--select", "mbr", "--select_metric", "bleu", "--pseudo_target"]
+
+
+@pytest.fixture(scope="module")
+def sampled_causal(tmp_path_factory) -> dict[str, Path]:
+    from tiny_causal import build_tiny_llama
+
+    root = tmp_path_factory.mktemp("select_causal")
+    llama = build_tiny_llama(root / "llama", sum(make_corpus(100, seed=1), []))
+    data = write_legacy(root / "data", *make_corpus(8, seed=4))
+    args = ["--model_name", str(llama), "--data_dir", str(data), *SAMPLED]
+    out = {name: root / name for name in ("w1_t1", "w1_t2", "w2_t1")}
+    assert_ok(single(args + ["--save_dir", str(out["w1_t1"])], cwd=root))
+    assert_ok(single(args + ["--save_dir", str(out["w1_t2"])], cwd=root, env={"OMP_NUM_THREADS": "2"}))
+    assert_ok(run_ranks(2, args + ["--save_dir", str(out["w2_t1"])], cwd=root))
+    return out
+
+
+def test_sampled_candidates_of_a_decoder_only_model(sampled_causal):
+    """--select over seeded samples from the HF engine on a decoder-only model: the generations are
+    what `select` chooses over the run's own candidates, and every output is the same bytes at 1
+    and 2 torch threads and at 1 and 2 ranks."""
+    examples = assert_selected(sampled_causal["w1_t1"], "mbr", "bleu")
+    assert len(examples) == 8 and all(len(e["candidates"]) == 4 for e in examples)
+    assert sum(len(set(e["candidates"])) > 1 for e in examples) >= 4  # draws, not one text 4 times
+    assert any(e["selected"] != 0 for e in examples)  # the selection changed something
+    for name in OUTPUTS:
+        assert len({(save / name).read_bytes() for save in sampled_causal.values()}) == 1, name
 
 
 @pytest.mark.parametrize("flags, said", [
@@ -195,18 +246,24 @@ def test_a_model_selector_in_a_run_loads_its_model_once_for_metrics_too(tiny_mod
     monkeypatch.setattr(registry, "load", counted)
     save = tmp_path / "out"
     model = str(COMET_TINY / checkpoint)
-    assert main(["--model_name", str(tiny_model), "--data_dir", str(data), "--num_return_sequences", "3",
-                 "--select", mode, "--select_metric", "comet", "--comet_model", model, "--metrics", metrics,
-                 "--save_dir", str(save)]) == 0
+    args = ["--model_name", str(tiny_model), "--data_dir", str(data), "--num_return_sequences", "3", "--select", mode,
+            "--select_metric", "comet", "--comet_model", model, "--metrics", metrics, "--bs", "2"]
+    assert main([*args, "--save_dir", str(save)]) == 0
     assert loads == ["comet"]
     generations = (save / "test_generations.txt").read_text(encoding="utf-8").splitlines()
     resolved = dict(registry.resolve_options({"comet_model": model}))
-    selected = [json.loads(x) for x in selection_lines(save / "test_pseudolabels.jsonl", mode, "comet", resolved)]
-    assert [s["prediction"] for s in selected] == generations
-    assert [s["select_scores"] for s in selected] == [e["select_scores"] for e in lines(save / "test_examples.jsonl")]
+    assert_selected(save, mode, "comet", resolved, pseudo_target=False)
     scored = json.loads((save / "test_bleu.json").read_text(encoding="utf-8"))
     refs = [[r] for r in (data / "test.target").read_text().splitlines()]
     expected = registry.corpus_scores(["comet"], resolved, (data / "test.source").read_text().splitlines(),
                                       generations, refs)["comet"]
     assert scored["comet"] == pytest.approx(expected, abs=1e-6)
     assert scored["select_signature"].startswith(f"{mode}:comet|")
+    if mode == "mbr":
+        # One process of 2 torch threads (OMP_NUM_THREADS) and 2 ranks (3 batches of 2 examples):
+        # the bytes of this single-threaded one, --metrics' COMET scores in the examples file included.
+        for name, launch in (("2 threads", lambda a: single(a, cwd=tmp_path, env={"OMP_NUM_THREADS": "2"})),
+                             ("2 ranks", lambda a: run_ranks(2, a, cwd=tmp_path))):
+            assert_ok(launch([*args, "--save_dir", str(tmp_path / name)]))
+            for output in OUTPUTS[:4]:
+                assert (tmp_path / name / output).read_bytes() == (save / output).read_bytes(), (name, output)

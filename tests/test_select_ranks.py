@@ -54,26 +54,29 @@ def select_args(path: Path, *more: str, metric: str = "chrf") -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory) -> tuple[Path, str]:
+def small(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     root = tmp_path_factory.mktemp("select_ranks")
     path = synthetic(root / "cands.jsonl", 7 * PER_BATCH - 5, 4, seed=5)  # 7 batches, the last one short
-    return path, expected(path)
+    return path, {metric: expected(path, metric) for metric in ("chrf", "bleu")}
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_the_same_bytes_at_1_2_and_3_processes(small, tmp_path, n):
-    """Published (--output) and printed (--tmp_dir), at any number of ranks: the bytes of the one
-    process that streams them; the temp dirs removed after; rank 0 alone prints."""
+@pytest.mark.parametrize("n, threads", [(1, 2), (2, 2), (3, 1)])
+def test_the_same_bytes_at_1_2_and_3_processes(small, tmp_path, n, threads):
+    """Published (--output, chrF) and printed (--tmp_dir, BLEU), at any number of ranks and torch
+    threads per rank (OMP_NUM_THREADS): the bytes of the one single-threaded process that streams
+    them; the temp dirs removed after; rank 0 alone prints."""
     path, want = small
-    launch = (lambda a: single(a, cwd=tmp_path)) if n == 1 else (lambda a: run_ranks(n, a, cwd=tmp_path))
+    env = {"OMP_NUM_THREADS": str(threads)}
+    launch = ((lambda a: single(a, cwd=tmp_path, env=env)) if n == 1
+              else (lambda a: run_ranks(n, a, cwd=tmp_path, env=env)))
     out = tmp_path / "sel.jsonl"
     proc = launch(select_args(path, "--output", str(out)))
     assert_ok(proc)
-    assert out.read_text(encoding="utf-8") == want
-    assert proc.stdout == f"wrote {want.count(chr(10))} selections to {out}\n"
-    proc = launch(select_args(path, "--tmp_dir", str(tmp_path / "work")))
+    assert out.read_text(encoding="utf-8") == want["chrf"]
+    assert proc.stdout == f"wrote {want['chrf'].count(chr(10))} selections to {out}\n"
+    proc = launch(select_args(path, "--tmp_dir", str(tmp_path / "work"), metric="bleu"))
     assert_ok(proc)
-    assert proc.stdout == want
+    assert proc.stdout == want["bleu"]
     assert sorted(os.listdir(tmp_path)) == [".seq2seq_eval_outputs.json", "sel.jsonl"]
 
 

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, assert_ok, run_ranks, single
 
 from seq2seq_eval.cli import main
 from seq2seq_eval.errors import ConfigError
@@ -246,6 +246,29 @@ def test_select_with_comet_end_to_end(capsys, tmp_path):
                  "--comet_model", str(COMET / "kiwi_like")]) != 0
     out, err = capsys.readouterr()
     assert not out and len(err.strip().splitlines()) == 1 and "is reference-free" in err
+
+
+def test_select_with_comet_is_the_same_bytes_at_any_threads_and_ranks(tmp_path):
+    """COMET-MBR's selections published by one process of 2 torch threads (OMP_NUM_THREADS) and
+    by 2 ranks of 1: the bytes this single-threaded process selects. The sampled fixture (its
+    largest example 16 distinct candidates: 256 pairs in one pass) 4 times under new ids: 2 of
+    select's batches."""
+    from seq2seq_eval.selection.ranks import PER_BATCH, selection_lines
+
+    records = [json.loads(line) for line in FIXTURES["sample16"].read_text(encoding="utf-8").splitlines()]
+    examples = [CandidateSet(f"{c}-{r['id']}", r["source"], tuple(r["candidates"])) for c in range(4) for r in records]
+    assert len(examples) > PER_BATCH
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps({"id": e.id, "source": e.source, "candidates": list(e.candidates)}) + "\n"
+                            for e in examples), encoding="utf-8")
+    model = str(COMET / "wmt22_like")
+    want = selection_lines(examples, make_selector("mbr", "comet", resolved(comet_model=model)))
+    args = ["select", "--candidates", str(path), "--select", "mbr", "--select_metric", "comet", "--comet_model", model]
+    for name, launch in (("2 threads", lambda a: single(a, cwd=tmp_path, env={"OMP_NUM_THREADS": "2"})),
+                         ("2 ranks", lambda a: run_ranks(2, a, cwd=tmp_path))):
+        out = tmp_path / f"{name}.jsonl"
+        assert_ok(launch([*args, "--output", str(out)]))
+        assert out.read_text(encoding="utf-8").splitlines() == want, name
 
 
 # --- parity with mbrs 0.1.8 (side environment) --------------------------------------------------
