@@ -61,7 +61,7 @@ def test_benchmark_prints_every_column(tiny_model, tmp_path):
     below on figures made up for it."""
     pytest.importorskip("ctranslate2")  # methods e and g run the CTranslate2 engine
     out = tmp_path / "bench"
-    proc = bench("throughput.py", ["--model", str(tiny_model), "--n", "30", "--nproc", "1", "--bs", "4", "--num_beams", "2",
+    proc = bench("throughput.py", ["--model", str(tiny_model), "--n", "12", "--nproc", "1", "--bs", "4", "--num_beams", "2",
                                    "--tail_records", "200", "--rounds", "1", "--methods", "abdeg", "--out", str(out)],
                  tmp_path, timeout=600)
     lines = proc.stdout.splitlines()
@@ -80,7 +80,7 @@ def test_benchmark_prints_every_column(tiny_model, tmp_path):
     assert [r["order"] for r in report["rounds"]] == [["a", "b", "d", "e", "g"]]
     for r in report["rounds"]:
         assert sorted(r["methods"]) == ["a", "b", "d", "e", "g"]
-        assert all(m["n"] == 30 for m in r["methods"].values())
+        assert all(m["n"] == 12 for m in r["methods"].values())
         # Generated tokens are counted from the ids, for every method.
         assert all(m["generated_tokens"] > 0 for m in r["methods"].values())
     assert report["settings"]["same_generation_settings"]
@@ -304,10 +304,10 @@ def test_causal_benchmark_runs(tmp_path):
     except ImportError:
         contenders = ["tool"]
     out = tmp_path / "causal"
-    proc = bench("causal.py", ["--size", "tiny", "--n", "12", "--max_new_tokens", "4", "--threads", "2",
+    proc = bench("causal.py", ["--size", "tiny", "--n", "6", "--max_new_tokens", "4", "--threads", "2",
                                "--contenders", ",".join(contenders), "--out", str(out)], tmp_path)
     line = next(line for line in proc.stdout.splitlines() if line.startswith("identical outputs: "))
-    assert line == "identical outputs: " + ", ".join(f"{name} = loop: 12 of 12" for name in contenders), line
+    assert line == "identical outputs: " + ", ".join(f"{name} = loop: 6 of 6" for name in contenders), line
     report = json.loads((out / "results.json").read_text())
     assert set(report["rounds"][0]) == {"loop", *contenders} and set(report["median_ratios"]) == set(contenders)
     assert all(report["rounds"][0][name] > 0 for name in contenders)

@@ -21,14 +21,14 @@ PHASES = ("dry run: wall s", "dry run: peak RSS MB", "prepare: examples s", "pre
 
 def test_small_run_prints_every_phase(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--sizes", "200", "--full_run_max", "200",
+        [sys.executable, str(REPO / "benchmarks" / "scale.py"), "--sizes", "48", "--full_run_max", "48",
          "--startup_runs", "1", "--out", str(tmp_path / "bench")],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env=_env(None),
     )
     assert_ok(proc)
     lines = proc.stdout.splitlines()
     header = next(line for line in lines if line.startswith("phase"))
-    assert header.split()[1:] == ["200", "200/200"], header
+    assert header.split()[1:] == ["48", "48/48"], header
     for phase in PHASES:
         row = next((line for line in lines if line.strip().startswith(phase)), None)
         assert row is not None, f"no row {phase!r} in\n{proc.stdout}"
@@ -36,7 +36,7 @@ def test_small_run_prints_every_phase(tmp_path):
         # The run went to the end, so every cell is a measurement (two ranks: "a/b").
         assert len(cells) == 2 and cells[0] != "-", row
         assert all(float(x) >= 0 for x in cells[0].split("/")), row
-    assert "N grew 1x from 200 to 200" in proc.stdout
+    assert "N grew 1x from 48 to 48" in proc.stdout
     assert not any(line.startswith(("PASS", "MISS")) for line in lines)  # goals are stated at 1M only
     assert (tmp_path / "bench" / "results.json").is_file()
 

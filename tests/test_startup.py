@@ -269,5 +269,5 @@ def test_pandas_kept_out_is_importable_again_for_the_datasets_library(tmp_path):
     csv.write_text("id,source,target\na,x,y\nb,z,w\n")
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
-    out = single([str(csv)], cwd=tmp_path, env={"HF_DATASETS_CACHE": str(tmp_path / "hf")}, script=script, fresh=True)
+    out = single([str(csv)], cwd=tmp_path, env={"HF_DATASETS_CACHE": str(tmp_path / "hf")}, script=script)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
