@@ -13,9 +13,11 @@ example alone (Selector's promise): the lines are the same bytes at any number o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -179,6 +181,11 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
         if isinstance(e, Interrupted) and env.is_main:
             raise Interrupted(f"{e}; the selected batches are journaled in {job.tmp_dir}: rerun the same command "
                               "with --resume to select only the others") from e
+        if isinstance(e, OSError) and not isinstance(e, BrokenPipeError):
+            # A filesystem fault in any of its own steps (the temp dir, its claims and journals,
+            # the staging): one line saying what became of the selection (the run's rule:
+            # runner._one_line), from its state, never a traceback.
+            raise RunFailed(_fault_line(job, e, bool((read_marker(job.tmp_dir) or {}).get("published")))) from e
         raise
     finally:
         if presence is not None:
@@ -186,6 +193,20 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
         for lock in holder:
             lock.release()
         pg.close()
+
+
+def _fault_line(job: SelectJob, e: OSError, published: bool) -> str:
+    """What a filesystem fault left: the selections out (published or printed: complete), or
+    not, and then whether batches are journaled to resume from."""
+    said = f"{e.filename if getattr(e, 'filename', None) else job.tmp_dir}: {e.strerror or e}"
+    if published:
+        out = f"the selections were published into {job.output}" if job.output is not None else "every selection was printed"
+        return f"{said}; {out} before it: the selection is complete (the next command there removes what is left in {job.tmp_dir})"
+    nothing = "nothing was published" if job.output is not None else "the selections were not printed"
+    if finished_journals(job.tmp_dir):
+        return (f"{said}; {nothing}: the batches selected before it are journaled in {job.tmp_dir}: fix the cause "
+                "(space, permissions), then rerun the same command with --resume")
+    return f"{said}; {nothing}: fix the cause (space, permissions), then rerun the same command"
 
 
 def _recover(job: SelectJob, env: DistEnv) -> None:
@@ -276,6 +297,13 @@ def _emit(job: SelectJob, env: DistEnv, index: CandidateIndex, key: str, write: 
     if job.output is None:
         for line in _in_order(job, index, key):
             write(line)
+        # Every line is out: the temp dir is marked published (as a publish marks it), so that a
+        # kill from here on, while it is removed, leaves a folder the next command clears, never
+        # one it refuses as an unfinished selection to --resume. Flushed first: a line still in
+        # the buffer is not out.
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        mark_published(job.tmp_dir, token)
     else:
         from ..outputs.publish import Staging
 
@@ -292,9 +320,9 @@ def _emit(job: SelectJob, env: DistEnv, index: CandidateIndex, key: str, write: 
         except BaseException:
             staging.discard()
             raise
+        # The publish marks the temp dir published at its commit (the staging names it).
         staging.publish(roles={job.output: "--output"}, way_out="move it away or name another file",
                         completes=[job.output.name])
-        mark_published(job.tmp_dir, token)
     mark_done(job.tmp_dir)
     staying = wait_for_ranks_to_leave(job.tmp_dir, env.world_size, job.sync_timeout)
     if staying:
