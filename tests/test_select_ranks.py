@@ -166,6 +166,26 @@ def test_a_kill_once_the_output_is_published_leaves_no_run_to_resume(small, tmp_
 
 
 @pytest.mark.parametrize("output", [False, True])
+def test_a_signal_once_the_selections_are_out_says_complete(small, tmp_path, output):
+    """SIGTERM while the temp dir is removed, the selections published (or every line printed):
+    exit 130 and one line saying the selection is complete, the temp dir removed, never told to
+    --resume (the run's rule for a signal after its publish)."""
+    from faultloop import command
+
+    path, want = small
+    out = tmp_path / "r" / "o" / "sel.jsonl"
+    tmp = Path(f"{out}_tmp") if output else tmp_path / "r" / "work"
+    args = select_args(path, *(["--output", str(out)] if output else ["--tmp_dir", str(tmp)]))
+    stopped = command(tmp_path / "r", args, tmp_path / "term.log",
+                      plan={"at_match": ["unlink", "journal_rank_0.jsonl", 1], "fault": "term"})
+    lines = [x for x in stopped.err.splitlines() if x.startswith("seq2seq_eval: error:")]
+    where = f"the selections were published into {out}" if output else "every selection was printed"
+    assert stopped.code == 130 and lines == [f"seq2seq_eval: error: interrupted by SIGTERM after {where}; the selection "
+                                             f"is complete ({tmp} removed)"], stopped.err
+    assert (out.read_text(encoding="utf-8") if output else stopped.out) == want and not tmp.exists()
+
+
+@pytest.mark.parametrize("output", [False, True])
 def test_a_filesystem_fault_in_its_own_steps_is_one_line(small, tmp_path, output):
     """EPERM in place of a step of its own that has no message of its own (journals, claims, the
     manifest and the marker have theirs): making the temp dir, --tmp_dir's or --output's default.
