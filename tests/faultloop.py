@@ -16,6 +16,8 @@ into its files, so every case runs at the same one):
      complete set (A, B or C, the right one after each command); the tool's files are those its
      record names; every message one line (no traceback) and true of the state; and at the end
      nothing left that needs a hand (an intent, a staging folder, a temporary file, a temp dir).
+     A kind whose result is what it prints (`select` without --output) leaves the folders as
+     they were: whenever it exits 0, it printed exactly what the clean run printed.
 Every failure is a string naming the kind, N, the operation, the fault and what went wrong.
 """
 
@@ -167,7 +169,8 @@ def kinds(inp: Inputs) -> dict[str, Kind]:
     after_one_selection = ["write", "select_rank_0.jsonl", 1]
     # The floors: about 3/4 of the operations each kind made when the loop was written (run 146,
     # resume 114, legacy1 162, legacy2 203, legacy3 244, pseudo 156, comet 156, evaluate 159,
-    # compare 41, recovery 185), so that instrumentation that stops seeing a primitive fails.
+    # compare 41, recovery 185; select 130, select_recovery 166, select_print 46, select_run 177,
+    # select_resume 144), so that instrumentation that stops seeing a primitive fails.
     table = {
         "run": Kind(("s",), run("a"), run("b"), run("b", *pseudo)),
         "resume": Kind(("s",), run("a"), lambda r: [*run("b")(r), "--resume"], run("b", *pseudo),
@@ -197,7 +200,7 @@ def kinds(inp: Inputs) -> dict[str, Kind]:
     }
     floors = {"run": 110, "resume": 85, "legacy1": 120, "legacy2": 150, "legacy3": 180, "pseudo": 115, "comet": 115,
               "evaluate": 120, "compare": 30, "recovery": 140,
-              "select": 10, "select_recovery": 10, "select_print": 10, "select_run": 10, "select_resume": 10}
+              "select": 95, "select_recovery": 125, "select_print": 35, "select_run": 130, "select_resume": 105}
     for name, kind in table.items():
         kind.floor = floors[name]
     return table
