@@ -165,6 +165,38 @@ def test_a_kill_once_the_output_is_published_leaves_no_run_to_resume(small, tmp_
         assert out.read_text(encoding="utf-8") == want and not Path(f"{out}_tmp").exists()
 
 
+def test_a_fault_cleaning_up_a_completed_publish_is_a_warning(small, tmp_path):
+    """--output's publish killed past its commit point; the next command completes it, then a
+    step of removing what it had moved aside fails (EPERM on the folder's fsync right after the
+    intent is removed: transaction.recover_locked). The publish is complete: a warning, and the
+    command goes on to its own selection, instead of a line saying the intent was kept (it was
+    gone) and the publish left half done."""
+    import shutil
+
+    from faultloop import command
+
+    path, want = small
+    root, start = tmp_path / "r", tmp_path / "start"
+    out = root / "o" / "sel.jsonl"
+    args = select_args(path, "--output", str(out))
+    killed = command(root, args, tmp_path / "kill.log", plan={"at_match": ["rename", "new/sel.jsonl ->", 1], "fault": "kill"})
+    assert killed.code < 0 and (root / "o" / ".seq2seq_eval_publish.json").exists()
+    shutil.copytree(root, start, symlinks=True)
+    counted = command(root, args, tmp_path / "count.log")
+    assert counted.code == 0, counted.err
+    gone = next(n for n, kind, where in counted.ops if kind == "unlink" and where.endswith(".seq2seq_eval_publish.json"))
+    assert counted.ops[gone][1:] == ("fsync", str(root / "o"))  # the op after it (numbered from 1)
+    shutil.rmtree(root)
+    shutil.copytree(start, root, symlinks=True)
+    faulted = command(root, args, tmp_path / "fault.log", plan={"at": gone + 1, "fault": "EPERM"})
+    assert faulted.code == 0 and "completing the publish of run" in faulted.err, faulted.err
+    assert "removing what it had moved aside failed (Operation not permitted" in faulted.err
+    assert out.read_text(encoding="utf-8") == want and not Path(f"{out}_tmp").exists()
+    again = single(args, cwd=tmp_path)
+    assert_ok(again)
+    assert sorted(os.listdir(root / "o")) == [".seq2seq_eval_outputs.json", "sel.jsonl"]
+
+
 @pytest.mark.parametrize("output", [False, True])
 def test_a_signal_once_the_selections_are_out_says_complete(small, tmp_path, output):
     """SIGTERM while the temp dir is removed, the selections published (or every line printed):
