@@ -30,7 +30,7 @@ from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
 from .sharedtail import missing_parts, spill_file, wait_for_parts, write_my_part
 from .presence import mark_done
 from .tmpdir import cleanup_tmp_dir
-from .tmpmarker import mark_published, tmp_token
+from .tmpmarker import tmp_token
 
 logger = logging.getLogger("seq2seq_eval")
 

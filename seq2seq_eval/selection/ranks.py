@@ -222,7 +222,8 @@ def _fault_line(job: SelectJob, e: OSError, published: bool) -> str:
     not, and then whether batches are journaled to resume from."""
     said = f"{e.filename if getattr(e, 'filename', None) else job.tmp_dir}: {e.strerror or e}"
     if published:
-        return f"{said}; {_out_where(job)} before it: the selection is complete (the next command there removes what is left in {job.tmp_dir})"
+        return (f"{said}; {_out_where(job)} before it: the selection is complete (the next command there removes "
+                f"what is left in {job.tmp_dir})")
     nothing = "nothing was published" if job.output is not None else "the selections were not printed"
     if finished_journals(job.tmp_dir):
         return (f"{said}; {nothing}: the batches selected before it are journaled in {job.tmp_dir}: fix the cause "
