@@ -16,6 +16,8 @@ into its files, so every case runs at the same one):
      complete set (A, B or C, the right one after each command); the tool's files are those its
      record names; every message one line (no traceback) and true of the state; and at the end
      nothing left that needs a hand (an intent, a staging folder, a temporary file, a temp dir).
+     A kind whose result is what it prints (`select` without --output) leaves the folders as
+     they were: whenever it exits 0, it printed exactly what the clean run printed.
 Every failure is a string naming the kind, N, the operation, the fault and what went wrong.
 """
 
@@ -39,13 +41,15 @@ COMET = HERE / "data" / "comet_tiny" / "wmt22_like"
 from fsfaults import FAULTS, normal  # noqa: E402
 
 RECORD, INTENT, STAGING = ".seq2seq_eval_outputs.json", ".seq2seq_eval_publish.json", ".seq2seq_eval_staging"
+MARKER = ".seq2seq_eval_tmp"  # a temp dir's marker
 # The user's files in every output folder, named like the tool's own (a name the kind writes in
 # that folder is left out: the tool would rightly refuse it).
 USER_FILES = {"notes.txt": b"my notes\n", "manifest.json": b'{"mine": 1}\n', "rank_0_output.json": b"[1, 2]\n",
               "metrics.json": b'{"bleu": 99.0}\n', "journal_rank_0.jsonl": b'{"batch": 0}\n',
               "pseudolabel_results.json": b"[]\n", "test_bleu.json.bak": b"{}\n"}
 USER_STAGED = (STAGING, "notes", "draft.txt")  # a user's folder where the tool stages
-COMPLETION = ("test_bleu.json", "metrics.json", "test_run_info.json", "pseudolabel_results.json", "report.html")
+COMPLETION = ("test_bleu.json", "metrics.json", "test_run_info.json", "pseudolabel_results.json", "report.html",
+              "selections.jsonl")
 
 
 @dataclass
@@ -59,6 +63,8 @@ class Kind:
     other: Callable[[Path], Any]
     setup: tuple[Callable[[Path], Any], list] | None = None  # a command and the at_match that kills it
     resumable: bool = True
+    prints: bool = False  # its result is what it prints (on success, the clean run's stdout exactly)
+    tmp: str = "t"  # its temp dir (relative to R): `select --output`'s default is inside the output folder
     other_folders: tuple[str, ...] = ("s",)  # the folders the other command writes
     floor: int = 10  # the fewest operations this kind must show (a loop that stops finding steps fails)
 
@@ -95,6 +101,23 @@ def make_inputs(base: Path, model: Path | None = None) -> Inputs:
         path.write_text("".join(json.dumps({"id": i, "source": samples["src"][i], "target": samples["ref"][i]}) + "\n"
                                 for i in rows))
         data[name] = path
+    # Candidates for `select`: 40 examples of 4 each (two of its batches of 32), in its own shape
+    # and in the shape of a run's {type_path}_pseudolabels.jsonl (target and beam scores beside).
+    from conftest import WORDS
+
+    for name, seed, own in (("cands_a", 51, True), ("cands_b", 52, True), ("pseudo_b", 53, False)):
+        rng = random.Random(seed)
+        rows = []
+        for i in range(40):
+            words = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
+            cands = [" ".join(words[:len(words) - k % 2] + [rng.choice(WORDS)] * (k // 2)) for k in range(4)]
+            row = {"id": i, "source": " ".join(words), "candidates": cands}
+            if not own:
+                row = {"id": i, "source": row["source"], "target": [words[0]], "candidates": cands,
+                       "scores": [-0.5 * (k + 1) for k in range(4)]}
+            rows.append(json.dumps(row) + "\n")
+        data[name] = base / f"{name}.jsonl"
+        data[name].write_text("".join(rows))
     preds = {}
     for name, words in (("p1", "the cat sat"), ("p2", "a dog runs"), ("ref", "the cat runs")):
         preds[name] = base / f"{name}.txt"
@@ -131,13 +154,23 @@ def kinds(inp: Inputs) -> dict[str, Kind]:
                           str(inp.preds["ref"]), "--task", "translation", "--metrics", "bleu", "--n_samples", "20",
                           "--report", str(r / "r" / "report.html")]
 
+    def select(cands: str, *extra: str, output: bool = True) -> Callable[[Path], list[str]]:
+        return lambda r: ["select", "--candidates", str(inp.data[cands]), "--select", "mbr", "--select_metric", "chrf",
+                          *(["--output", str(r / "o" / "selections.jsonl")] if output else ["--tmp_dir", str(r / "t")]),
+                          *extra]
+
+    selecting = ("--num_return_sequences", "4", "--num_beams", "4", "--select", "mbr", "--select_metric", "chrf")
+
     # The publish cut after its commit point (the intent written, before the first new file is
     # moved in), and generation cut after one batch is journaled.
     in_publish = ["rename", "new/test_generations.txt ->", 1]
     after_one_batch = ["write", "journal_rank_0.jsonl", 2]
+    select_in_publish = ["rename", "new/selections.jsonl ->", 1]
+    after_one_selection = ["write", "select_rank_0.jsonl", 1]
     # The floors: about 3/4 of the operations each kind made when the loop was written (run 146,
     # resume 114, legacy1 162, legacy2 203, legacy3 244, pseudo 156, comet 156, evaluate 159,
-    # compare 41, recovery 185), so that instrumentation that stops seeing a primitive fails.
+    # compare 41, recovery 185; select 130, select_recovery 166, select_print 46, select_run 177,
+    # select_resume 144), so that instrumentation that stops seeing a primitive fails.
     table = {
         "run": Kind(("s",), run("a"), run("b"), run("b", *pseudo)),
         "resume": Kind(("s",), run("a"), lambda r: [*run("b")(r), "--resume"], run("b", *pseudo),
@@ -151,15 +184,30 @@ def kinds(inp: Inputs) -> dict[str, Kind]:
         "compare": Kind(("r",), compare("p1", "p2"), compare("p2", "p1"), compare("p1", "ref"), resumable=False,
                         other_folders=("r",)),
         "recovery": Kind(("s",), run("a"), run("b"), run("b", *pseudo), setup=(run("b"), in_publish)),
+        # `select --output` (its temp dir the default, OUTPUT_tmp, inside the output folder), over
+        # its own shape; the other command over a run's pseudolabel file.
+        "select": Kind(("o",), select("cands_a"), select("cands_b"), select("pseudo_b"), other_folders=("o",),
+                       tmp="o/selections.jsonl_tmp"),
+        "select_recovery": Kind(("o",), select("cands_a"), select("cands_b"), select("pseudo_b"), other_folders=("o",),
+                                setup=(select("cands_b"), select_in_publish), tmp="o/selections.jsonl_tmp"),
+        # `select` printing (its journals in --tmp_dir): the output folder is the earlier
+        # selection's and must stay so; what it prints is checked.
+        "select_print": Kind(("o",), select("cands_a"), select("cands_b", output=False), select("pseudo_b"),
+                             other_folders=("o",), prints=True),
+        "select_run": Kind(("s",), run("a", *selecting), run("b", *selecting), run("b", *pseudo)),
+        "select_resume": Kind(("s",), run("a", *selecting), lambda r: [*run("b", *selecting)(r), "--resume"],
+                              run("b", *pseudo), setup=(run("b", *selecting), after_one_selection)),
     }
     floors = {"run": 110, "resume": 85, "legacy1": 120, "legacy2": 150, "legacy3": 180, "pseudo": 115, "comet": 115,
-              "evaluate": 120, "compare": 30, "recovery": 140}
+              "evaluate": 120, "compare": 30, "recovery": 140,
+              "select": 95, "select_recovery": 125, "select_print": 35, "select_run": 130, "select_resume": 105}
     for name, kind in table.items():
         kind.floor = floors[name]
     return table
 
 
-KIND_NAMES = ("run", "resume", "legacy1", "legacy2", "legacy3", "pseudo", "comet", "evaluate", "compare", "recovery")
+KIND_NAMES = ("run", "resume", "legacy1", "legacy2", "legacy3", "pseudo", "comet", "evaluate", "compare", "recovery",
+              "select", "select_recovery", "select_print", "select_run", "select_resume")
 
 
 # ---------------------------------------------------------------- running one command
@@ -172,6 +220,7 @@ class Ran:
     ops: list[tuple[int, str, str]]
     fault_op: tuple[int, str, str] | None
     violations: list[str]
+    out: str = ""
 
 
 def command(r: Path, what: Any, log: Path, plan: dict | None = None, reader: dict | None = None,
@@ -198,7 +247,7 @@ def command(r: Path, what: Any, log: Path, plan: dict | None = None, reader: dic
             fault = (int(parts[2]), parts[3], parts[4])
         elif line.startswith("VIOLATION"):
             violations.append(line)
-    return Ran(proc.returncode, proc.stderr, ops, fault, violations)
+    return Ran(proc.returncode, proc.stderr, ops, fault, violations, proc.stdout)
 
 
 # ---------------------------------------------------------------- what a folder holds
@@ -246,6 +295,8 @@ def leftovers(r: Path, kind: Kind, known: dict[str, set[str]], user: dict[str, b
     for f in kind.folders:
         for p in sorted((r / f).iterdir()) if (r / f).is_dir() else []:
             name = p.name
+            if p == r / kind.tmp:
+                continue  # the temp dir: below
             if name in known.get(f, set()) or name == RECORD or str(p.relative_to(r)) in user:
                 continue
             if name == STAGING:
@@ -254,12 +305,12 @@ def leftovers(r: Path, kind: Kind, known: dict[str, set[str]], user: dict[str, b
                     found.append(f"{f}/{STAGING}/{','.join(extra)}")
                 continue
             found.append(f"{f}/{name}")
-    t = r / "t"
+    t = r / kind.tmp
     # An empty temp dir is not counted: the tool leaves a folder it did not make (the case's
     # state at the fault may hold one the killed run made), and it blocks nothing.
     left = sorted(str(p.relative_to(r)) for p in t.rglob("*")) if t.exists() and not keep_tmp else []
     if left:
-        found.append(f"t/ ({', '.join(left[:6])})")
+        found.append(f"{kind.tmp}/ ({', '.join(left[:6])})")
     return found
 
 
@@ -318,14 +369,22 @@ class Prepared:
     user: dict[str, bytes]
     ops: list[tuple[int, str, str]]
     seconds: float
+    printed: str = ""  # what the command printed, run whole (a `prints` kind's result)
 
     @property
     def published_after(self) -> int:
         """The last operation of the command's publish (on an output folder): a fault after it
-        meets a run whose outputs are all in place."""
+        meets a run whose outputs are all in place. The temp dir's operations are not the publish's,
+        even where the temp dir is inside an output folder."""
+        tmp = f"{self.r / self.kind.tmp}"
+        if self.kind.prints:
+            # What it prints is out once its temp dir's marker says so (renamed into place last).
+            return max((n for n, kind, where in self.ops if kind == "rename" and where.endswith(f" -> {tmp}/{MARKER}")),
+                       default=0)
         folders = [f"{self.r / f}/" for f in self.kind.folders]
-        return max((n for n, _, where in self.ops if any(w.startswith(d) or w == d[:-1] for d in folders
-                                                          for w in where.split(" -> "))), default=0)
+        return max((n for n, _, where in self.ops if any((w.startswith(d) or w == d[:-1]) and not
+                                                          (w == tmp or w.startswith(tmp + "/"))
+                                                          for d in folders for w in where.split(" -> "))), default=0)
 
 
 def prepare(name: str, kind: Kind, work: Path, short: bool = False) -> Prepared:
@@ -372,8 +431,10 @@ def prepare(name: str, kind: Kind, work: Path, short: bool = False) -> Prepared:
     known = {f: {p.name for c in runs if (copies[c] / f).is_dir() for p in (copies[c] / f).iterdir()
                  if p.is_file() and not p.name.startswith(".") and p.name not in seeded[f]} for f in kind.folders}
     sets = {c: tool_view(copies[c], kind, known) for c in runs}
-    assert sets["A"] != sets["B"] and sets.get("C") != sets["B"], f"{name}: the runs' sets do not differ"
-    return Prepared(kind, r, copies["start"], sets, known, user, counted.ops, time.monotonic() - t0)
+    # A kind that prints its result leaves the folders as they were (A's set is B's): its stdout differs.
+    assert (sets["A"] != sets["B"] or kind.prints and counted.out.strip()) and sets.get("C") != sets["B"], \
+        f"{name}: the runs' sets do not differ"
+    return Prepared(kind, r, copies["start"], sets, known, user, counted.ops, time.monotonic() - t0, counted.out)
 
 
 @dataclass
@@ -417,6 +478,9 @@ def run_case(p: Prepared, name: str, n: int, fault: str, logs: Path, short: bool
         say(f"killed, but exit {ran.code}")
     if fault == "term" and ran.code not in (0, 130, -signal.SIGTERM):
         say(f"SIGTERM: exit {ran.code}, expected 130 (or 0): {error_lines(ran.err)[-1:]}")
+    if kind.prints and ran.code == 0 and ran.out != p.printed:
+        say(f"exit 0, but it printed {len(ran.out.splitlines())} lines, not the {len(p.printed.splitlines())} of a "
+            "whole run")
     state = tool_view(r, kind, p.known)
     published = state == p.sets["B"]
     unchanged = state == before
@@ -461,6 +525,8 @@ def run_case(p: Prepared, name: str, n: int, fault: str, logs: Path, short: bool
                 continue  # a run's journals are there to resume: said in one line, --resume follows
             say(f"exit {nxt.code}: {(error_lines(nxt.err) or nxt.err.strip().splitlines()[-1:] or [''])[-1][:400]}")
             continue
+        if kind.prints and step != "other" and nxt.out != p.printed:
+            say(f"printed {len(nxt.out.splitlines())} lines, not the {len(p.printed.splitlines())} of a whole run")
         now = tool_view(r, kind, p.known)
         if now != p.sets[want]:
             whose = {f: [k for k, s in p.sets.items() if s[f] == now[f]] or ["a mix"] for f in kind.folders}

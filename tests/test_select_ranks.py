@@ -138,6 +138,111 @@ def test_resume_after_a_kill_in_one_process(tmp_path):
     assert not tmp.exists() and not out.exists()
 
 
+def test_a_kill_once_the_output_is_published_leaves_no_run_to_resume(small, tmp_path):
+    """--output in place, then a kill before the temp dir is cleared: right after the publish's
+    intent is gone, and at the first step in the temp dir after it. The temp dir is marked
+    published inside the publish (a run's rule), so the same command again is not refused as
+    an unfinished selection to --resume: it clears the temp dir and leaves the same output.
+    (tests/fsfaults.py numbers the steps; the whole loop is scripts/fault_loop.py's select kinds.)"""
+    import shutil
+    import signal
+
+    from faultloop import command
+
+    path, want = small
+    root = tmp_path / "r"
+    root.mkdir()
+    out = root / "o" / "sel.jsonl"
+    args = select_args(path, "--output", str(out))
+    whole = command(root, args, tmp_path / "count.log")
+    assert whole.code == 0, whole.err
+    gone = next(n for n, kind, where in whole.ops if kind == "unlink" and where.endswith(".seq2seq_eval_publish.json"))
+    in_tmp = next(n for n, _, where in whole.ops if n > gone and "sel.jsonl_tmp" in where)
+    for n in (gone + 1, in_tmp):
+        shutil.rmtree(root)
+        root.mkdir()
+        killed = command(root, args, tmp_path / "kill.log", plan={"at": n, "fault": "kill"})
+        assert killed.code == -signal.SIGKILL and out.read_text(encoding="utf-8") == want
+        again = single(args, cwd=tmp_path)
+        assert_ok(again)
+        assert out.read_text(encoding="utf-8") == want and not Path(f"{out}_tmp").exists()
+
+
+def test_a_fault_cleaning_up_a_completed_publish_is_a_warning(small, tmp_path):
+    """--output's publish killed past its commit point; the next command completes it, then a
+    step of removing what it had moved aside fails (EPERM on the folder's fsync right after the
+    intent is removed: transaction.recover_locked). The publish is complete: a warning, and the
+    command goes on to its own selection, instead of a line saying the intent was kept (it was
+    gone) and the publish left half done."""
+    import shutil
+
+    from faultloop import command
+
+    path, want = small
+    root, start = tmp_path / "r", tmp_path / "start"
+    out = root / "o" / "sel.jsonl"
+    args = select_args(path, "--output", str(out))
+    killed = command(root, args, tmp_path / "kill.log", plan={"at_match": ["rename", "new/sel.jsonl ->", 1], "fault": "kill"})
+    assert killed.code < 0 and (root / "o" / ".seq2seq_eval_publish.json").exists()
+    shutil.copytree(root, start, symlinks=True)
+    counted = command(root, args, tmp_path / "count.log")
+    assert counted.code == 0, counted.err
+    gone = next(n for n, kind, where in counted.ops if kind == "unlink" and where.endswith(".seq2seq_eval_publish.json"))
+    assert counted.ops[gone][1:] == ("fsync", str(root / "o"))  # the op after it (numbered from 1)
+    shutil.rmtree(root)
+    shutil.copytree(start, root, symlinks=True)
+    faulted = command(root, args, tmp_path / "fault.log", plan={"at": gone + 1, "fault": "EPERM"})
+    assert faulted.code == 0 and "completing the publish of run" in faulted.err, faulted.err
+    assert "removing what it had moved aside failed (Operation not permitted" in faulted.err
+    assert out.read_text(encoding="utf-8") == want and not Path(f"{out}_tmp").exists()
+    again = single(args, cwd=tmp_path)
+    assert_ok(again)
+    assert sorted(os.listdir(root / "o")) == [".seq2seq_eval_outputs.json", "sel.jsonl"]
+
+
+@pytest.mark.parametrize("output", [False, True])
+def test_a_signal_once_the_selections_are_out_says_complete(small, tmp_path, output):
+    """SIGTERM while the temp dir is removed, the selections published (or every line printed):
+    exit 130 and one line saying the selection is complete, the temp dir removed, never told to
+    --resume (the run's rule for a signal after its publish)."""
+    from faultloop import command
+
+    path, want = small
+    out = tmp_path / "r" / "o" / "sel.jsonl"
+    tmp = Path(f"{out}_tmp") if output else tmp_path / "r" / "work"
+    args = select_args(path, *(["--output", str(out)] if output else ["--tmp_dir", str(tmp)]))
+    stopped = command(tmp_path / "r", args, tmp_path / "term.log",
+                      plan={"at_match": ["unlink", "journal_rank_0.jsonl", 1], "fault": "term"})
+    lines = [x for x in stopped.err.splitlines() if x.startswith("seq2seq_eval: error:")]
+    where = f"the selections were published into {out}" if output else "every selection was printed"
+    assert stopped.code == 130 and lines == [f"seq2seq_eval: error: interrupted by SIGTERM after {where}; the selection "
+                                             f"is complete ({tmp} removed)"], stopped.err
+    assert (out.read_text(encoding="utf-8") if output else stopped.out) == want and not tmp.exists()
+
+
+@pytest.mark.parametrize("output", [False, True])
+def test_a_filesystem_fault_in_its_own_steps_is_one_line(small, tmp_path, output):
+    """EPERM in place of a step of its own that has no message of its own (journals, claims, the
+    manifest and the marker have theirs): making the temp dir, --tmp_dir's or --output's default.
+    One line saying what became of the selection, never a traceback; then the same command
+    finishes the selection."""
+    from faultloop import command
+
+    path, want = small
+    out = tmp_path / "r" / "o" / "sel.jsonl"
+    tmp = Path(f"{out}_tmp") if output else tmp_path / "r" / "work"
+    args = select_args(path, *(["--output", str(out)] if output else ["--tmp_dir", str(tmp)]))
+    failed = command(tmp_path / "r", args, tmp_path / "fault.log", plan={"at_match": ["mkdir", tmp.name, 1], "fault": "EPERM"})
+    assert failed.code == 1 and "Traceback" not in failed.err, failed.err
+    lines = [x for x in failed.err.splitlines() if x.startswith("seq2seq_eval: error:")]
+    said = "nothing was published" if output else "the selections were not printed"
+    assert len(lines) == 1 and lines[0].endswith(f"{tmp}: Operation not permitted; {said}: fix the cause (space, "
+                                                 "permissions), then rerun the same command"), failed.err
+    again = single(args, cwd=tmp_path)
+    assert_ok(again)
+    assert (out.read_text(encoding="utf-8") if output else again.stdout) == want and not tmp.exists()
+
+
 @pytest.mark.parametrize("flags, said", [
     (["--resume"], "select without --output: --resume reads the journals through a temp dir; pass --tmp_dir"),
 ])

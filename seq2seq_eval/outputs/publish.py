@@ -52,6 +52,7 @@ from typing import Any
 
 from ..atomic import COPY_BYTES, dumps, write_atomic, write_error
 from ..errors import EvalError, Interrupted, OutputError, first_line
+from ..run.tmpmarker import mark_published
 from .digest import ContentHash
 from .intent import apply_all, check_owned, clean, commit_record, completable, mark, remove_staged
 from .transaction import meet_fault, recovered, signals_held
@@ -245,7 +246,8 @@ def publish_together(stagings: Sequence[Staging], on_whole: Callable[[], None] |
     """Put every staging's files in place, in every folder, as one transaction (the steps in the
     module's docstring); one staging per folder, the last one the coordinator. Returns the
     names removed in each folder. `on_whole`: called once every folder holds the new files and
-    its record, before the publish's own files are cleaned (the run marks its temp dir there).
+    its record (and each staging's temp dir is marked published), before the publish's own
+    files are cleaned.
 
     A fault at any step (a move or a write that fails: EPERM, ENOSPC, EIO, EROFS...) is met at
     once, under the same locks: before every folder holds its new files and record, the publish
@@ -277,6 +279,14 @@ def publish_together(stagings: Sequence[Staging], on_whole: Callable[[], None] |
                     for s, r, (intent, _) in zip(stagings, records, planned):
                         commit_record(s.folder, intent, r)
                     whole = True
+                    # A staging that names a run's temp dir (a run, `select --output`) marks it
+                    # published here, before anything of the publish is cleaned: the intent says
+                    # so until then, the marker from then on, so that a kill at any step after
+                    # leaves a temp dir the next command clears, never one it refuses as an
+                    # unfinished run to --resume. Here for every publisher, not left to each.
+                    for s in stagings:
+                        if s.tmp_dir is not None:
+                            mark_published(s.tmp_dir, s.tmp_token)
                     if on_whole is not None:
                         on_whole()
                     # The coordinator last: its intent stays until every other folder is clean.

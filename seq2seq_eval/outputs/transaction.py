@@ -121,8 +121,21 @@ def recover_locked(folders: Iterable[Path]) -> list[dict[str, Any]]:
             for f, i in parts:
                 commit_record(f, i, records[f])
             # The coordinator last: its intent, the commit point, stays until every other folder is done.
-            for f, i in sorted(parts, key=lambda p: p[0] == coordinator):
-                clean(f, i)
+            ordered = sorted(parts, key=lambda p: p[0] == coordinator)
+            for k, (f, i) in enumerate(ordered):
+                try:
+                    clean(f, i)
+                except OSError as e:
+                    # Every folder holds the publish's files and record: it is complete. What it
+                    # had moved aside, and its intent if not yet removed, are the next command's
+                    # to clean, as a publish leaves them (meet_fault, once whole): a warning, not
+                    # a recovery that failed; the folders after it keep their intents (the
+                    # coordinator's is the commit point), so no folder of it is ever undone.
+                    logger.warning("%s: the publish of run %s, cut short, is completed; removing what it had moved "
+                                   "aside failed (%s%s): the next command in it removes it", f, i["run"],
+                                   e.strerror or e, f": {e.filename}" if getattr(e, "filename", None) else "")
+                    done.extend(intent for _, intent in ordered[k:])
+                    break
                 done.append(i)
         else:
             why = ("with staged files missing" if committed else "before it was whole" if any(i.get("undo") for _, i in parts)

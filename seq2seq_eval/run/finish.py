@@ -30,7 +30,7 @@ from .rankfiles import rank_file, read_rank_output, wait_for_rank_files
 from .sharedtail import missing_parts, spill_file, wait_for_parts, write_my_part
 from .presence import mark_done
 from .tmpdir import cleanup_tmp_dir
-from .tmpmarker import mark_published, tmp_token
+from .tmpmarker import tmp_token
 
 logger = logging.getLogger("seq2seq_eval")
 
@@ -255,11 +255,10 @@ def finish(cfg: EvalConfig, env: DistEnv, prep: Prepared, tmp_dir: Path, my_stat
 
     def whole() -> None:
         # The outputs are in place in every folder: from here a signal, a kill or a fault leaves
-        # a complete run, said so, and its temp dir is the next command's to clear, not to resume.
+        # a complete run, said so, and its temp dir is the next command's to clear, not to resume
+        # (the publish marked it so: publish_together, for the staging that names it).
         if progress is not None:
             progress["published"] = True
-        if not cfg.debug:
-            mark_published(tmp_dir, token)
 
     written, summary, totals = write_outputs(cfg, prep.store, rows, summarize, tail_since=t_merge,
                                              tmp_token=token, also=also, on_whole=whole)

@@ -13,9 +13,11 @@ example alone (Selector's promise): the lines are the same bytes at any number o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -134,6 +136,7 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
     pg = ProcessGroup(env, "gloo", job.sync_timeout)
     holder: list[RunLock] = []  # rank 0's lock on the temp dir, from its claim on
     presence: Presence | None = None
+    progress: dict[str, bool] = {}
     try:
         with Signals():
 
@@ -164,9 +167,13 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
                 presence.release()  # type: ignore[union-attr]
                 _wait_for_main(job.tmp_dir)
                 return index.examples
-            _emit(job, env, index, _key(job, index, selector), write)
+            _emit(job, env, index, _key(job, index, selector), write, progress)
             return index.examples
     except BaseException as e:
+        # Out (published, or every line printed): the selection is complete whatever comes
+        # after, a signal or a fault while the temp dir is removed (the run's rule, runner's
+        # _after_publish and _one_line), and the message says so, never "--resume".
+        out = progress.get("out") or bool(getattr(e, "published", False))
         marker = read_marker(job.tmp_dir) if env.is_main and holder else None
         if marker is not None and not marker.get("published"):
             try:
@@ -175,9 +182,16 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
                 pass
             if env.world_size == 1 and not isinstance(e, Interrupted) and not finished_journals(job.tmp_dir):
                 cleanup_tmp_dir(job.tmp_dir)  # nothing to resume
+        if isinstance(e, Interrupted) and env.is_main and out:
+            raise Interrupted(_after_out(job, env, e)) from e
         if isinstance(e, Interrupted) and env.is_main:
             raise Interrupted(f"{e}; the selected batches are journaled in {job.tmp_dir}: rerun the same command "
                               "with --resume to select only the others") from e
+        if isinstance(e, OSError) and not isinstance(e, BrokenPipeError):
+            # A filesystem fault in any of its own steps (the temp dir, its claims and journals,
+            # the staging): one line saying what became of the selection (the run's rule:
+            # runner._one_line), from its state, never a traceback.
+            raise RunFailed(_fault_line(job, e, out)) from e
         raise
     finally:
         if presence is not None:
@@ -185,6 +199,35 @@ def select_on_ranks(job: SelectJob, selector: Selector, env: DistEnv, write: Cal
         for lock in holder:
             lock.release()
         pg.close()
+
+
+def _out_where(job: SelectJob) -> str:
+    return f"the selections were published into {job.output}" if job.output is not None else "every selection was printed"
+
+
+def _after_out(job: SelectJob, env: DistEnv, e: Interrupted) -> str:
+    """A signal handled once the selections were out: what was left to do is done (the other
+    ranks told, the temp dir removed once they have left it, as _emit would), and said."""
+    said = str(e) if getattr(e, "published", False) else f"{e} after {_out_where(job)}"
+    mark_done(job.tmp_dir)
+    if wait_for_ranks_to_leave(job.tmp_dir, env.world_size, job.sync_timeout):
+        return f"{said}; the selection is complete, but ranks still use {job.tmp_dir}: left in place"
+    cleanup_tmp_dir(job.tmp_dir)
+    return f"{said}; the selection is complete ({job.tmp_dir} removed)"
+
+
+def _fault_line(job: SelectJob, e: OSError, published: bool) -> str:
+    """What a filesystem fault left: the selections out (published or printed: complete), or
+    not, and then whether batches are journaled to resume from."""
+    said = f"{e.filename if getattr(e, 'filename', None) else job.tmp_dir}: {e.strerror or e}"
+    if published:
+        return (f"{said}; {_out_where(job)} before it: the selection is complete (the next command there removes "
+                f"what is left in {job.tmp_dir})")
+    nothing = "nothing was published" if job.output is not None else "the selections were not printed"
+    if finished_journals(job.tmp_dir):
+        return (f"{said}; {nothing}: the batches selected before it are journaled in {job.tmp_dir}: fix the cause "
+                "(space, permissions), then rerun the same command with --resume")
+    return f"{said}; {nothing}: fix the cause (space, permissions), then rerun the same command"
 
 
 def _recover(job: SelectJob, env: DistEnv) -> None:
@@ -268,13 +311,22 @@ def _in_order(job: SelectJob, index: CandidateIndex, key: str) -> Iterator[str]:
         yield from _lines_of(journaled.found[b])
 
 
-def _emit(job: SelectJob, env: DistEnv, index: CandidateIndex, key: str, write: Callable[[str], None]) -> None:
-    """Rank 0: the lines printed, or published as --output; then the temp dir goes, once the
-    other ranks have left it."""
+def _emit(job: SelectJob, env: DistEnv, index: CandidateIndex, key: str, write: Callable[[str], None],
+          progress: dict[str, bool]) -> None:
+    """Rank 0: the lines printed, or published as --output (`progress["out"]` once they are);
+    then the temp dir goes, once the other ranks have left it."""
     token = tmp_token(job.tmp_dir)
     if job.output is None:
         for line in _in_order(job, index, key):
             write(line)
+        # Every line is out: the temp dir is marked published (as a publish marks it), so that a
+        # kill from here on, while it is removed, leaves a folder the next command clears, never
+        # one it refuses as an unfinished selection to --resume. Flushed first: a line still in
+        # the buffer is not out.
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        progress["out"] = True
+        mark_published(job.tmp_dir, token)
     else:
         from ..outputs.publish import Staging
 
@@ -291,9 +343,10 @@ def _emit(job: SelectJob, env: DistEnv, index: CandidateIndex, key: str, write: 
         except BaseException:
             staging.discard()
             raise
+        # The publish marks the temp dir published at its commit (the staging names it).
         staging.publish(roles={job.output: "--output"}, way_out="move it away or name another file",
                         completes=[job.output.name])
-        mark_published(job.tmp_dir, token)
+        progress["out"] = True
     mark_done(job.tmp_dir)
     staying = wait_for_ranks_to_leave(job.tmp_dir, env.world_size, job.sync_timeout)
     if staying:
