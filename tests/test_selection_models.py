@@ -226,6 +226,25 @@ def test_a_model_that_is_not_there_is_refused_before_it_loads(tmp_path):
         make_selector("mbr", "comet", resolved(comet_model=str(tmp_path / "nothing")), load=_never)
 
 
+def test_a_model_that_does_not_fit_stops_a_run_before_generation(tmp_path, capsys):
+    """A COMET checkpoint whose weights do not fit its encoder's config, named for --select in a
+    run: one line naming it, before the generator loads; nothing written, nothing journaled."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(COMET / "wmt22_like", bad)
+    config = json.loads((bad / "tiny-xlmr" / "config.json").read_text())
+    config["hidden_size"] *= 2
+    (bad / "tiny-xlmr" / "config.json").write_text(json.dumps(config))
+    save = tmp_path / "out"
+    rc = main(["--n_obs", "4", "--num_return_sequences", "4", "--num_beams", "4", "--select", "mbr",
+               "--select_metric", "comet", "--comet_model", str(bad), "--save_dir", str(save)])
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("seq2seq_eval: error:")]
+    assert rc != 0 and len(said) == 1 and f"--comet_model {bad}: the checkpoint does not match" in said[0], err
+    assert not save.exists() and not Path(f"{save}_tmp").exists()  # no temp dir claimed: nothing generated
+
+
 # --- the command -------------------------------------------------------------------------------
 
 def test_select_with_comet_end_to_end(capsys, tmp_path):
