@@ -396,8 +396,10 @@ def main(argv: list[str]) -> int:
     if spec.get("evaluate") is not None:
         code = _evaluate(spec["evaluate"])
     else:
+        from seq2seq_eval import pandas_probe
         from seq2seq_eval.cli import main as cli_main
 
+        pandas_probe.skip()  # as `python -m seq2seq_eval` does: the tool's own process
         code = cli_main(argv[1:])
     inst._write(f"END\t{code}\t{inst.count}\n")
     return code
