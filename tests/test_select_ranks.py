@@ -247,6 +247,30 @@ def test_refusals_in_one_line(small, capsys, flags, said):
     assert said in err and err.count("\n") == 1
 
 
+READER_GONE = """
+import os, runpy
+if os.environ["RANK"] == "0":  # rank 0 prints into a pipe whose reader has gone (`| head`, closed)
+    r, w = os.pipe()
+    os.dup2(w, 1)
+    os.close(r)
+    os.close(w)
+runpy.run_module("seq2seq_eval", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_reader_that_stops_reading_ends_it_quietly(small, tmp_path, nproc):
+    """`select ... | head`: the reader stops, and the command stops printing without a traceback,
+    exits 0 and leaves no temp dir to --resume, on the ranks as in one process."""
+    path, _ = small
+    script = tmp_path / "reader_gone.py"
+    script.write_text(READER_GONE)
+    tmp = tmp_path / "work"
+    proc = run_ranks(nproc, [*select_args(path, "--tmp_dir", str(tmp))], cwd=tmp_path, script=script)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
+    assert not tmp.exists()
+
+
 def test_under_ranks_a_temp_dir_is_needed(small, tmp_path):
     path, _ = small
     proc = run_ranks(2, select_args(path), cwd=tmp_path)

@@ -115,7 +115,6 @@ def select_main(argv: Sequence[str], env: DistEnv | None = None, write: Callable
             write(line)
     except BrokenPipeError:
         # The reader stopped reading (`| head`): nothing left to say to it, and no traceback.
-        # stdout goes to /dev/null so that the interpreter's last flush does not fail again.
-        import sys
+        from .ranks import reader_gone
 
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        reader_gone()

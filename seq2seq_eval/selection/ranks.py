@@ -13,10 +13,10 @@ example alone (Selector's promise): the lines are the same bytes at any number o
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -311,20 +311,30 @@ def _in_order(job: SelectJob, index: CandidateIndex, key: str) -> Iterator[str]:
         yield from _lines_of(journaled.found[b])
 
 
+def reader_gone() -> None:
+    """stdout's reader has gone: stdout goes to /dev/null, so that what is still buffered, and the
+    interpreter's last flush, do not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _emit(job: SelectJob, env: DistEnv, index: CandidateIndex, key: str, write: Callable[[str], None],
           progress: dict[str, bool]) -> None:
     """Rank 0: the lines printed, or published as --output (`progress["out"]` once they are);
     then the temp dir goes, once the other ranks have left it."""
     token = tmp_token(job.tmp_dir)
     if job.output is None:
-        for line in _in_order(job, index, key):
-            write(line)
+        try:
+            for line in _in_order(job, index, key):
+                write(line)
+            sys.stdout.flush()  # a line still in the buffer is not out
+        except BrokenPipeError:
+            # The reader stopped reading (`| head`), as in one process: nothing more to say to
+            # it, no traceback, and the selection is whole (every batch journaled): the temp dir
+            # goes as after the last line, not left to --resume.
+            reader_gone()
         # Every line is out: the temp dir is marked published (as a publish marks it), so that a
         # kill from here on, while it is removed, leaves a folder the next command clears, never
-        # one it refuses as an unfinished selection to --resume. Flushed first: a line still in
-        # the buffer is not out.
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()
+        # one it refuses as an unfinished selection to --resume.
         progress["out"] = True
         mark_published(job.tmp_dir, token)
     else:
