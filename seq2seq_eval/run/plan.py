@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .split import capped_costs, split_costly
+from .split import split_costly
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,9 @@ def bound_costs(first_lengths: np.ndarray, bounds: np.ndarray, out_ratio: float,
     large whatever its outputs turn out to be (split.py)."""
     if out_cap is None:
         return _batch_costs(first_lengths, bounds, out_ratio, out_cap, beams, step_overhead, out_floor)[1]
-    return capped_costs(first_lengths, bounds, out_cap, beams, step_overhead, out_floor)
+    # The estimate with an output ratio no source keeps under the limit: every output at it.
+    with np.errstate(invalid="ignore"):  # a 0-length source: 0 x inf, then the limit all the same
+        return _batch_costs(first_lengths, bounds, np.inf, out_cap, beams, step_overhead, out_floor)[1]
 
 
 def _token_plan(order: np.ndarray, sorted_lengths: np.ndarray, max_tokens: int, out_ratio: float, out_cap: int | None,

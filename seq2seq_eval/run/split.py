@@ -1,21 +1,11 @@
 """The plan's split of its costliest batches: each token-budget batch above its share of the set's
-bound cost (every output at the length limit) cut into pieces. Pure functions of the batches, the
+bound cost (every output at the length limit: plan.bound_costs) cut into pieces. Pure functions of the batches, the
 lengths and the generation settings, never of the world size (plan.py says why that matters).
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-
-def capped_costs(first_lengths: np.ndarray, bounds: np.ndarray, out_cap: int, beams: int, step_overhead: float,
-                 out_floor: int = 0) -> np.ndarray:
-    """plan.estimate_cost of each batch with every output `max(out_cap, out_floor)` tokens long:
-    what the batch can cost at most (plan.bound_costs)."""
-    padded = first_lengths.astype(np.int64)
-    sizes = np.diff(bounds)
-    steps = float(max(out_cap, out_floor))
-    return (sizes * padded) + (sizes * beams) * steps * (1.0 + padded / 256.0) + steps * float(step_overhead)
 
 
 MAX_BATCH_SHARE = 16
