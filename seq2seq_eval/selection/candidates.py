@@ -53,20 +53,22 @@ def _candidates(record: dict[str, Any], path: Path, lineno: int, mode: str) -> t
     return tuple(value)
 
 
-def _first_line_is_a_list(path: Path) -> bool:
+def _refuse_a_json_list(path: Path) -> None:
+    """A file whose first line opens a JSON list (pseudolabel_results.json) is refused by name."""
     lines = iter_lines(path)
     try:
-        return next((text.lstrip().startswith("[") for _, text in lines if text.strip()), False)
+        a_list = next((text.lstrip().startswith("[") for _, text in lines if text.strip()), False)
     finally:
         lines.close()
+    if a_list:
+        raise DataError(f"{path}: a JSON list (pseudolabel_results.json's form); expected JSON Lines of "
+                        "{id, source, candidates}, such as the {type_path}_pseudolabels.jsonl the same run wrote")
 
 
 def iter_candidate_sets(path: Path, mode: str) -> Iterator[tuple[int, CandidateSet]]:
     """(line number, example) in file order, each checked (ids as a JSON Lines input's: a missing
     id is the line's index from 0)."""
-    if _first_line_is_a_list(path):
-        raise DataError(f"{path}: a JSON list (pseudolabel_results.json's form); expected JSON Lines of "
-                        "{id, source, candidates}, such as the {type_path}_pseudolabels.jsonl the same run wrote")
+    _refuse_a_json_list(path)
     for lineno, _, example in _sets_at(path, mode):
         yield lineno, example
 
@@ -83,7 +85,7 @@ def _sets_at(path: Path, mode: str, start: int = 0, first: int = 1) -> Iterator[
 def check_candidates_file(path: Path, mode: str) -> int:
     """Every record read and checked, ids unique; the number of examples. Before any scoring, so
     a bad line 90,000 is refused in seconds, not after an hour of work."""
-    return index_candidates(path, mode).examples
+    return index_candidates(path, mode, digest=False).examples
 
 
 @dataclass(frozen=True)
@@ -113,16 +115,16 @@ class CandidateIndex:
         return out
 
 
-def index_candidates(path: Path, mode: str, per_batch: int = 32) -> CandidateIndex:
-    """check_candidates_file's checks, and the file's batches of `per_batch` examples."""
+def index_candidates(path: Path, mode: str, per_batch: int = 32, digest: bool = True) -> CandidateIndex:
+    """check_candidates_file's checks, and the file's batches of `per_batch` examples. `digest`:
+    the file's sha256 too (the ranks' resume key; one process streaming its lines keeps none, so
+    it does not read the file a second time for it)."""
     seen = SeenIds()  # 8 bytes an id (inputs/seen.py); a suspected duplicate is confirmed below
     starts: list[tuple[int, int]] = []
     sizes: list[int] = []
     costs: list[float] = []
     n = 0
-    if _first_line_is_a_list(path):
-        raise DataError(f"{path}: a JSON list (pseudolabel_results.json's form); expected JSON Lines of "
-                        "{id, source, candidates}, such as the {type_path}_pseudolabels.jsonl the same run wrote")
+    _refuse_a_json_list(path)
     for lineno, at, example in _sets_at(path, mode):
         if seen.add(example.id):
             _first_duplicate(path, mode, lineno)
@@ -138,9 +140,11 @@ def index_candidates(path: Path, mode: str, per_batch: int = 32) -> CandidateInd
         _first_duplicate(path, mode, None)
     if not n:
         raise DataError(f"{path}: no records; expected one JSON object {{id, source, candidates}} per line")
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    return CandidateIndex(n, tuple(starts), tuple(sizes), tuple(costs), digest)
+    sha = ""
+    if digest:
+        with open(path, "rb") as f:
+            sha = hashlib.file_digest(f, "sha256").hexdigest()
+    return CandidateIndex(n, tuple(starts), tuple(sizes), tuple(costs), sha)
 
 
 def _first_duplicate(path: Path, mode: str, upto: int | None) -> None:

@@ -14,8 +14,7 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..run.dist import DistEnv
 from .candidates import check_candidates_file, iter_candidate_sets
-from .mbr import MBR_UTILITIES
-from .selectors import MODES, check_selection, make_selector
+from .selectors import MODES, check_selection, make_selector, metrics_for
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON Lines of {id, source, candidates: [...]}, such as a pseudolabel run's "
                         "{type_path}_pseudolabels.jsonl")
     p.add_argument("--select", required=True, help=f"the selection: {' or '.join(MODES)}")
-    p.add_argument("--select_metric", required=True, help=f"mbr's utility: {', '.join(MBR_UTILITIES)}")
+    p.add_argument("--select_metric", required=True,
+                   help=f"mbr's utility ({', '.join(metrics_for('mbr'))}) or qe's reference-free model "
+                        f"({', '.join(metrics_for('qe'))}), with its --*_model option")
     p.add_argument("--output", help="publish the selections to this file (JSON Lines) instead of printing them")
     p.add_argument("--tmp_dir", help="the folder the ranks share their journals in (default with --output: "
                                      "OUTPUT_tmp; needed under torchrun without --output)")

@@ -1,7 +1,7 @@
 """A run's selection options, --select and --select_metric: their own small frozen config (the
 run's EvalConfig holds one as `selection`), their flags, and the checks made before any model
 loads. With them, each example's generation is the candidate a Selector chose of its
---num_return_sequences candidates (run/selection.py, docs/selection.md)."""
+--num_return_sequences candidates (selection/in_run.py, docs/selection.md)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class SelectOptions:
 
     def check(self, num_return_sequences: int) -> None:
         """The flags together, before any work (one line each); the selector's own check, which may
-        need the model metric's options resolved, is make_selector's (run/selection.py)."""
+        need the model metric's options resolved, is make_selector's (selectors.py, called by in_run.run_selector)."""
         if self.select is None and self.select_metric is not None:
             raise ConfigError(f"--select_metric {self.select_metric} needs --select mbr or --select qe")
         if self.select is None:
