@@ -4,8 +4,8 @@ pyarrow looks for pandas when it first converts Python objects (an array from a 
 `to_numpy`), to tell a pandas object or pandas' missing values from the rest, and imports it to
 find out: 0.2-0.3 CPU-seconds and about 45 MB (measured: 47) in every process of the tool, which never hands
 pyarrow a pandas object. In the tool's own processes (`python -m seq2seq_eval`) `skip()` keeps
-pandas out until `restore()`: pyarrow's Python-side probe is answered once with "not installed"
-(it remembers that) and its C++-side probe, which asks again at each conversion, is refused
+pandas out until `restore()`: pyarrow's Python-side probe is answered with "not installed" the
+first time it asks (it remembers that) and its C++-side probe, which asks again at each conversion, is refused
 each time by a finder that stays in `sys.meta_path`. `importlib.util.find_spec("pandas")` still
 finds it (it is installed); only importing it is refused, in one line naming this module.
 pyarrow's own pandas paths (Table.to_pandas) are not used by the tool. `restore()` is called
@@ -42,12 +42,12 @@ _FINDER = _NoPandas()
 
 
 def skip() -> None:
+    """The finder in place; pyarrow is not imported here (a command that never needs it, such as
+    --help or `select`, does not pay for it): its Python-side probe, whenever it first runs, is
+    answered by the finder and remembers the answer."""
     if "pandas" in sys.modules or _FINDER in sys.meta_path:  # already paid for, or already kept out
         return
-    import pyarrow as pa
-
     sys.meta_path.insert(0, _FINDER)
-    pa.array([], pa.int64())  # the Python-side probe runs now, once per process, and remembers
 
 
 def restore() -> None:

@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -235,6 +237,15 @@ def test_a_run_never_imports_pandas(tmp_path):
                      env={"SEQ2SEQ_EVAL_CACHE": str(tmp_path / "cache")}, script=script))
     assert (save / "pseudolabel_results.json").is_file()  # the merge's tables, takes and JSON were made
     assert (tmp_path / "pandas_imported").read_text() == "False"
+
+
+def test_keeping_pandas_out_costs_no_import_of_pyarrow():
+    """skip() only puts its finder in place: a command that never converts anything (--help,
+    `select`) does not import pyarrow for it (a fresh interpreter: the fork server has pyarrow)."""
+    code = ("import sys\nfrom seq2seq_eval import pandas_probe\npandas_probe.skip()\n"
+            "print(sorted(m for m in ('pyarrow', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 PROBE = textwrap.dedent("""\
